@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export WANDB_MODE ?= offline
+
+.PHONY: setup demo test lint bench clean
+
+# torch==2.13.0 goes in first: the CPU build on this machine; unpinned, pip pulls GBs of CUDA wheels.
+$(BIN)/draftsmith: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/draftsmith
+
+demo: setup
+	$(BIN)/draftsmith quickstart
+
+test: setup
+	$(BIN)/ruff check draftsmith tests benchmarks
+	$(BIN)/ruff format --check draftsmith tests benchmarks
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python benchmarks/verifier.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,38 @@
+"""Helpers shared by the benchmark scripts: where results go and what machine made them."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        sha = ""
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "git": sha,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+    }
+
+
+def write(name: str, data: dict, markdown: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (RESULTS / f"{name}.md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {RESULTS / name}.json and .md")

@@ -1,0 +1,49 @@
+"""Speedup of speculative over plain decoding on the default target, with the ideal bound beside it.
+
+Run: ``.venv/bin/python benchmarks/verifier.py [--num-prompts 30] [--max-new-tokens 96]``.
+Plain and speculative decoding of the same prompts are interleaved in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import machine, write
+
+from draftsmith import default_target
+from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.eval.report import markdown_table
+from draftsmith.eval.sampling import Sampling
+from draftsmith.eval.score import score_drafters
+from draftsmith.models.draft_lm import DraftLM
+from draftsmith.models.ngram import NGramDrafter
+from draftsmith.target import Target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--num-prompts", type=int, default=30)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6])
+    args = parser.parse_args()
+
+    target_dir = default_target.build()
+    target = Target.from_pretrained(target_dir)
+    prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.num_prompts)]
+    drafters = {"ngram": NGramDrafter(), "draft-lm (1-layer sibling)": DraftLM.from_pretrained(target_dir / "sibling")}
+    runs, sections = [], []
+    for k in args.ks:
+        plain, rows = score_drafters(target, drafters, prompts, k, Sampling(), args.max_new_tokens)
+        runs.append({"k": k, "plain": plain, "drafters": rows})
+        sections.append(f"### K = {k}\n\n" + markdown_table(rows, plain))
+    data = {"machine": machine(), "target": target.fingerprint, "args": vars(args), "runs": runs}
+    md = (
+        f"# Verifier benchmark\n\nDefault target, {args.num_prompts} held-out prompts, greedy, "
+        f"{args.max_new_tokens} new tokens; `{data['machine']['command']}` on {data['machine']['date']} "
+        f"({data['machine']['platform']}, {data['machine']['threads']} threads).\n\n" + "\n\n".join(sections) + "\n"
+    )
+    write("verifier", data, md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Prompts, on-policy data generation, the default target's corpus."""

@@ -1,0 +1,119 @@
+"""Prompt sources: JSONL files, local HF datasets, and the default target's built-in sets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+
+BUILTIN = ("builtin:train", "builtin:heldout")
+"""The default target's prompt sets: signatures + docstrings from its train / held-out stdlib files."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: plain text, or chat messages ([{"role": ..., "content": ...}])."""
+
+    text: str | None = None
+    messages: tuple[dict, ...] | None = None
+
+
+def _parse_record(record, where: str, field: str) -> Prompt:
+    if not isinstance(record, dict):
+        raise DraftsmithError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if field in record:
+        text = record[field]
+        if not isinstance(text, str):
+            raise DraftsmithError(f"{where}: field {field!r} must be a string")
+        return Prompt(text=text)
+    if "messages" in record:
+        msgs = record["messages"]
+        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
+            raise DraftsmithError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+        return Prompt(messages=tuple(msgs))
+    raise DraftsmithError(f"{where}: no {field!r} or 'messages' field (keys: {sorted(record)})")
+
+
+def read_jsonl(path: Path, field: str = "prompt") -> list[Prompt]:
+    """Read a JSONL prompt file; a bad line is an error naming file and line number."""
+    if not path.is_file():
+        raise DraftsmithError(f"prompts: file not found: {path}")
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DraftsmithError(f"{where}: malformed JSON ({e.msg})") from None
+            prompts.append(_parse_record(record, where, field))
+    return prompts
+
+
+def builtin_path(name: str) -> Path:
+    split = name.split(":", 1)[1]
+    return Path(str(resources.files("draftsmith.data") / "prompts" / f"stdlib_{split}.jsonl"))
+
+
+def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = None) -> list[Prompt]:
+    """Load prompts from ``builtin:train|heldout``, a ``.jsonl`` file, or a local HF dataset / data file.
+
+    Args:
+        source: where the prompts are.
+        field: the text field's name (JSONL records and datasets).
+        limit: keep only the first ``limit`` prompts.
+    """
+    source = str(source)
+    if source in BUILTIN:
+        prompts = read_jsonl(builtin_path(source), "prompt")
+    elif source.endswith(".jsonl"):
+        prompts = read_jsonl(Path(source), field)
+    else:
+        prompts = _read_dataset(Path(source), field)
+    if not prompts:
+        raise DraftsmithError(f"prompts: {source} holds no prompts")
+    return prompts[:limit] if limit else prompts
+
+
+def _read_dataset(path: Path, field: str) -> list[Prompt]:
+    import datasets
+
+    saved = path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
+    if saved:
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+    elif path.exists():
+        ext = {".csv": "csv", ".parquet": "parquet", ".json": "json", ".txt": "text"}.get(path.suffix)
+        if path.is_dir():
+            ds = datasets.load_dataset(str(path), split="train")
+        elif ext is None:
+            raise DraftsmithError(
+                f"prompts: don't know how to read {path} (use .jsonl, .json, .csv, .parquet or a dataset dir)"
+            )
+        else:
+            ds = datasets.load_dataset(ext, data_files=str(path), split="train")
+    else:
+        raise DraftsmithError(f"prompts: {path} does not exist (give a .jsonl file, a dataset dir or builtin:heldout)")
+    cols = ds.column_names
+    if field not in cols and "messages" not in cols:
+        raise DraftsmithError(f"prompts: {path} has no column {field!r} or 'messages' (columns: {cols})")
+    return [_parse_record(row, f"{path}[{i}]", field) for i, row in enumerate(ds)]
+
+
+def encode(prompt: Prompt, tokenizer, chat_template: bool = True) -> list[int]:
+    """Token ids of a prompt; chat messages go through the tokenizer's chat template when it has one."""
+    if prompt.messages is not None:
+        if chat_template and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(
+                list(prompt.messages), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return list(ids)
+        text = "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in prompt.messages) + "\nassistant: "
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt.text, add_special_tokens=False)["input_ids"]

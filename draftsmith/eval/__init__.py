@@ -1,0 +1,1 @@
+"""The verifier: speculative decoding that scores drafters."""

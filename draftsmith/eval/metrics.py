@@ -1,0 +1,103 @@
+"""Acceptance and speed metrics aggregated over decoded prompts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from draftsmith.eval.verifier import DecodeResult
+
+
+@dataclass
+class DrafterMetrics:
+    """What the verifier measured for one drafter on a prompt set.
+
+    Attributes:
+        alpha: accepted draft tokens / drafted tokens.
+        tau: mean tokens committed per verification call (accepted + 1).
+        accept_at: per draft position i (1-based, index i-1): fraction of rounds
+            whose i-th draft token was accepted (unconditional).
+        accept_given_reached: per position: accepted / rounds that drafted and
+            reached position i (EAGLE's "n-alpha").
+        rounds: verification calls (prefill excluded).
+        target_calls: target forwards including prefill.
+        tokens: generated tokens.
+        seconds: wall-clock of speculative decoding.
+        tokens_per_s: tokens / seconds.
+        speedup: tokens_per_s / plain decoding's tokens_per_s, same run.
+        cost_ratio: c, the drafter's time per drafted token / the target's time per plain decoding step.
+        mean_drafted: mean tokens drafted per round.
+        ideal_speedup: tau / (1 + mean_drafted * c), the bound if verifying k+1 tokens cost one step.
+        greedy_exact: prompts whose output equals plain greedy decoding (greedy only; else None).
+    """
+
+    name: str
+    k: int
+    alpha: float
+    tau: float
+    accept_at: list[float]
+    accept_given_reached: list[float]
+    rounds: int
+    target_calls: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float
+    cost_ratio: float
+    mean_drafted: float
+    ideal_speedup: float
+    greedy_exact: int | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PlainMetrics:
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    target_calls: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plain_metrics(results: list[DecodeResult]) -> PlainMetrics:
+    tokens = sum(len(r.tokens) for r in results)
+    seconds = sum(r.seconds for r in results)
+    return PlainMetrics(tokens, seconds, tokens / seconds, sum(r.target_calls for r in results))
+
+
+def drafter_metrics(
+    name: str, k: int, results: list[DecodeResult], plain: list[DecodeResult], greedy: bool
+) -> DrafterMetrics:
+    accepted = [a for r in results for a in r.accepted]
+    drafted = [d for r in results for d in r.drafted]
+    rounds = len(accepted)
+    reached = [sum(1 for a, d in zip(accepted, drafted, strict=True) if d >= i and a >= i - 1) for i in range(1, k + 1)]
+    hits = [sum(1 for a in accepted if a >= i) for i in range(1, k + 1)]
+    tokens = sum(len(r.tokens) for r in results)
+    seconds = sum(r.seconds for r in results)
+    base = plain_metrics(plain)
+    step_seconds = base.seconds / base.target_calls
+    cost = (sum(r.draft_seconds for r in results) / max(1, sum(drafted))) / step_seconds
+    tau = (sum(accepted) + rounds) / max(1, rounds)
+    mean_drafted = sum(drafted) / max(1, rounds)
+    return DrafterMetrics(
+        name=name,
+        k=k,
+        alpha=sum(accepted) / max(1, sum(drafted)),
+        tau=tau,
+        accept_at=[h / max(1, rounds) for h in hits],
+        accept_given_reached=[h / max(1, r) for h, r in zip(hits, reached, strict=True)],
+        rounds=rounds,
+        target_calls=sum(r.target_calls for r in results),
+        tokens=tokens,
+        seconds=seconds,
+        tokens_per_s=tokens / seconds,
+        speedup=(tokens / seconds) / base.tokens_per_s,
+        cost_ratio=cost,
+        mean_drafted=mean_drafted,
+        ideal_speedup=tau / (1 + mean_drafted * cost),
+        greedy_exact=sum(r.tokens == p.tokens for r, p in zip(results, plain, strict=True)) if greedy else None,
+    )

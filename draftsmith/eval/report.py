@@ -1,0 +1,45 @@
+"""Score reports: ``report.json`` + ``report.md`` written side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def markdown_table(drafters: list[dict], plain: dict) -> str:
+    """The comparison table, one row per drafter, plain decoding first."""
+    lines = [
+        "| drafter | K | α | τ | per-position acceptance | tokens/s | speedup | ideal | c | greedy exact |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| plain decoding | – | – | 1.00 | – | {plain['tokens_per_s']:.1f} | 1.00× | – | – | – |",
+    ]
+    for d in drafters:
+        per_pos = " ".join(f"{a:.2f}" for a in d["accept_at"])
+        exact = "–" if d["greedy_exact"] is None else f"{d['greedy_exact']}/{d['prompts']}"
+        lines.append(
+            f"| {d['name']} | {d['k']} | {d['alpha']:.3f} | {d['tau']:.2f} | {per_pos} | "
+            f"{d['tokens_per_s']:.1f} | {d['speedup']:.2f}× | {d['ideal_speedup']:.2f}× | "
+            f"{d['cost_ratio']:.3f} | {exact} |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(out: Path, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    cfg = report["config"]
+    md = [
+        "# draftsmith score",
+        "",
+        f"Target `{report['target']['name']}` on {cfg['num_prompts']} prompts from `{cfg['prompts']}`, "
+        f"temperature {cfg['temperature']}, top-p {cfg['top_p']}, up to {cfg['max_new_tokens']} new tokens, "
+        f"seed {cfg['seed']}; plain and speculative decoding measured in the same run.",
+        "",
+        markdown_table(report["drafters"], report["plain"]),
+        "",
+        "α: accepted/drafted tokens. τ: tokens per target verification call. Per-position: share of rounds "
+        "whose i-th draft token was accepted. Speedup: tokens/s over plain decoding of the same target. "
+        "Ideal: τ/(1+K̄c), c = drafter time per drafted token / target time per decoding step.",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(md))

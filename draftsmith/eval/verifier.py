@@ -1,0 +1,152 @@
+"""The speculative decoding loop, and plain decoding of the same target to compare against."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.sampling import Sampling, one_hot, probs, sample, verify_chain_greedy, verify_chain_sampling
+from draftsmith.models.base import Draft, Drafter
+from draftsmith.target import Target, rollback
+
+
+@dataclass
+class DecodeResult:
+    """One prompt's decoding.
+
+    Attributes:
+        tokens: the generated tokens (prompt excluded).
+        accepted: per verification round, how many draft tokens were accepted.
+        drafted: per verification round, how many tokens were drafted.
+        target_calls: target forwards, prefill included.
+        seconds: wall-clock time of the whole decode.
+        draft_seconds: of which spent in the drafter (propose + advance).
+    """
+
+    tokens: list[int]
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    target_calls: int = 0
+    seconds: float = 0.0
+    draft_seconds: float = 0.0
+
+
+def check_compatible(target: Target, drafter: Drafter, drafter_name: str) -> None:
+    """Refuse a drafter whose token space differs from the target's, naming both."""
+    t_hash = target.fingerprint["tokenizer_hash"]
+    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
+        raise DraftsmithError(
+            f"drafter {drafter_name!r} has vocabulary size {drafter.vocab_size} but target "
+            f"{target.name!r} has {target.vocab_size}: they must share a tokenizer"
+        )
+    if drafter.tokenizer_hash is not None and t_hash is not None and drafter.tokenizer_hash != t_hash:
+        raise DraftsmithError(
+            f"drafter {drafter_name!r} uses a different tokenizer (hash {drafter.tokenizer_hash}) than "
+            f"target {target.name!r} (hash {t_hash}): they must share a tokenizer"
+        )
+
+
+def _finish(tokens: list[int], max_new_tokens: int, eos: int | None) -> tuple[list[int], bool]:
+    """Cut at max_new_tokens and after the first eos; say whether decoding is done."""
+    if eos is not None and eos in tokens:
+        return tokens[: tokens.index(eos) + 1], True
+    return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
+
+
+class SpeculativeDecoder:
+    """Chain speculative decoding of one sequence at a time (batch 1).
+
+    The target's KV cache holds every committed token but the last; each round
+    the drafter proposes k tokens, the target scores [last, d_1..d_k] in one
+    forward, the acceptance rule keeps a prefix and adds one target token, and
+    the cache is cropped back to the kept prefix.
+
+    Args:
+        target: the frozen target.
+        drafter: any ``Drafter``.
+        k: tokens drafted per round.
+        sampling: greedy (temperature 0) or sampling settings of the target.
+    """
+
+    def __init__(self, target: Target, drafter: Drafter, k: int, sampling: Sampling) -> None:
+        if k <= 0:
+            raise DraftsmithError(f"k (draft length) must be a positive integer, got {k}")
+        self.target, self.drafter, self.k, self.sampling = target, drafter, k, sampling
+
+    def _verify(self, logits: torch.Tensor, draft: Draft, generator) -> tuple[int, int]:
+        tokens = draft.tokens.tolist()
+        if self.sampling.greedy:
+            return verify_chain_greedy(logits.argmax(-1).tolist(), tokens)
+        p = probs(logits, self.sampling)
+        q = draft.q
+        if q is None:  # deterministic drafter: a point mass on each token
+            q = torch.stack([one_hot(t, p.shape[-1]) for t in tokens]) if tokens else p[:0]
+        return verify_chain_sampling(p, q, tokens, generator)
+
+    def generate(
+        self, prompt: list[int], max_new_tokens: int, generator: torch.Generator | None = None
+    ) -> DecodeResult:
+        target, drafter = self.target, self.drafter
+        start = time.perf_counter()
+        cache = target.new_cache()
+        ids = torch.tensor([prompt])
+        feats = drafter.needs_features
+        out = target(ids, cache, with_features=feats)
+        first = _pick(out.logits[0, -1], self.sampling, generator)
+        result = DecodeResult(tokens=[first], target_calls=1)
+        result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+        t0 = time.perf_counter()
+        state = drafter.begin(torch.tensor(prompt + [first]), out.positions(slice(None)))
+        result.draft_seconds += time.perf_counter() - t0
+        while not done:
+            k = min(self.k, max_new_tokens - len(result.tokens) - 1)
+            t0 = time.perf_counter()
+            draft = drafter.propose(state, k, self.sampling, generator) if k > 0 else Draft.empty()
+            result.draft_seconds += time.perf_counter() - t0
+            if not draft.is_chain:
+                raise NotImplementedError("tree drafts need the tree verifier")
+            committed = cache.get_seq_length()
+            step = torch.cat([torch.tensor([result.tokens[-1]]), draft.tokens])[None]  # (1, 1+n)
+            out = target(step, cache, with_features=feats)
+            result.target_calls += 1
+            n, nxt = self._verify(out.logits[0], draft, generator)
+            rollback(cache, committed + 1 + n)
+            new = draft.tokens[:n].tolist() + [nxt]
+            result.accepted.append(n)
+            result.drafted.append(len(draft))
+            t0 = time.perf_counter()
+            drafter.advance(state, torch.tensor(new), out.positions(slice(0, n + 1)))
+            result.draft_seconds += time.perf_counter() - t0
+            result.tokens.extend(new)
+            result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+        result.seconds = time.perf_counter() - start
+        return result
+
+
+def _pick(logits: torch.Tensor, sampling: Sampling, generator) -> int:
+    return int(logits.argmax()) if sampling.greedy else sample(probs(logits, sampling), generator)
+
+
+def plain_decode(
+    target: Target,
+    prompt: list[int],
+    max_new_tokens: int,
+    sampling: Sampling,
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
+    """Ordinary autoregressive decoding of the target with its KV cache: the baseline."""
+    start = time.perf_counter()
+    cache = target.new_cache()
+    out = target(torch.tensor([prompt]), cache, with_features=False)
+    result = DecodeResult(tokens=[_pick(out.logits[0, -1], sampling, generator)], target_calls=1)
+    result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+    while not done:
+        out = target(torch.tensor([[result.tokens[-1]]]), cache, with_features=False)
+        result.target_calls += 1
+        result.tokens.append(_pick(out.logits[0, -1], sampling, generator))
+        result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+    result.seconds = time.perf_counter() - start
+    return result

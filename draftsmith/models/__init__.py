@@ -1,0 +1,1 @@
+"""Drafters as plain nn.Modules / objects implementing the verifier's protocol."""

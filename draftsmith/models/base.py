@@ -1,0 +1,84 @@
+"""The drafter protocol the verifier speaks: ``begin / propose / advance``.
+
+Position convention (shared by every drafter): the verifier hands a drafter
+committed tokens together with the target's output at the positions that
+*predicted* them. In ``begin(tokens, target_out)``, ``target_out`` row ``i``
+predicted ``tokens[i + 1]`` (so it has one row fewer than ``tokens``); in
+``advance(state, tokens, target_out)`` row ``i`` predicted ``tokens[i]``.
+Feature-based drafters (EAGLE, Medusa, Hydra) read ``target_out.features``;
+token-based ones (draft LMs, n-gram) ignore it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftsmith.eval.sampling import Sampling
+from draftsmith.target import TargetOutput
+
+
+@dataclass
+class Draft:
+    """Drafted tokens as a tree; a chain is the width-1 case.
+
+    Attributes:
+        tokens: (N,) token of each node, in topological order (parents first).
+        parents: (N,) index of each node's parent; -1 means the root, i.e. the
+            last committed token.
+        q: (N, V) the drafter's distribution each node's token was drawn from
+            (siblings drawn from the same distribution share a row), or None
+            when the drafter is deterministic (a point mass on the token).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    q: torch.Tensor | None = None
+
+    @classmethod
+    def chain(cls, tokens: list[int], q: torch.Tensor | None = None) -> Draft:
+        n = len(tokens)
+        return cls(torch.tensor(tokens, dtype=torch.long), torch.arange(-1, n - 1), q)
+
+    @classmethod
+    def empty(cls) -> Draft:
+        return cls.chain([])
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def is_chain(self) -> bool:
+        return bool((self.parents == torch.arange(-1, len(self) - 1)).all())
+
+
+class Drafter(ABC):
+    """A model that proposes tokens for the target to verify.
+
+    Attributes:
+        vocab_size: size of the token space of the drafter's distributions q
+            (must equal the target's), or None for drafters without one (n-gram).
+        tokenizer_hash: hash of the drafter's tokenizer when it has one, checked
+            against the target's.
+        needs_features: whether the drafter reads ``target_out.features`` (the
+            verifier skips computing them otherwise).
+    """
+
+    vocab_size: int | None = None
+    tokenizer_hash: str | None = None
+    needs_features: bool = False
+
+    @abstractmethod
+    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> Any:
+        """Start on a new sequence: (T,) tokens, target rows predicting tokens[1:]. Returns the state."""
+
+    @abstractmethod
+    def propose(self, state: Any, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
+        """Propose up to ``k`` tokens after the committed ones (a chain of depth <= k)."""
+
+    @abstractmethod
+    def advance(self, state: Any, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+        """Commit (n,) verified tokens; ``target_out`` row i predicted tokens[i]."""

@@ -1,0 +1,37 @@
+"""Turn a ``--drafter`` spec into a Drafter: ``ngram[:N]``, ``target`` (self-drafting), or a model dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.base import Drafter
+from draftsmith.models.draft_lm import DraftLM
+from draftsmith.models.ngram import NGramDrafter
+from draftsmith.target import Target
+
+
+def load_drafter(spec: str, target: Target) -> Drafter:
+    """Build the drafter named by ``spec`` for ``target``.
+
+    Specs: ``ngram`` or ``ngram:N`` (prompt lookup up to N-grams), ``target``
+    (the target drafting for itself: every draft accepted under greedy), or a
+    directory holding a Hugging Face causal LM sharing the target's tokenizer.
+    """
+    if spec == "ngram" or spec.startswith("ngram:"):
+        n = spec.partition(":")[2]
+        if n and not n.isdigit():
+            raise DraftsmithError(f"drafter {spec!r}: expected ngram or ngram:N with N a positive integer")
+        return NGramDrafter(max_ngram=int(n) if n else 3)
+    if spec == "target":
+        return DraftLM(target.model, target.tokenizer)
+    path = Path(spec)
+    config = path / "config.json"
+    if not config.is_file():
+        raise DraftsmithError(f"drafter {spec!r}: not 'ngram', 'target' or a model directory with config.json")
+    try:
+        json.loads(config.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"drafter {spec!r}: {config} is not valid JSON ({e.msg})") from None
+    return DraftLM.from_pretrained(path, device=str(target.device))

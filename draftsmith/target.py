@@ -1,0 +1,189 @@
+"""The frozen target model: logits, selected hidden states and a KV cache that can be rolled back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass
+class TargetOutput:
+    """What one target forward returns.
+
+    Attributes:
+        logits: (B, T, V) next-token logits at every position.
+        features: one (B, T, H) tensor per requested feature layer; index ``i`` of
+            ``Target.feature_layers`` is HF ``hidden_states[i]`` (0 = embeddings,
+            ``num_layers`` = the final, normed hidden state).
+        past_key_values: the cache, extended by T positions.
+    """
+
+    logits: torch.Tensor
+    features: tuple[torch.Tensor, ...]
+    past_key_values: DynamicCache | None = None
+
+    def positions(self, index: torch.Tensor | slice) -> TargetOutput:
+        """The first batch row at ``index`` positions, without batch dim: logits (n, V), features (n, H)."""
+        return TargetOutput(self.logits[0, index], tuple(f[0, index] for f in self.features))
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """A stable hash of a tokenizer's vocabulary and special tokens."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    special = sorted(str(t) for t in tokenizer.all_special_tokens)
+    blob = json.dumps([vocab, special], ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def rollback(cache: DynamicCache, length: int) -> None:
+    """Crop ``cache`` back to its first ``length`` positions."""
+    excess = cache.get_seq_length() - length
+    if excess < 0:
+        raise ValueError(f"cannot roll a cache of {cache.get_seq_length()} positions forward to {length}")
+    if excess:
+        cache.crop(-excess)
+
+
+class Target:
+    """A frozen HF causal LM with its tokenizer.
+
+    Args:
+        model: any ``PreTrainedModel`` with a causal LM head.
+        tokenizer: its tokenizer (may be None for tokenizer-free use in tests).
+        feature_layers: indices into HF ``hidden_states`` to return as features;
+            negative indices count from the end (-1 = final normed hidden state).
+        name: path or hub name recorded in the fingerprint.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer=None,
+        feature_layers: tuple[int, ...] = (-1,),
+        name: str = "",
+    ) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name or str(getattr(model.config, "_name_or_path", ""))
+        self.feature_layers = self._check_layers(feature_layers)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        feature_layers: tuple[int, ...] = (-1,),
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> Target:
+        """Load a local model + tokenizer dir with ``from_pretrained``."""
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise DraftsmithError(f"target: {path} is not a model directory (no config.json)")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return cls(model, tokenizer, feature_layers, name=str(path))
+
+    def _check_layers(self, layers: tuple[int, ...]) -> tuple[int, ...]:
+        n = self.num_layers
+        out = []
+        for layer in layers:
+            resolved = layer + n + 1 if layer < 0 else layer
+            if not 0 <= resolved <= n:
+                raise DraftsmithError(
+                    f"feature_layers: {layer} is out of range for a target with {n} layers "
+                    f"(valid: 0..{n} or -{n + 1}..-1)"
+                )
+            out.append(resolved)
+        return tuple(out)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = self.config.eos_token_id
+        return eos[0] if isinstance(eos, list) else eos
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def embed_tokens(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        past_key_values: DynamicCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        with_features: bool = True,
+    ) -> TargetOutput:
+        """Forward ``input_ids`` (B, T) after whatever ``past_key_values`` holds."""
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=past_key_values is not None,
+            output_hidden_states=with_features,
+        )
+        features = tuple(out.hidden_states[i] for i in self.feature_layers) if with_features else ()
+        return TargetOutput(out.logits.float(), features, out.past_key_values)
+
+    @property
+    def fingerprint(self) -> dict:
+        """Identity of this target that datasets, checkpoints and exports record."""
+        cfg = {k: v for k, v in self.config.to_diff_dict().items() if not k.startswith("_") and k != "dtype"}
+        return {
+            "name": self.name,
+            "model_type": self.config.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "tokenizer_hash": tokenizer_hash(self.tokenizer) if self.tokenizer is not None else None,
+            "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16],
+        }
+
+
+IDENTITY_KEYS = ("model_type", "vocab_size", "hidden_size", "num_layers", "tokenizer_hash", "config_hash")
+
+
+def check_fingerprint(expected: dict, actual: dict, what: str) -> None:
+    """Raise a clear error when an artifact was made for another target."""
+    diff = [k for k in IDENTITY_KEYS if expected.get(k) != actual.get(k)]
+    if diff:
+        detail = ", ".join(f"{k}: {expected.get(k)!r} vs {actual.get(k)!r}" for k in diff)
+        raise DraftsmithError(
+            f"{what} was made for target {expected.get('name')!r} but is used with target "
+            f"{actual.get('name')!r}; they differ in {detail}"
+        )

@@ -1,0 +1,82 @@
+"""Shared fixtures: tiny real models built in the test process (no network)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from draftsmith.target import Target
+
+VOCAB = 96
+
+
+def make_tokenizer(vocab: int = VOCAB, salt: str = "") -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``vocab`` symbols; ``salt`` changes it (for mismatch tests)."""
+    words = {f"w{salt}{i}": i for i in range(vocab - 2)}
+    words.update({"<eos>": vocab - 2, "<unk>": vocab - 1})
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
+
+
+def make_llama(seed: int, layers: int = 2, hidden: int = 64, vocab: int = VOCAB, eos: int | None = None):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=eos,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg)
+    # sharpen the random model so its distributions are peaked like a trained LM's
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def target(tokenizer) -> Target:
+    return Target(make_llama(seed=0), tokenizer, feature_layers=(1, 2), name="tiny-target")
+
+
+@pytest.fixture
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB - 2, (n,), generator=g).tolist() for n in (5, 9, 14)]
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer):
+    """A saved tiny target, a drafter sharing its tokenizer, and one with another tokenizer."""
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for name, model, tok in [
+        ("target", make_llama(seed=0), tokenizer),
+        ("drafter", make_llama(seed=3, layers=1), tokenizer),
+        ("foreign", make_llama(seed=3, layers=1), make_tokenizer(salt="x")),
+        ("wide", make_llama(seed=3, layers=1, vocab=VOCAB + 32), make_tokenizer(vocab=VOCAB + 32)),
+    ]:
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        dirs[name] = root / name
+    return dirs
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "w1 w2 w3 w4"}\n{"prompt": "w5 w6 w7"}\n')
+    return path

@@ -1,0 +1,99 @@
+"""User mistakes get one clear line naming the file, field or flag, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftsmith.cli import main
+from draftsmith.data.prompts import load_prompts
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.sampling import Sampling
+from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible
+from draftsmith.models.draft_lm import DraftLM
+from draftsmith.models.ngram import NGramDrafter
+from draftsmith.target import Target
+
+
+def run_cli(capsys, *args) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_drafter_with_other_vocabulary_is_refused_naming_both(model_dirs):
+    target = Target.from_pretrained(model_dirs["target"])
+    with pytest.raises(DraftsmithError, match=r"vocabulary size 128 .*has 96"):
+        check_compatible(target, DraftLM.from_pretrained(model_dirs["wide"]), "wide")
+
+
+def test_drafter_with_other_tokenizer_is_refused_naming_both(model_dirs):
+    target = Target.from_pretrained(model_dirs["target"])
+    with pytest.raises(DraftsmithError, match=r"drafter 'foreign' uses a different tokenizer .* than target"):
+        check_compatible(target, DraftLM.from_pretrained(model_dirs["foreign"]), "foreign")
+    check_compatible(target, DraftLM.from_pretrained(model_dirs["drafter"]), "drafter")  # same tokenizer: fine
+
+
+def test_cli_refuses_foreign_drafter_in_one_line(model_dirs, prompt_file, tmp_path, capsys):
+    err = run_cli(
+        capsys,
+        "score",
+        "--target",
+        str(model_dirs["target"]),
+        "--drafter",
+        "[ngram," + str(model_dirs["foreign"]) + "]",
+        "--prompts",
+        str(prompt_file),
+        "--out",
+        str(tmp_path / "out"),
+    )
+    assert "different tokenizer" in err and str(model_dirs["foreign"]) in err
+
+
+def test_missing_prompt_file_is_named(tmp_path):
+    with pytest.raises(DraftsmithError, match="file not found: .*nope.jsonl"):
+        load_prompts(tmp_path / "nope.jsonl")
+
+
+def test_malformed_prompt_line_names_file_and_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\n\n{"prompt": "b"\n')
+    with pytest.raises(DraftsmithError, match=r"p.jsonl:3: malformed JSON"):
+        load_prompts(path)
+
+
+def test_prompt_record_without_prompt_field_names_the_keys(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"text": "a"}\n')
+    with pytest.raises(DraftsmithError, match=r"p.jsonl:1: no 'prompt' or 'messages' field \(keys: \['text'\]\)"):
+        load_prompts(path)
+
+
+def test_empty_prompt_file_is_an_error(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n")
+    with pytest.raises(DraftsmithError, match="holds no prompts"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize("k", [0, -2])
+def test_non_positive_k_is_refused(target, k):
+    with pytest.raises(DraftsmithError, match="positive integer"):
+        SpeculativeDecoder(target, NGramDrafter(), k, Sampling())
+
+
+def test_cli_non_positive_k_is_one_line(model_dirs, prompt_file, tmp_path, capsys):
+    err = run_cli(capsys, "score", "--target", str(model_dirs["target"]), "--drafter", "[ngram]", "-k", "0")
+    assert "-k must be a positive integer, got 0" in err
+
+
+def test_cli_missing_target_dir(tmp_path, capsys):
+    err = run_cli(capsys, "score", "--target", str(tmp_path / "none"), "--drafter", "[ngram]")
+    assert "is not a model directory" in err
+
+
+def test_out_of_range_feature_layer(model_dirs):
+    with pytest.raises(DraftsmithError, match=r"feature_layers: 9 is out of range for a target with 2 layers"):
+        Target.from_pretrained(model_dirs["target"], feature_layers=(9,))

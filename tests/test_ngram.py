@@ -1,0 +1,37 @@
+"""The prompt-lookup drafter proposes what followed the latest earlier occurrence of the suffix."""
+
+import torch
+
+from draftsmith.eval.sampling import Sampling
+from draftsmith.models.ngram import NGramDrafter
+from draftsmith.target import TargetOutput
+
+NO_TARGET = TargetOutput(torch.zeros(0, 1), ())
+
+
+def propose(ids, k=3, **kw):
+    drafter = NGramDrafter(**kw)
+    state = drafter.begin(torch.tensor(ids), NO_TARGET)
+    return drafter, state, drafter.propose(state, k, Sampling(), None).tokens.tolist()
+
+
+def test_copies_continuation_of_longest_matching_suffix():
+    # suffix (7, 8) occurred before, followed by 9 10 11; unigram 8 most recently followed by 1
+    _, _, draft = propose([7, 8, 9, 10, 11, 8, 1, 2, 7, 8], k=3, max_ngram=2)
+    assert draft == [9, 10, 11]
+
+
+def test_falls_back_to_shorter_ngrams_and_latest_occurrence():
+    _, _, draft = propose([5, 1, 4, 5, 2, 6, 5], k=2, max_ngram=3)
+    assert draft == [2, 6]
+
+
+def test_no_match_gives_empty_draft():
+    _, _, draft = propose([1, 2, 3, 4], k=3)
+    assert draft == []
+
+
+def test_advance_extends_the_index():
+    drafter, state, _ = propose([1, 2, 3], k=2)
+    drafter.advance(state, torch.tensor([1, 2]), NO_TARGET)
+    assert drafter.propose(state, 2, Sampling(), None).tokens.tolist() == [3, 1]

@@ -1,0 +1,66 @@
+"""``draftsmith score`` end to end on saved tiny models: reports, metrics and exactness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftsmith.cli import main
+from draftsmith.eval.sampling import Sampling
+from draftsmith.eval.score import score_drafters
+from draftsmith.models.draft_lm import DraftLM
+
+
+def test_score_cli_writes_report_with_greedy_exactness(model_dirs, prompt_file, tmp_path, capsys):
+    out = tmp_path / "score"
+    main(
+        [
+            "score",
+            "--target",
+            str(model_dirs["target"]),
+            "--drafter",
+            f"[ngram,target,{model_dirs['drafter']}]",
+            "--prompts",
+            str(prompt_file),
+            "-k",
+            "3",
+            "--max-new-tokens",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().count("\n| ") == 5  # header, rule, plain, three drafters
+    rows = {r["name"]: r for r in report["drafters"]}
+    assert set(rows) == {"ngram", "target", str(model_dirs["drafter"])}
+    for row in rows.values():
+        assert row["greedy_exact"] == 2  # both prompts reproduce plain greedy decoding
+        assert 0 <= row["alpha"] <= 1 and 1 <= row["tau"] <= 4
+        assert len(row["accept_at"]) == 3
+        assert row["accept_at"] == sorted(row["accept_at"], reverse=True)
+    assert rows["target"]["alpha"] == 1.0
+    assert report["target"]["vocab_size"] == 96
+    assert "| plain decoding |" in capsys.readouterr().out
+
+
+def test_metrics_count_tokens_and_calls_consistently(target, tokenizer, prompts):
+    plain, rows = score_drafters(
+        target, {"self": DraftLM(target.model, tokenizer)}, prompts, 3, Sampling(), 13, progress=False
+    )
+    row = rows[0]
+    # 13 tokens = 1 from prefill + 3 rounds of 4: tau = 4, alpha = 1
+    assert row["tau"] == pytest.approx(4.0) and row["alpha"] == 1.0
+    assert row["rounds"] == 3 * len(prompts) and row["target_calls"] == 4 * len(prompts)
+    assert row["tokens"] == plain["tokens"] == 13 * len(prompts)
+    assert plain["target_calls"] == 13 * len(prompts)
+    assert row["accept_given_reached"] == [1.0, 1.0, 1.0]
+
+
+def test_sampling_scores_report_no_greedy_exactness(target, tokenizer, prompts):
+    _, rows = score_drafters(
+        target, {"self": DraftLM(target.model, tokenizer)}, prompts, 2, Sampling(1.0), 9, progress=False
+    )
+    # a drafter identical to the target is always accepted under sampling too (p == q)
+    assert rows[0]["greedy_exact"] is None and rows[0]["alpha"] == 1.0
