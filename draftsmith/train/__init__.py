@@ -1,0 +1,1 @@
+"""Lightning training of drafters against a frozen target."""

@@ -1,0 +1,126 @@
+"""``DrafterModule``: the LightningModule every drafter family extends.
+
+It holds a frozen ``Target`` (a plain attribute, so it is neither trained nor
+saved in checkpoints) and a trainable drafter ``nn.Module``. Target logits and
+features are computed online, under ``no_grad``, in each step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+
+from draftsmith.target import Target, TargetOutput
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay to ``min_lr_ratio``."""
+
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    warmup_steps: int = 20
+    """Linear warmup steps."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of ``lr``."""
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    """The teacher-forced τ estimate logged as ``val/tau_est``."""
+
+    k: int = 4
+    """Chain length K the estimate is for (match the verifier's -k)."""
+    temperature: float = 0.0
+    """0: greedy acceptance (argmax match); > 0: sum(min(p, q)) at this temperature."""
+
+
+class DrafterModule(L.LightningModule):
+    """Base of the drafter LightningModules: frozen target, trainable ``self.drafter``.
+
+    Subclasses implement ``feature_layers()``, ``build_drafter()``, ``losses()`` and
+    ``step_acceptance()``.
+    """
+
+    def __init__(self, target: str, optim: OptimConfig | None = None, estimate: EstimateConfig | None = None):
+        super().__init__()
+        self.optim = optim or OptimConfig()
+        self.estimate = estimate or EstimateConfig()
+        self.target = Target.from_pretrained(target, feature_layers=self.feature_layers_for(target))
+        self.drafter = self.build_drafter()
+
+    # -- hooks for families ------------------------------------------------------------
+    def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
+        return (-1,)
+
+    def build_drafter(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def losses(self, batch: dict, out: TargetOutput) -> dict[str, torch.Tensor]:
+        """Named scalar losses; ``loss`` is the one optimised."""
+        raise NotImplementedError
+
+    def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, N) per-step acceptance probabilities and validity, unrolled as the drafter drafts."""
+        raise NotImplementedError
+
+    def prepare_from_data(self, datamodule) -> None:
+        """Family-specific set-up that needs the training data (e.g. EAGLE-3's draft vocabulary)."""
+
+    # -- Lightning -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        self.target.model.to(self.device)
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        if datamodule is not None:
+            datamodule.check_target(self.target)
+            if stage == "fit":
+                self.prepare_from_data(datamodule)
+
+    def on_fit_start(self) -> None:
+        self.target.model.to(self.device)
+
+    def target_forward(self, batch: dict) -> TargetOutput:
+        return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        losses = self.losses(batch, self.target_forward(batch))
+        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"]))
+        return losses["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.target_forward(batch)
+        n = len(batch["input_ids"])
+        self.log_dict({f"val/{k}": v for k, v in self.losses(batch, out).items()}, batch_size=n, sync_dist=True)
+        accept, valid = self.step_acceptance(batch, out)
+        keep = valid.all(0)
+        if keep.any():
+            tau = 1 + accept[:, keep].cumprod(0).sum(0).mean()
+            self.log("val/tau_est", tau, prog_bar=True, batch_size=int(keep.sum()), sync_dist=True)
+
+    def configure_optimizers(self):
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.optim.lr, betas=self.optim.betas, weight_decay=self.optim.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, floor = self.optim.warmup_steps, self.optim.min_lr_ratio
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x[:, s:] right-padded with zeros back to length T (so index i holds x[i + s])."""
+    pad = torch.zeros_like(x[:, :s])
+    return torch.cat([x[:, s:], pad], dim=1)
