@@ -189,7 +189,7 @@ def train_model(
         sched.step()
         opt.zero_grad(set_to_none=True)
         if step % 20 == 0:
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}")
     seconds = time.perf_counter() - start
     heldout_loss = evaluate(model, heldout, config.batch_size)
     stats = {
