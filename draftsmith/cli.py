@@ -25,10 +25,11 @@ def target_build(out: Path | None = None, fast: bool = False, force: bool = Fals
 
 
 def _commands() -> dict:
+    from draftsmith.data.generate import generate
     from draftsmith.eval.score import score
     from draftsmith.quickstart import quickstart
 
-    return {"target": {"build": target_build}, "score": score, "quickstart": quickstart}
+    return {"target": {"build": target_build}, "generate": generate, "score": score, "quickstart": quickstart}
 
 
 def _normalize(argv: list[str]) -> list[str]:

@@ -1,0 +1,331 @@
+"""``draftsmith generate``: on-policy training data, the target's own continuations of prompts.
+
+Drafters accept more when trained on what the target itself says (Medusa's
+self-distillation, DistillSpec, FastDraft). This stage samples continuations
+from the target and writes them as a ``datasets`` Arrow directory with
+``draftsmith.json`` beside it (see ``shards.py`` for the layout), seeded per
+row so the data depends neither on the batch size nor on interruptions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import draftsmith
+from draftsmith.data import shards
+from draftsmith.data.decode import Decoded, decode_batch, row_seed
+from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.data.shards import check_dataset_target, load_generated
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.sampling import Sampling
+from draftsmith.target import Target
+
+__all__ = ["GenerateSettings", "check_dataset_target", "generate", "load_generated"]
+
+FORMAT = "draftsmith.generate/1"
+"""Version tag of the out dir's layout and ``draftsmith.json``."""
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """Everything that decides a generated dataset's content; ``--resume`` must match it exactly."""
+
+    prompts: str
+    """Prompt source: ``builtin:train``, a JSONL file or a local dataset."""
+    prompt_field: str
+    """The prompt's field name in JSONL records and datasets."""
+    num_prompts: int | None
+    """Only the first N prompts (None: all)."""
+    chat_template: bool
+    """Render chat ``messages`` with the tokenizer's chat template (when it has one)."""
+    temperature: float
+    """Sampling temperature; 0 is greedy."""
+    top_p: float
+    """Nucleus mass kept after temperature."""
+    max_new_tokens: int
+    """Generation budget per sample."""
+    samples_per_prompt: int
+    """Independent samples drawn per prompt."""
+    seed: int
+    """Base seed; each row's stream is seeded from (seed, prompt index, sample index)."""
+    shard_size: int
+    """Prompts per shard."""
+    store_topk: int
+    """Target top-k log-probabilities stored per generated token (0: none)."""
+    dtype: str
+    """Target weights' dtype."""
+
+
+def _validate(s: GenerateSettings, batch_size: int) -> Sampling:
+    positive = {
+        "max_new_tokens": s.max_new_tokens,
+        "samples_per_prompt": s.samples_per_prompt,
+        "batch_size": batch_size,
+        "shard_size": s.shard_size,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            raise DraftsmithError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if s.num_prompts is not None and s.num_prompts <= 0:
+        raise DraftsmithError(f"--num-prompts must be a positive integer (or omitted for all), got {s.num_prompts}")
+    if s.store_topk < 0:
+        raise DraftsmithError(f"--store-topk must be >= 0, got {s.store_topk}")
+    if s.dtype not in ("float32", "bfloat16", "float16"):
+        raise DraftsmithError(f"--dtype must be float32, bfloat16 or float16, got {s.dtype!r}")
+    try:
+        return Sampling(s.temperature, s.top_p)
+    except ValueError as e:
+        raise DraftsmithError(f"sampling: {e}") from None
+
+
+def _git_sha() -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(Path(draftsmith.__file__).parent), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+def _versions() -> dict:
+    import datasets
+    import transformers
+
+    return {
+        "draftsmith": draftsmith.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+        "git": _git_sha(),
+    }
+
+
+def _shard_columns(rows: list[tuple[int, int]], encoded: list[list[int]], results: dict, topk: int) -> dict:
+    """Columns of one shard, rows in (prompt index, sample index) order."""
+    cols: dict[str, list] = {k: [] for k in ("input_ids", "loss_mask", "prompt_len", "prompt_index", "sample_index")}
+    if topk:
+        cols.update(topk_ids=[], topk_logprobs=[])
+    for i, j in rows:
+        prompt, gen = encoded[i], results[i, j]
+        cols["input_ids"].append(prompt + gen.tokens)
+        cols["loss_mask"].append([0] * len(prompt) + [1] * len(gen.tokens))
+        cols["prompt_len"].append(len(prompt))
+        cols["prompt_index"].append(i)
+        cols["sample_index"].append(j)
+        if topk:
+            cols["topk_ids"].append(gen.topk_ids)
+            cols["topk_logprobs"].append(gen.topk_logprobs)
+    return cols
+
+
+def generate(
+    target: str,
+    prompts: str = "builtin:train",
+    out: Path = Path("runs/data"),
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 128,
+    samples_per_prompt: int = 1,
+    seed: int = 0,
+    chat_template: bool = True,
+    batch_size: int = 16,
+    shard_size: int = 256,
+    store_topk: int = 0,
+    num_prompts: int | None = None,
+    prompt_field: str = "prompt",
+    resume: bool = False,
+    overwrite: bool = False,
+    device: str = "auto",
+    dtype: str = "float32",
+) -> Path:
+    """Sample the target's continuations of prompts into a dataset for training drafters.
+
+    Writes a ``datasets`` Arrow directory at ``out`` (``datasets.load_from_disk(out)``
+    or ``load_generated(out)`` read it) with columns ``input_ids`` (prompt +
+    generated), ``loss_mask`` (1 on generated tokens, EOS included), ``prompt_len``,
+    ``prompt_index``, ``sample_index`` and, with ``store_topk`` K > 0, ``topk_ids``
+    / ``topk_logprobs``: per generated token, the K most likely tokens under the
+    target's untempered distribution (log-softmax of its logits, before
+    temperature and top-p) at that position. ``out/draftsmith.json`` records the
+    target fingerprint, settings, counts and timing.
+
+    Args:
+        target: local Hugging Face model directory of the target.
+        prompts: ``builtin:train`` / ``builtin:heldout`` (the default target's prompts), a JSONL file
+            (``{"prompt": ...}`` or chat ``{"messages": [...]}`` per line) or a local dataset dir / data file.
+        out: output directory (must be empty unless --resume or --overwrite).
+        temperature: sampling temperature; 0 for greedy decoding.
+        top_p: nucleus mass kept after temperature (1 keeps all).
+        max_new_tokens: tokens generated per sample at most (fewer at EOS or the target's context limit).
+        samples_per_prompt: independent samples per prompt.
+        seed: base seed; each sample's randomness is seeded from (seed, prompt index, sample index).
+        chat_template: render chat ``messages`` with the tokenizer's chat template when it has one.
+        batch_size: sequences decoded together (does not change the output).
+        shard_size: prompts per shard, the unit of saving and of ``--resume``.
+        store_topk: also store the target's top-K log-probabilities per generated token (0: off).
+        num_prompts: use only the first N prompts (default: all).
+        prompt_field: the prompt's field name in JSONL / dataset sources.
+        resume: continue an interrupted run in ``out`` from its completed shards.
+        overwrite: delete an earlier ``generate`` run in ``out`` first.
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ...
+        dtype: the target's weights: float32, bfloat16 or float16.
+
+    Returns:
+        ``out``.
+    """
+    settings = GenerateSettings(
+        prompts=str(prompts),
+        prompt_field=prompt_field,
+        num_prompts=num_prompts,
+        chat_template=chat_template,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        samples_per_prompt=samples_per_prompt,
+        seed=seed,
+        shard_size=shard_size,
+        store_topk=store_topk,
+        dtype=dtype,
+    )
+    sampling = _validate(settings, batch_size)
+    out = Path(out)
+    previous = shards.prepare_out(out, resume, overwrite)
+    loaded = load_prompts(prompts, prompt_field, num_prompts)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    t = Target.from_pretrained(target, dtype=dtype, device=device)
+    if store_topk > t.vocab_size:
+        raise DraftsmithError(f"--store-topk {store_topk} exceeds the target's vocabulary size {t.vocab_size}")
+    encoded = [encode(p, t.tokenizer, chat_template) for p in loaded]
+    context = getattr(t.config, "max_position_embeddings", None)
+    too_long = [i for i, ids in enumerate(encoded) if context is not None and len(ids) >= context]
+    empty = [i for i, ids in enumerate(encoded) if not ids]
+    keep = sorted(set(range(len(encoded))) - set(too_long) - set(empty))
+    if not keep:
+        raise DraftsmithError(
+            f"prompts: none of the {len(encoded)} prompts of {prompts} can be continued "
+            f"({len(too_long)} reach the target's {context}-token context, {len(empty)} are empty)"
+        )
+    metadata = {
+        "format": FORMAT,
+        "status": "running",
+        "target": t.fingerprint,
+        "settings": asdict(settings),
+        "prompts_sha": hashlib.sha256(json.dumps(encoded).encode()).hexdigest()[:16],
+        "context": context,
+        "command": shlex.join(sys.argv),
+        "versions": _versions(),
+    }
+    if previous is not None:
+        shards.check_resumable(previous, metadata, out)
+        if previous.get("status") == "complete":
+            shards.remove_shards(out)
+            print(f"{out} is already complete ({previous['rows']} rows); nothing to do")
+            return out
+    shards.write_metadata(out, metadata)
+
+    num_shards = -(-len(encoded) // shard_size)
+    done = shards.completed_shards(out)
+    per_shard = [[i for i in keep if s * shard_size <= i < (s + 1) * shard_size] for s in range(num_shards)]
+    total_rows = len(keep) * samples_per_prompt
+    bar = tqdm(
+        total=total_rows,
+        initial=sum(len(per_shard[s]) for s in done) * samples_per_prompt,
+        desc="generate",
+        unit="seq",
+        dynamic_ncols=True,
+    )
+    session_tokens, session_start = 0, time.perf_counter()
+    try:
+        for s in range(num_shards):
+            if s in done:
+                continue
+            start = time.perf_counter()
+            rows = [(i, j) for i in per_shard[s] for j in range(samples_per_prompt)]
+            results: dict[tuple[int, int], Decoded] = {}
+            # longest prompts first: less padding per batch, and memory peaks show up at once
+            order = sorted(rows, key=lambda r: (-len(encoded[r[0]]), r))
+            for b in range(0, len(order), batch_size):
+                batch = order[b : b + batch_size]
+                decoded = decode_batch(
+                    t.model,
+                    [encoded[i] for i, _ in batch],
+                    [row_seed(seed, i, j) for i, j in batch],
+                    sampling,
+                    max_new_tokens,
+                    t.eos_token_id,
+                    context,
+                    store_topk,
+                )
+                results.update(zip(batch, decoded, strict=True))
+                session_tokens += sum(len(d.tokens) for d in decoded)
+                bar.update(len(batch))
+                bar.set_postfix_str(f"{session_tokens / (time.perf_counter() - session_start):.0f} tok/s")
+            stats = {
+                "rows": len(rows),
+                "prompt_tokens": sum(len(encoded[i]) for i, _ in rows),
+                "generated_tokens": sum(len(r.tokens) for r in results.values()),
+                "stopped_at_eos": sum(bool(r.tokens) and r.tokens[-1] == t.eos_token_id for r in results.values()),
+                "seconds": time.perf_counter() - start,
+            }
+            shards.write_shard(out, s, _shard_columns(rows, encoded, results, store_topk), stats, store_topk)
+    except KeyboardInterrupt:
+        bar.close()
+        saved = len(shards.completed_shards(out))
+        print(
+            f"\ninterrupted: {saved} of {num_shards} shards are saved in {out}; continue with the same "
+            "command and --resume",
+            file=sys.stderr,
+        )
+        raise
+    bar.close()
+
+    shards.finalize(out, num_shards)
+    totals = {k: 0 for k in ("rows", "prompt_tokens", "generated_tokens", "stopped_at_eos", "seconds")}
+    for s in range(num_shards):
+        for k, v in shards.shard_stats(out, s).items():
+            totals[k] += v
+    seconds = totals.pop("seconds")
+    metadata.update(
+        status="complete",
+        prompts_loaded=len(encoded),
+        prompts_used=len(keep),
+        skipped_too_long=len(too_long),
+        skipped_empty=len(empty),
+        **totals,
+        seconds=round(seconds, 2),
+        tokens_per_s=round(totals["generated_tokens"] / max(seconds, 1e-9), 1),
+        shards=num_shards,
+        columns=list(shards.features(store_topk)),
+    )
+    shards.write_metadata(out, metadata)
+    shards.remove_shards(out)
+    print(_summary(metadata, out))
+    return out
+
+
+def _summary(m: dict, out: Path) -> str:
+    skipped = (
+        f"skipped {m['skipped_too_long']} prompts that reach the target's {m['context']}-token context"
+        f" and {m['skipped_empty']} empty ones"
+    )
+    return (
+        f"generated {m['rows']} sequences ({m['prompts_used']} prompts x {m['settings']['samples_per_prompt']} "
+        f"samples) with {m['generated_tokens']} new tokens ({m['stopped_at_eos']} ended at EOS) in "
+        f"{m['seconds']:.1f} s of generation ({m['tokens_per_s']:.0f} tokens/s); {skipped}. "
+        f"Wrote {out} (datasets.load_from_disk) and {out / shards.META}."
+    )

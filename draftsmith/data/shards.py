@@ -1,0 +1,210 @@
+"""The on-disk side of ``draftsmith generate``: the out dir, its shards, ``draftsmith.json``, and reading it back.
+
+Layout of an out dir::
+
+    draftsmith.json          metadata: target fingerprint, settings, counts ("status": "running" | "complete")
+    shards/shard-00000/      while running: one ``save_to_disk`` dataset per ``shard_size`` prompts
+    data-*.arrow, state.json, dataset_info.json
+                             when complete: the whole dataset (``datasets.load_from_disk(out)``); shards removed
+
+A shard is written under a temporary name and renamed, so a shard dir that
+exists is complete; ``--resume`` skips those and regenerates the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.target import Target, check_fingerprint
+
+META = "draftsmith.json"
+"""Metadata file beside the dataset."""
+SHARDS = "shards"
+"""Sub-directory holding completed shards while a run is in progress."""
+SHARD_STATS = "draftsmith-shard.json"
+"""Per-shard counts (rows, tokens, seconds) saved inside each shard dir."""
+_DATASET_FILES = ("state.json", "dataset_info.json")
+
+
+def features(store_topk: int):
+    """The dataset's column types (``topk_*`` only when ``store_topk > 0``)."""
+    from datasets import Features, List, Value
+
+    cols = {
+        "input_ids": List(Value("int32")),
+        "loss_mask": List(Value("int8")),
+        "prompt_len": Value("int32"),
+        "prompt_index": Value("int64"),
+        "sample_index": Value("int32"),
+    }
+    if store_topk:
+        cols["topk_ids"] = List(List(Value("int32")))
+        cols["topk_logprobs"] = List(List(Value("float32")))
+    return Features(cols)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_metadata(out: Path) -> dict | None:
+    """``out/draftsmith.json``, or None when there is none."""
+    path = Path(out) / META
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{path}: malformed JSON ({e.msg})") from None
+
+
+def write_metadata(out: Path, metadata: dict) -> None:
+    _write_json(Path(out) / META, metadata)
+
+
+def prepare_out(out: Path, resume: bool, overwrite: bool) -> dict | None:
+    """Make ``out`` ready for a run; returns the metadata of the run being resumed, if any.
+
+    A non-empty ``out`` needs ``--resume`` (continue it) or ``--overwrite`` (delete it
+    first; only a dir that ``generate`` wrote, recognised by its ``draftsmith.json``).
+    """
+    out = Path(out)
+    if resume and overwrite:
+        raise DraftsmithError("--resume and --overwrite exclude each other: continue the run or replace it")
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"--out {out} is a file, not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        out.mkdir(parents=True, exist_ok=True)
+        return None
+    metadata = read_metadata(out)
+    if overwrite:
+        if metadata is None:
+            raise DraftsmithError(
+                f"--overwrite: {out} holds files that draftsmith generate did not write (no {META}); "
+                "refusing to delete it"
+            )
+        shutil.rmtree(out)
+        out.mkdir(parents=True)
+        return None
+    if not resume:
+        raise DraftsmithError(
+            f"--out {out} is not empty; pass --resume to continue that run or --overwrite to replace it"
+        )
+    if metadata is None:
+        raise DraftsmithError(f"--resume: {out} has no {META}, so it is not a draftsmith generate run")
+    return metadata
+
+
+def check_resumable(previous: dict, current: dict, out: Path) -> None:
+    """Refuse to resume a run made with another target, other settings or other prompts."""
+    check_fingerprint(previous["target"], current["target"], f"--resume: the partial run in {out}")
+    old, new = previous["settings"], current["settings"]
+    diff = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    if diff:
+        detail = ", ".join(f"{k}={old.get(k)!r} (now {new.get(k)!r})" for k in diff)
+        raise DraftsmithError(
+            f"--resume: {out / META} was written with {detail}; rerun with the same settings or use --overwrite"
+        )
+    if previous["prompts_sha"] != current["prompts_sha"]:
+        raise DraftsmithError(
+            f"--resume: the prompts of {new['prompts']!r} changed since {out} was started "
+            "(their token ids differ); use --overwrite to start again"
+        )
+
+
+def shard_dir(out: Path, index: int) -> Path:
+    return Path(out) / SHARDS / f"shard-{index:05d}"
+
+
+def completed_shards(out: Path) -> set[int]:
+    """Indices of the shards saved in ``out``; half-written temporaries are removed."""
+    root = Path(out) / SHARDS
+    if not root.is_dir():
+        return set()
+    done = set()
+    for path in root.iterdir():
+        if path.name.endswith(".tmp"):
+            shutil.rmtree(path)
+        elif path.name.startswith("shard-") and (path / SHARD_STATS).is_file():
+            done.add(int(path.name.removeprefix("shard-")))
+    return done
+
+
+def write_shard(out: Path, index: int, columns: dict, stats: dict, store_topk: int) -> None:
+    """Save one shard atomically: to ``shard-N.tmp``, then rename."""
+    from datasets import Dataset
+
+    final = shard_dir(out, index)
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    Dataset.from_dict(columns, features=features(store_topk)).save_to_disk(str(tmp))
+    (tmp / SHARD_STATS).write_text(json.dumps(stats))
+    os.replace(tmp, final)
+
+
+def shard_stats(out: Path, index: int) -> dict:
+    return json.loads((shard_dir(out, index) / SHARD_STATS).read_text())
+
+
+def finalize(out: Path, num_shards: int) -> None:
+    """Concatenate the shards into the dataset at ``out`` and remove them."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    out = Path(out)
+    parts = [load_from_disk(str(shard_dir(out, i))) for i in range(num_shards)]
+    data = concatenate_datasets(parts)
+    tmp = out / ".data.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    data.save_to_disk(str(tmp), num_shards=max(1, min(num_shards, len(data))))
+    for stale in [*out.glob("data-*.arrow"), *(out / name for name in _DATASET_FILES)]:
+        stale.unlink(missing_ok=True)
+    # state.json last: until it is in place, out is not a loadable dataset
+    for path in sorted(tmp.iterdir(), key=lambda p: p.name == "state.json"):
+        os.replace(path, out / path.name)
+    tmp.rmdir()
+
+
+def remove_shards(out: Path) -> None:
+    shutil.rmtree(Path(out) / SHARDS, ignore_errors=True)
+
+
+def load_generated(path: str | Path):
+    """Read a dataset written by ``draftsmith generate``.
+
+    Args:
+        path: the ``--out`` dir of a complete run.
+
+    Returns:
+        (the ``datasets.Dataset``, its ``draftsmith.json`` metadata as a dict).
+    """
+    from datasets import load_from_disk
+
+    path = Path(path)
+    metadata = read_metadata(path)
+    if metadata is None:
+        raise DraftsmithError(f"{path} is not a generated dataset (no {META}); make one with draftsmith generate")
+    if metadata.get("status") != "complete":
+        raise DraftsmithError(
+            f"{path} is an unfinished generation run; finish it with draftsmith generate ... --out {path} --resume"
+        )
+    return load_from_disk(str(path)), metadata
+
+
+def check_dataset_target(metadata: dict, target: Target | dict, what: str = "generated dataset") -> None:
+    """Refuse a generated dataset made by another target, naming both fingerprints.
+
+    Args:
+        metadata: the dataset's ``draftsmith.json`` (from ``load_generated``).
+        target: the target it is about to be used with (or its fingerprint).
+        what: how to name the dataset in the error (e.g. its path).
+    """
+    actual = target.fingerprint if isinstance(target, Target) else target
+    check_fingerprint(metadata["target"], actual, what)
