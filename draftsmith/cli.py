@@ -33,14 +33,16 @@ def _commands() -> dict:
 
 
 def _normalize(argv: list[str]) -> list[str]:
-    """Accept ``--max-new-tokens`` for ``--max_new_tokens`` and ``-k`` for ``--k``."""
+    """Accept ``--max-new-tokens`` for ``--max_new_tokens``, ``-k`` for ``--k``, bare ``--flag`` for ``--flag=true``."""
     out = []
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if arg == "-k":
             arg = "--k"
-        elif arg.startswith("--") and not arg.startswith("--print_"):
+        elif arg.startswith("--") and not arg.startswith("--print_") and arg not in ("--help",):
             name, eq, value = arg[2:].partition("=")
-            arg = "--" + name.replace("-", "_") + eq + value
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            bare = not eq and (nxt is None or (nxt.startswith("-") and not nxt.lstrip("-").replace(".", "").isdigit()))
+            arg = "--" + name.replace("-", "_") + (eq + value if eq else ("=true" if bare else ""))
         out.append(arg)
     return out
 

@@ -97,3 +97,16 @@ def test_cli_missing_target_dir(tmp_path, capsys):
 def test_out_of_range_feature_layer(model_dirs):
     with pytest.raises(DraftsmithError, match=r"feature_layers: 9 is out of range for a target with 2 layers"):
         Target.from_pretrained(model_dirs["target"], feature_layers=(9,))
+
+
+def test_bare_boolean_flags_mean_true():
+    from draftsmith.cli import _normalize
+
+    assert _normalize(["quickstart", "--fast"]) == ["quickstart", "--fast=true"]
+    assert _normalize(["generate", "--resume", "--max-new-tokens", "8"]) == [
+        "generate",
+        "--resume=true",
+        "--max_new_tokens",
+        "8",
+    ]
+    assert _normalize(["score", "--temperature", "-1"]) == ["score", "--temperature", "-1"]
