@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -32,8 +33,42 @@ def _commands() -> dict:
     return {"target": {"build": target_build}, "generate": generate, "score": score, "quickstart": quickstart}
 
 
+LIST_FLAGS = ("--drafter",)
+"""Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
+
+
+def _gather_lists(argv: list[str]) -> list[str]:
+    out, lists, i = [], {}, 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        if flag not in LIST_FLAGS:
+            out.append(argv[i])
+            i += 1
+            continue
+        if flag not in lists:
+            lists[flag] = []
+            out.append(flag)
+        if eq:
+            lists[flag].append(value)
+        i += 1
+        while i < len(argv) and not argv[i].startswith("-"):
+            lists[flag].append(argv[i])
+            i += 1
+    result = []
+    for arg in out:
+        if arg in lists:
+            values = lists[arg]
+            joined = values[0] if len(values) == 1 and values[0].startswith("[") else json.dumps(values)
+            result.append(f"{arg}={joined}")
+        else:
+            result.append(arg)
+    return result
+
+
 def _normalize(argv: list[str]) -> list[str]:
-    """Accept ``--max-new-tokens`` for ``--max_new_tokens``, ``-k`` for ``--k``, bare ``--flag`` for ``--flag=true``."""
+    """Accept ``--max-new-tokens`` for ``--max_new_tokens``, ``-k`` for ``--k``, bare ``--flag`` for ``--flag=true``,
+    and several values after a list flag."""
+    argv = _gather_lists(argv)
     out = []
     for i, arg in enumerate(argv):
         if arg == "-k":
@@ -47,19 +82,33 @@ def _normalize(argv: list[str]) -> list[str]:
     return out
 
 
+def _user_error(e: BaseException | None) -> DraftsmithError | None:
+    """The DraftsmithError that ``e`` is or was raised from, if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, DraftsmithError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "fit":
-        from draftsmith.train.cli import fit_main
-
-        fit_main(argv[1:])
-        return
-    from jsonargparse import CLI
-
     try:
+        if argv and argv[0] == "fit":
+            from draftsmith.train.cli import fit_main
+
+            fit_main(argv[1:])
+            return
+        from jsonargparse import CLI
+
         CLI(_commands(), args=_normalize(argv), as_positional=False)
-    except DraftsmithError as e:
-        print(f"draftsmith: error: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - a user mistake may arrive wrapped by jsonargparse / Lightning
+        cause = _user_error(e)
+        if cause is None:
+            raise
+        print(f"draftsmith: error: {cause}", file=sys.stderr)
         sys.exit(2)
 
 

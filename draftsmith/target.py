@@ -147,8 +147,12 @@ class Target:
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         with_features: bool = True,
+        feature_layers: tuple[int, ...] | None = None,
     ) -> TargetOutput:
-        """Forward ``input_ids`` (B, T) after whatever ``past_key_values`` holds."""
+        """Forward ``input_ids`` (B, T) after whatever ``past_key_values`` holds.
+
+        ``feature_layers`` (resolved, non-negative) overrides ``self.feature_layers`` for this call.
+        """
         out = self.model(
             input_ids=input_ids.to(self.device),
             past_key_values=past_key_values,
@@ -157,7 +161,8 @@ class Target:
             use_cache=past_key_values is not None,
             output_hidden_states=with_features,
         )
-        features = tuple(out.hidden_states[i] for i in self.feature_layers) if with_features else ()
+        layers = self.feature_layers if feature_layers is None else feature_layers
+        features = tuple(out.hidden_states[i] for i in layers) if with_features else ()
         return TargetOutput(out.logits.float(), features, out.past_key_values)
 
     @property

@@ -14,6 +14,8 @@ class DrafterMetrics:
     Attributes:
         alpha: accepted draft tokens / drafted tokens.
         tau: mean tokens committed per verification call (accepted + 1).
+        tau_full: tau over the rounds that drafted all K tokens (the end of a generation
+            drafts fewer); what ``val/tau_est`` estimates.
         accept_at: per draft position i (1-based, index i-1): fraction of rounds
             whose i-th draft token was accepted (unconditional).
         accept_given_reached: per position: accepted / rounds that drafted and
@@ -34,6 +36,7 @@ class DrafterMetrics:
     k: int
     alpha: float
     tau: float
+    tau_full: float
     accept_at: list[float]
     accept_given_reached: list[float]
     rounds: int
@@ -83,11 +86,13 @@ def drafter_metrics(
     cost = (sum(r.draft_seconds for r in results) / max(1, sum(drafted))) / step_seconds
     tau = (sum(accepted) + rounds) / max(1, rounds)
     mean_drafted = sum(drafted) / max(1, rounds)
+    full = [a for a, d in zip(accepted, drafted, strict=True) if d == k]
     return DrafterMetrics(
         name=name,
         k=k,
         alpha=sum(accepted) / max(1, sum(drafted)),
         tau=tau,
+        tau_full=(sum(full) + len(full)) / max(1, len(full)),
         accept_at=[h / max(1, rounds) for h in hits],
         accept_given_reached=[h / max(1, r) for h, r in zip(hits, reached, strict=True)],
         rounds=rounds,

@@ -55,6 +55,12 @@ def score_drafters(
     return plain_metrics(plain).to_dict(), rows
 
 
+def _named(spec: str) -> tuple[str, str]:
+    """``NAME=SPEC`` -> (NAME, SPEC); a bare SPEC names itself."""
+    name, eq, rest = spec.partition("=")
+    return (name, rest) if eq and name and "/" not in name else (spec, spec)
+
+
 def score(
     target: str,
     drafter: list[str],
@@ -72,7 +78,8 @@ def score(
 
     Args:
         target: local Hugging Face model directory of the target.
-        drafter: one or more drafters: ``ngram[:N]``, ``target``, or a model directory.
+        drafter: one or more drafters, each ``[NAME=]SPEC`` with SPEC ``ngram[:N]``, ``target``, a
+            trained drafter's ``.ckpt`` or native dir, or a Hugging Face draft-model directory.
         prompts: ``builtin:heldout``, a JSONL file or a local dataset.
         k: tokens drafted per round.
         temperature: 0 for greedy verification, > 0 for lossless speculative sampling.
@@ -92,7 +99,7 @@ def score(
     except ValueError as e:
         raise DraftsmithError(str(e)) from None
     t = Target.from_pretrained(target)
-    loaded = {spec: load_drafter(spec, t) for spec in drafter}
+    loaded = {name: load_drafter(spec, t) for name, spec in map(_named, drafter)}
     ids = [encode(p, t.tokenizer) for p in load_prompts(prompts, prompt_field, num_prompts)]
     plain, rows = score_drafters(t, loaded, ids, k, sampling, max_new_tokens, seed)
     report = {

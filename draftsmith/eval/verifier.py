@@ -93,8 +93,8 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         cache = target.new_cache()
         ids = torch.tensor([prompt])
-        feats = drafter.needs_features
-        out = target(ids, cache, with_features=feats)
+        feats, layers = drafter.needs_features, drafter.feature_layers
+        out = target(ids, cache, with_features=feats, feature_layers=layers)
         first = _pick(out.logits[0, -1], self.sampling, generator)
         result = DecodeResult(tokens=[first], target_calls=1)
         result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
@@ -110,7 +110,7 @@ class SpeculativeDecoder:
                 raise NotImplementedError("tree drafts need the tree verifier")
             committed = cache.get_seq_length()
             step = torch.cat([torch.tensor([result.tokens[-1]]), draft.tokens])[None]  # (1, 1+n)
-            out = target(step, cache, with_features=feats)
+            out = target(step, cache, with_features=feats, feature_layers=layers)
             result.target_calls += 1
             n, nxt = self._verify(out.logits[0], draft, generator)
             rollback(cache, committed + 1 + n)

@@ -65,11 +65,14 @@ class Drafter(ABC):
             against the target's.
         needs_features: whether the drafter reads ``target_out.features`` (the
             verifier skips computing them otherwise).
+        feature_layers: the target ``hidden_states`` indices the drafter reads, in
+            order (None: the target's own ``feature_layers``).
     """
 
     vocab_size: int | None = None
     tokenizer_hash: str | None = None
     needs_features: bool = False
+    feature_layers: tuple[int, ...] | None = None
 
     @abstractmethod
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> Any:

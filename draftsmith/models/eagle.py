@@ -181,6 +181,13 @@ class EagleModel(nn.Module):
         self.layer = EagleLayer(cfg)
         self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
 
+    @property
+    def method(self) -> str:
+        return f"eagle{self.cfg.version}"
+
+    def as_drafter(self) -> EagleDrafter:
+        return EagleDrafter(self)
+
     def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         """Copy the target's embedding (and LM head rows of the draft vocabulary)."""
         with torch.no_grad():

@@ -8,6 +8,7 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.models.base import Drafter
 from draftsmith.models.draft_lm import DraftLM
+from draftsmith.models.native import is_native, load_trained
 from draftsmith.models.ngram import NGramDrafter
 from draftsmith.target import Target
 
@@ -16,7 +17,8 @@ def load_drafter(spec: str, target: Target) -> Drafter:
     """Build the drafter named by ``spec`` for ``target``.
 
     Specs: ``ngram`` or ``ngram:N`` (prompt lookup up to N-grams), ``target``
-    (the target drafting for itself: every draft accepted under greedy), or a
+    (the target drafting for itself: every draft accepted under greedy), a trained
+    drafter (a ``DrafterModule`` Lightning ``.ckpt`` or a native export dir), or a
     directory holding a Hugging Face causal LM sharing the target's tokenizer.
     """
     if spec == "ngram" or spec.startswith("ngram:"):
@@ -27,6 +29,10 @@ def load_drafter(spec: str, target: Target) -> Drafter:
     if spec == "target":
         return DraftLM(target.model, target.tokenizer)
     path = Path(spec)
+    if path.suffix == ".ckpt" or is_native(path):
+        if not path.exists():
+            raise DraftsmithError(f"drafter {spec!r}: no such checkpoint")
+        return load_trained(path, target)
     config = path / "config.json"
     if not config.is_file():
         raise DraftsmithError(f"drafter {spec!r}: not 'ngram', 'target' or a model directory with config.json")

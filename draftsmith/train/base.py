@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 
+from draftsmith.eval.estimate import replay_rounds, tau_from_rounds
+from draftsmith.models.native import describe
 from draftsmith.target import Target, TargetOutput
 
 
@@ -68,7 +70,8 @@ class DrafterModule(L.LightningModule):
         raise NotImplementedError
 
     def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, N) per-step acceptance probabilities and validity, unrolled as the drafter drafts."""
+        """(K, B, T) acceptance probability of draft step j from anchor t (the drafter unrolled as it
+        drafts; see ``eval/estimate.py``) and whether that step has a generated token to check."""
         raise NotImplementedError
 
     def prepare_from_data(self, datamodule) -> None:
@@ -86,6 +89,10 @@ class DrafterModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self.target.model.to(self.device)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Record what ``draftsmith score`` / ``export`` need to rebuild the drafter from this checkpoint alone."""
+        checkpoint["draftsmith"] = describe(self.drafter, self.target)
+
     def target_forward(self, batch: dict) -> TargetOutput:
         return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
 
@@ -94,15 +101,21 @@ class DrafterModule(L.LightningModule):
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"]))
         return losses["loss"]
 
+    def on_validation_epoch_start(self) -> None:
+        self._val_rounds = torch.zeros(2, device=self.device)  # (tokens, rounds) of replayed verifier rounds
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self.target_forward(batch)
         n = len(batch["input_ids"])
         self.log_dict({f"val/{k}": v for k, v in self.losses(batch, out).items()}, batch_size=n, sync_dist=True)
         accept, valid = self.step_acceptance(batch, out)
-        keep = valid.all(0)
-        if keep.any():
-            tau = 1 + accept[:, keep].cumprod(0).sum(0).mean()
-            self.log("val/tau_est", tau, prog_bar=True, batch_size=int(keep.sum()), sync_dist=True)
+        rounds = replay_rounds(accept.cpu(), valid.cpu(), torch.Generator().manual_seed(batch_idx))
+        self._val_rounds += torch.tensor(tau_from_rounds(rounds), device=self.device, dtype=torch.float)
+
+    def on_validation_epoch_end(self) -> None:
+        tokens, rounds = self.trainer.strategy.reduce(self._val_rounds, reduce_op="sum").tolist()
+        if rounds:
+            self.log("val/tau_est", tokens / rounds, prog_bar=True)
 
     def configure_optimizers(self):
         params = [p for p in self.drafter.parameters() if p.requires_grad]

@@ -3,36 +3,73 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 from lightning.pytorch.cli import LightningCLI
 
 from draftsmith.train.base import DrafterModule
 from draftsmith.train.data import GeneratedDataModule
 
-TRAINER_DEFAULTS = {
-    "callbacks": [
-        {
-            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-            "init_args": {"monitor": "val/tau_est", "mode": "max", "save_last": True, "filename": "best"},
-        },
-        {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor"},
-    ],
-    "logger": [
-        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs/fit"}},
-    ],
-    "gradient_clip_val": 1.0,
-    "log_every_n_steps": 10,
-}
+ROOT = "${trainer.default_root_dir}"
+"""A logger ``save_dir`` of this value is replaced by the trainer's ``default_root_dir``."""
+
+CALLBACKS = [
+    {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"monitor": "val/tau_est", "mode": "max", "save_last": True, "filename": "best"},
+    },
+    {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+]
+
+LOGGERS = [
+    {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": ROOT, "name": "csv"}},
+    {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"save_dir": ROOT, "project": "draftsmith"}},
+]
+
+
+class DraftsmithCLI(LightningCLI):
+    """LightningCLI with draftsmith's trainer defaults: best-by-``val/tau_est`` and last checkpoints,
+    CSV + wandb (offline unless ``WANDB_MODE`` says otherwise) logs under ``default_root_dir``,
+    gradient clipping 1.0."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.set_defaults(
+            {
+                "trainer.callbacks": CALLBACKS,
+                "trainer.logger": LOGGERS,
+                "trainer.gradient_clip_val": 1.0,
+                "trainer.log_every_n_steps": 10,
+            }
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        root = config.trainer.default_root_dir or "."
+        loggers = config.trainer.logger
+        for logger in loggers if isinstance(loggers, list) else []:
+            args = getattr(logger, "init_args", None)
+            if args is not None and getattr(args, "save_dir", None) == ROOT:
+                args.save_dir = root
+        if root != ".":
+            os.makedirs(root, exist_ok=True)
+
+    def after_fit(self) -> None:
+        """Close the wandb run so a later fit in this process starts its own."""
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
 
 
 def fit_main(args: list[str]) -> None:
-    """Run ``LightningCLI`` in fit mode; wandb (when a recipe adds it) stays offline unless WANDB_MODE says so."""
+    """Run ``fit`` through ``DraftsmithCLI``."""
     os.environ.setdefault("WANDB_MODE", "offline")
-    LightningCLI(
+    os.environ.setdefault("WANDB_SILENT", "true")
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    DraftsmithCLI(
         DrafterModule,
         GeneratedDataModule,
         subclass_mode_model=True,
-        trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
         args=["fit", *args],
     )

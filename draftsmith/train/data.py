@@ -7,34 +7,57 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from draftsmith.errors import DraftsmithError
 
 
-class LengthBucketSampler(Sampler[int]):
-    """Shuffled order in which each run of ``batch_size`` indices has similar lengths (less padding)."""
+class LengthBucketSampler(DistributedSampler):
+    """Shuffled order in which each run of ``batch_size`` indices has similar lengths (less padding).
 
-    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0, bucket_batches: int = 16) -> None:
-        self.lengths, self.batch_size, self.seed, self.bucket = lengths, batch_size, seed, bucket_batches
-        self.epoch = 0
+    It is its own distributed sampler (rank r takes every world-th batch), so Lightning keeps it
+    under DDP and calls ``set_epoch``; and it can resume in the middle of an epoch (``resume_at``).
+    """
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(
+        self,
+        lengths: list[int],
+        batch_size: int,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        bucket_batches: int = 16,
+    ) -> None:
+        super().__init__(lengths, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.lengths, self.batch_size, self.bucket = lengths, batch_size, bucket_batches
+        self.resume_at: tuple[int, int] | None = None
+        """(epoch, batches already trained in it): the next iteration of that epoch skips them."""
 
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self):
+    def batches(self) -> list[list[int]]:
+        """This rank's batches of the current epoch."""
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.lengths), generator=g).tolist()
         chunk = self.batch_size * self.bucket
-        batches = []
+        full, partial = [], []
         for i in range(0, len(order), chunk):
             part = sorted(order[i : i + chunk], key=lambda j: self.lengths[j])
-            batches += [part[b : b + self.batch_size] for b in range(0, len(part), self.batch_size)]
-        for b in torch.randperm(len(batches), generator=g).tolist():
-            yield from batches[b]
+            for b in range(0, len(part), self.batch_size):
+                (full if len(part[b:]) >= self.batch_size else partial).append(part[b : b + self.batch_size])
+        batches = [full[b] for b in torch.randperm(len(full), generator=g).tolist()] + partial
+        if len(batches) % self.num_replicas:  # every rank gets as many batches (as DistributedSampler pads)
+            batches += batches[: self.num_replicas - len(batches) % self.num_replicas]
+        return batches[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.batches())
+
+    def __iter__(self):
+        batches = self.batches()
+        if self.resume_at is not None and self.resume_at[0] == self.epoch:
+            batches = batches[self.resume_at[1] :]
+            self.resume_at = None
+        for batch in batches:
+            yield from batch
 
 
 def collate(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
@@ -82,6 +105,7 @@ class GeneratedDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.train_ds = self.val_ds = None
         self.metadata: dict = {}
+        self._resume_at: tuple[int, int] | None = None
 
     def _load(self, path: str):
         from draftsmith.data.generate import load_generated
@@ -120,7 +144,11 @@ class GeneratedDataModule(L.LightningDataModule):
 
     def _loader(self, ds, shuffle: bool) -> DataLoader:
         hp = self.hparams
-        sampler = LengthBucketSampler([len(x) for x in ds["input_ids"]], hp.batch_size, hp.seed) if shuffle else None
+        sampler = None
+        if shuffle:
+            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+            sampler = LengthBucketSampler([len(x) for x in ds["input_ids"]], hp.batch_size, hp.seed, world, rank)
+            sampler.resume_at = self._resume_at
         return DataLoader(
             ds,
             batch_size=hp.batch_size,
@@ -134,3 +162,14 @@ class GeneratedDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_ds, shuffle=False)
+
+    # -- exact mid-epoch resume: checkpoints record how far into the epoch training got ----------
+    def state_dict(self) -> dict:
+        if not self.trainer:
+            return {}
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"epoch": self.trainer.current_epoch, "batches": progress.processed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self._resume_at = (state["epoch"], state["batches"])

@@ -113,6 +113,6 @@ class EagleModule(DrafterModule):
         for j, hidden, _, mask in self._unroll(batch, out, self.estimate.k):
             q = torch.zeros_like(p_full)
             q[..., ids] = probs(self.drafter.logits(hidden), sampling)
-            accept.append(acceptance_prob(shift(p_full, j + 1), q, sampling.greedy).flatten())
-            valid.append(mask.flatten())
+            accept.append(acceptance_prob(shift(p_full, j + 1), q, sampling.greedy))
+            valid.append(mask)
         return torch.stack(accept), torch.stack(valid)

@@ -1,0 +1,113 @@
+"""draftsmith's own drafter format, and loading trained drafters from it or from Lightning checkpoints.
+
+A trained drafter is a ``method`` name, the config dataclass of its network, its
+weights and the fingerprint of the target it was trained for. A native directory
+holds them as ``config.json`` + ``model.safetensors``; a Lightning checkpoint of
+a ``DrafterModule`` holds them under ``checkpoint["draftsmith"]`` and the
+``drafter.*`` entries of its state dict.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import draftsmith
+from draftsmith.errors import DraftsmithError
+from draftsmith.models.base import Drafter
+from draftsmith.target import Target, check_fingerprint
+
+FORMAT = "draftsmith.drafter/1"
+
+
+def _families() -> dict:
+    """method -> (config dataclass, network class). Imported lazily: each family is its own module."""
+    from draftsmith.models.eagle import EagleConfig, EagleModel
+
+    return {"eagle1": (EagleConfig, EagleModel), "eagle3": (EagleConfig, EagleModel)}
+
+
+def describe(model: torch.nn.Module, target: Target) -> dict:
+    """What a checkpoint or native dir records beside the weights."""
+    return {
+        "format": FORMAT,
+        "method": model.method,
+        "config": asdict(model.cfg),
+        "target": target.fingerprint,
+        "draftsmith_version": draftsmith.__version__,
+    }
+
+
+def build(info: dict, state: dict[str, torch.Tensor], where: str) -> torch.nn.Module:
+    """Rebuild a drafter network from ``describe()``'s record and its weights."""
+    families = _families()
+    method = info.get("method")
+    if method not in families:
+        raise DraftsmithError(f"{where}: unknown drafter method {method!r} (known: {', '.join(sorted(families))})")
+    config_cls, model_cls = families[method]
+    names = {f.name for f in fields(config_cls)}
+    unknown = sorted(set(info["config"]) - names)
+    if unknown:
+        raise DraftsmithError(f"{where}: config has fields {unknown} that {config_cls.__name__} does not know")
+    config = {k: tuple(v) if isinstance(v, list) else v for k, v in info["config"].items()}
+    model = model_cls(config_cls(**config))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DraftsmithError(
+            f"{where}: weights do not match the {method} config (missing {missing}, unexpected {unexpected})"
+        )
+    return model.eval()
+
+
+def save_native(model: torch.nn.Module, target: Target, out: str | Path, extra: dict | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` for ``model`` (a drafter network with ``method``/``cfg``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, out / "model.safetensors", metadata={"format": FORMAT})
+    (out / "config.json").write_text(json.dumps({**describe(model, target), **(extra or {})}, indent=2) + "\n")
+    return out
+
+
+def _read_native(path: Path) -> tuple[dict, dict]:
+    try:
+        info = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{path / 'config.json'} is not valid JSON ({e.msg})") from None
+    return info, load_file(path / "model.safetensors")
+
+
+def _read_checkpoint(path: Path) -> tuple[dict, dict]:
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if "draftsmith" not in ckpt:
+        raise DraftsmithError(f"{path}: not a checkpoint of a draftsmith DrafterModule (no 'draftsmith' entry)")
+    state = {k.removeprefix("drafter."): v for k, v in ckpt["state_dict"].items() if k.startswith("drafter.")}
+    return ckpt["draftsmith"], state
+
+
+def is_native(path: Path) -> bool:
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        return False
+    try:
+        return json.loads((path / "config.json").read_text()).get("format") == FORMAT
+    except json.JSONDecodeError:
+        return False
+
+
+def load_network(path: str | Path, target: Target | None = None) -> tuple[torch.nn.Module, dict]:
+    """A trained drafter network and its record, from a native dir or a ``.ckpt``; checked against ``target``."""
+    path = Path(path)
+    info, state = _read_checkpoint(path) if path.is_file() else _read_native(path)
+    if target is not None:
+        check_fingerprint(info["target"], target.fingerprint, f"drafter {str(path)!r}")
+    return build(info, state, str(path)).to(target.device if target is not None else "cpu"), info
+
+
+def load_trained(path: str | Path, target: Target) -> Drafter:
+    """The verifier's drafter for a trained network."""
+    model, _ = load_network(path, target)
+    return model.as_drafter()

@@ -1,0 +1,235 @@
+"""Training core and EAGLE training: learning, checkpoints the verifier loads, DDP, exact resume, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import lightning as L
+import pytest
+import torch
+from conftest import VOCAB, make_llama, make_tokenizer
+
+from draftsmith.cli import main
+from draftsmith.data.generate import generate
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.sampling import Sampling
+from draftsmith.eval.score import score_drafters
+from draftsmith.models.native import load_network
+from draftsmith.models.registry import load_drafter
+from draftsmith.target import Target
+from draftsmith.train.base import OptimConfig
+from draftsmith.train.data import GeneratedDataModule, LengthBucketSampler
+from draftsmith.train.eagle import EagleModule
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+
+def words(g: torch.Generator, n: int) -> str:
+    return " ".join(f"w{i}" for i in torch.randint(0, VOCAB - 2, (n,), generator=g).tolist())
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Path]:
+    """A saved 4-layer tiny target, sampled training data and greedy validation data from it."""
+    root = tmp_path_factory.mktemp("train")
+    make_llama(seed=0, layers=4).save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    g = torch.Generator().manual_seed(0)
+    for name, n in [("train", 96), ("val", 16)]:
+        lines = "".join(json.dumps({"prompt": words(g, 2 + i % 7)}) + "\n" for i in range(n))
+        (root / f"{name}.jsonl").write_text(lines)
+    common = {"max_new_tokens": 24, "device": "cpu", "shard_size": 64}
+    generate(str(root / "target"), str(root / "train.jsonl"), root / "data-train", temperature=1.0, **common)
+    generate(str(root / "target"), str(root / "val.jsonl"), root / "data-val", temperature=0.0, **common)
+    other = make_llama(seed=1, layers=4)
+    other.config.hidden_act = "gelu"  # same shapes, another model
+    other.save_pretrained(root / "other")
+    make_tokenizer().save_pretrained(root / "other")
+    return {k: root / k for k in ("target", "data-train", "data-val", "other", "train.jsonl")}
+
+
+def module(setup, version: int, **kwargs) -> EagleModule:
+    torch.manual_seed(0)
+    kwargs = {"draft_vocab_size": 48 if version == 3 else 0, "optim": OptimConfig(lr=3e-3, warmup_steps=5), **kwargs}
+    return EagleModule(str(setup["target"]), version=version, **kwargs)
+
+
+def datamodule(setup) -> GeneratedDataModule:
+    return GeneratedDataModule(str(setup["data-train"]), str(setup["data-val"]), batch_size=8, max_length=64)
+
+
+def trainer(tmp_path, steps: int, **kwargs) -> L.Trainer:
+    defaults = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    return L.Trainer(max_steps=steps, default_root_dir=tmp_path, enable_model_summary=False, **defaults, **kwargs)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_training_lowers_validation_loss_and_raises_tau_estimate(setup, tmp_path, version):
+    model, data = module(setup, version), datamodule(setup)
+    before = trainer(tmp_path, 0).validate(model, data, verbose=False)[0]
+    trainer(tmp_path, 60).fit(model, data)
+    after = trainer(tmp_path, 0).validate(model, data, verbose=False)[0]
+    print(version, {k: (round(before[k], 3), round(after[k], 3)) for k in before})
+    assert after["val/loss"] < 0.8 * before["val/loss"]
+    assert after["val/tau_est"] > before["val/tau_est"] + 0.2
+
+    # on greedy validation data the estimate replays the verifier's rounds exactly
+    target = Target.from_pretrained(setup["target"])
+    rows = datasets.load_from_disk(str(setup["data-val"]))
+    prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
+    scored = score_drafters(target, {"eagle": model.drafter.as_drafter()}, prompts, 4, Sampling(0.0), 24, 0)[1]
+    assert scored[0]["greedy_exact"] == len(prompts)
+    assert scored[0]["tau_full"] == pytest.approx(after["val/tau_est"], rel=1e-6)
+
+
+def test_reduced_draft_vocabulary_keeps_the_most_frequent_generated_tokens(setup):
+    model, data = module(setup, 3, draft_vocab_size=20), datamodule(setup)
+    model.prepare_from_data(data)  # what setup("fit") runs
+    counts = data.token_counts(VOCAB)
+    ids = model.drafter.draft_ids
+    assert len(ids) == 20 and bool((ids.diff() > 0).all())
+    assert counts[ids].min() >= counts[~model.drafter.t2d].max()
+    assert int(model.drafter.t2d.sum()) == 20 and bool(model.drafter.t2d[ids].all())
+    # the draft LM head starts as the target's rows of the kept tokens
+    assert torch.equal(model.drafter.lm_head.weight, model.target.lm_head.weight[ids])
+
+
+def fit_args(setup, out: Path, config: str = "eagle3", *extra: str) -> list[str]:
+    return [
+        "fit",
+        f"--config={ROOT / 'configs' / f'{config}.yaml'}",
+        f"--model.init_args.target={setup['target']}",
+        "--model.init_args.draft_vocab_size=48",
+        f"--data.train={setup['data-train']}",
+        f"--data.val={setup['data-val']}",
+        f"--trainer.default_root_dir={out}",
+        "--trainer.enable_progress_bar=false",
+        "--model.init_args.optim.lr=0.003",
+        "--model.init_args.optim.warmup_steps=5",
+        "--trainer.max_epochs=-1",  # 12 batches an epoch: steps run across epochs
+        "--trainer.check_val_every_n_epoch=null",
+        *extra,
+    ]
+
+
+def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, tmp_path):
+    main(fit_args(setup, tmp_path, "eagle3", "--trainer.max_steps=40", "--trainer.val_check_interval=20"))
+    ckpts = tmp_path / "csv" / "version_0" / "checkpoints"
+    assert {p.name for p in ckpts.iterdir()} == {"best.ckpt", "last.ckpt"}
+    metrics = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text()
+    assert "val/tau_est" in metrics and "train/loss" in metrics and "lr-AdamW" in metrics
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb logs offline beside the CSV"
+
+    target = Target.from_pretrained(setup["target"])
+    network, info = load_network(ckpts / "last.ckpt", target)
+    assert info["method"] == "eagle3" and network.cfg.feature_layers == (1, 2, 3)
+    drafter = load_drafter(str(ckpts / "last.ckpt"), target)
+    rows = datasets.load_from_disk(str(setup["data-val"]))
+    prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
+    scored = score_drafters(target, {"eagle3": drafter}, prompts, 4, Sampling(0.0), 24, 0)[1][0]
+    assert scored["greedy_exact"] == len(prompts)
+    # the checkpoint drafts exactly as the model that logged the last validation did
+    logged = [float(r["val/tau_est"]) for r in csv.DictReader(metrics.splitlines()) if r.get("val/tau_est")]
+    assert scored["tau_full"] == pytest.approx(logged[-1], rel=1e-5)
+
+
+def test_checkpoint_is_refused_by_another_target(setup, tmp_path):
+    main(fit_args(setup, tmp_path, "eagle1", "--trainer.max_steps=2", "--trainer.val_check_interval=2"))
+    other = Target.from_pretrained(setup["other"])
+    with pytest.raises(DraftsmithError, match="config_hash"):
+        load_drafter(str(tmp_path / "csv" / "version_0" / "checkpoints" / "last.ckpt"), other)
+
+
+def run_fit(setup, out: Path, *extra: str, devices: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+    args = fit_args(setup, out, "eagle3", "--trainer.max_steps=30", "--trainer.val_check_interval=10", *extra)
+    args += [f"--trainer.devices={devices}", "--trainer.strategy=" + ("ddp" if devices > 1 else "auto")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
+    return subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def drafter_state(ckpt: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    return {k: v for k, v in state.items() if k.startswith("drafter.")}
+
+
+def test_resume_from_last_checkpoint_after_a_kill_equals_an_uninterrupted_run(setup, tmp_path):
+    reference = run_fit(setup, tmp_path / "reference")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    killed = run_fit(
+        setup, tmp_path / "killed", "--trainer.callbacks+=train_helpers.KillAtStep", "--trainer.callbacks.step=15"
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL, mid-epoch, after the step-10 checkpoint
+    last = tmp_path / "killed" / "csv" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 10
+
+    resumed = run_fit(setup, tmp_path / "killed", f"--ckpt_path={last}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want = drafter_state(tmp_path / "reference" / "csv" / "version_0" / "checkpoints" / "last.ckpt")
+    got = drafter_state(tmp_path / "killed" / "csv" / "version_1" / "checkpoints" / "last.ckpt")
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
+def test_ddp_on_two_cpu_processes_trains_on_disjoint_batches(setup, tmp_path):
+    record = ["--trainer.callbacks+=train_helpers.RecordBatches", f"--trainer.callbacks.out={tmp_path}"]
+    result = run_fit(setup, tmp_path, "--trainer.accelerator=cpu", "--trainer.max_steps=6", *record, devices=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = torch.load(tmp_path / "csv" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 6
+    lines = [(tmp_path / f"rank{r}.jsonl").read_text().splitlines() for r in (0, 1)]
+    seen = [[json.dumps(row) for line in rank for row in json.loads(line)] for rank in lines]
+    assert len(seen[0]) == len(seen[1]) == 6 * 8  # each process ran 6 steps of 8 rows
+    assert not set(seen[0]) & set(seen[1])  # on different rows (one epoch is 12 global batches)
+
+
+def test_bucket_sampler_splits_an_epoch_between_ranks_and_resumes_mid_epoch():
+    lengths = [(7 * i) % 23 + 1 for i in range(101)]
+    ranks = [LengthBucketSampler(lengths, 4, seed=1, num_replicas=2, rank=r, bucket_batches=3) for r in (0, 1)]
+    seen = [list(s) for s in ranks]
+    assert len(seen[0]) == len(ranks[0])
+    assert len(ranks[0].batches()) == len(ranks[1].batches())  # ranks step in lockstep
+    assert all(len(b) == 4 for b in ranks[0].batches()[:-1] + ranks[1].batches()[:-1])  # only a last one is short
+    assert set(seen[0]) | set(seen[1]) == set(range(101))
+    assert len(set(seen[0]) & set(seen[1])) <= 4  # only the padding batch repeats
+    single = LengthBucketSampler(lengths, 4, seed=1)
+    order = list(single)
+    single.resume_at = (0, 5)
+    assert list(single) == order[20:]
+    assert list(single) == order  # the skip applies once
+    single.set_epoch(1)
+    assert list(single) != order and sorted(single) == sorted(order)
+
+
+def test_bad_config_key_is_an_error_naming_it(setup, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(fit_args(setup, tmp_path, "eagle3", "--model.init_args.ttt_stepz=2"))
+    assert exc.value.code == 2
+    assert "ttt_stepz" in capsys.readouterr().err
+
+
+def test_data_from_another_target_is_refused_naming_both(setup, tmp_path, capsys):
+    args = fit_args(setup, tmp_path, "eagle3", "--trainer.max_steps=1")
+    args = [a.replace(str(setup["target"]), str(setup["other"])) for a in args]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "draftsmith: error:" in err and "Traceback" not in err
+    assert str(setup["target"]) in err and str(setup["other"]) in err
+
+
+def test_feature_layers_out_of_range_is_an_error(setup, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(fit_args(setup, tmp_path, "eagle3", "--model.init_args.feature_layers=[1, 2, 9]"))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "feature_layers" in err and "9" in err
