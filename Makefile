@@ -7,11 +7,12 @@ export WANDB_MODE ?= offline
 .PHONY: setup demo test lint bench clean
 
 # torch==2.13.0 goes in first: the CPU build on this machine; unpinned, pip pulls GBs of CUDA wheels.
+# DS_BUILD_OPS=0: deepspeed installs without compiling its kernels (they build on first use on a GPU).
 $(BIN)/draftsmith: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	DS_BUILD_OPS=0 $(BIN)/pip install -q -e ".[dev,deepspeed]"
 	touch $@
 
 setup: $(BIN)/draftsmith

@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         from jsonargparse import CLI
 
         CLI(_commands(), args=_normalize(argv), as_positional=False)
+    except KeyboardInterrupt:
+        print("draftsmith: interrupted", file=sys.stderr)
+        sys.exit(130)
     except Exception as e:  # noqa: BLE001 - a user mistake may arrive wrapped by jsonargparse / Lightning
         cause = _user_error(e)
         if cause is None:

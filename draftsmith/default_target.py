@@ -243,3 +243,8 @@ def build(config: TargetBuildConfig | None = None, out: Path | None = None, forc
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def resolve(target: str | Path) -> Path:
+    """A ``--target`` value as a directory: ``default`` is the embedded default target (built once, cached)."""
+    return build() if str(target) == "default" else Path(target)

@@ -1,40 +1,145 @@
-"""``draftsmith quickstart``: the whole pipeline on the embedded default target."""
+"""``draftsmith quickstart``: the whole pipeline on the embedded default target.
+
+Stages (each one's artifact under ``out`` is reused when present, so a re-run is fast):
+target → on-policy data (``data/train`` sampled, ``data/val`` greedy on held-out prompts)
+→ train EAGLE-3 and EAGLE-1 (``fit/<name>``, best checkpoint exported to ``drafters/<name>``)
+→ score every drafter and the baselines with the verifier (``score/``).
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith import default_target
+from draftsmith.data import shards
+from draftsmith.data.generate import generate
 from draftsmith.eval.score import score
 
 
-def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, num_prompts: int = 20, k: int = 4) -> dict:
-    """Build (or reuse) the default target and score the baseline drafters on held-out prompts.
+@dataclass(frozen=True)
+class Budget:
+    """How much work each stage does."""
+
+    train_prompts: int = 1000
+    """Built-in training prompts the target continues (sampled, T=1)."""
+    new_tokens: int = 64
+    """Tokens the target generates per prompt, for data and for scoring."""
+    score_prompts: int = 20
+    """Held-out prompts: greedy validation data and the verifier's scoring set (the same prompts)."""
+    fit_steps: int = 240
+    """Optimizer steps per drafter."""
+    batch_size: int = 8
+    """Training sequences per step."""
+
+
+FULL = Budget()
+FAST = Budget(train_prompts=48, new_tokens=24, score_prompts=4, fit_steps=12, batch_size=4)
+
+DRAFTERS = {
+    "eagle3": [
+        "--model=draftsmith.train.eagle.EagleModule",
+        "--model.init_args.version=3",
+        "--model.init_args.draft_vocab_size=1024",
+    ],
+    "eagle1": ["--model=draftsmith.train.eagle.EagleModule", "--model.init_args.version=1"],
+}
+"""Drafters the quickstart trains: ``draftsmith fit`` arguments beyond target, data and budget."""
+
+
+def make_data(target_dir: Path, out: Path, budget: Budget) -> tuple[Path, Path]:
+    """Sampled training data on built-in prompts, greedy validation data on the held-out scoring prompts."""
+    runs = {
+        out / "data" / "train": {"prompts": "builtin:train", "temperature": 1.0, "num_prompts": budget.train_prompts},
+        out / "data" / "val": {"prompts": "builtin:heldout", "temperature": 0.0, "num_prompts": budget.score_prompts},
+    }
+    for path, settings in runs.items():
+        settings["max_new_tokens"] = budget.new_tokens
+        meta = shards.read_metadata(path) or {}
+        made = meta.get("settings", {})
+        reusable = meta.get("status") == "complete" and all(
+            made.get(k) == v for k, v in settings.items() if k != "prompts"
+        )
+        same_target = meta.get("target", {}).get("name") == str(target_dir)
+        if not (reusable and same_target and made.get("prompts") == settings["prompts"]):
+            generate(str(target_dir), out=path, overwrite=True, **settings)
+    return tuple(runs)
+
+
+def train_drafter(
+    name: str, target_dir: Path, data: tuple[Path, Path], out: Path, budget: Budget, force: bool = False
+) -> Path:
+    """Train one drafter with ``draftsmith fit`` and export its best checkpoint (by ``val/tau_est``) to
+    ``out/drafters/<name>``; an earlier export is reused unless ``force``."""
+    from draftsmith.models.native import load_network, save_native
+    from draftsmith.target import Target
+    from draftsmith.train.cli import fit_main
+
+    export, root = out / "drafters" / name, out / "fit" / name
+    if (export / "model.safetensors").exists() and not force:
+        return export
+    shutil.rmtree(root, ignore_errors=True)
+    cli = fit_main(
+        [
+            *DRAFTERS[name],
+            f"--model.init_args.target={target_dir}",
+            f"--data.train={data[0]}",
+            f"--data.val={data[1]}",
+            f"--data.batch_size={budget.batch_size}",
+            "--model.init_args.optim.lr=0.002",
+            f"--model.init_args.optim.warmup_steps={max(1, budget.fit_steps // 10)}",
+            f"--trainer.max_steps={budget.fit_steps}",
+            "--trainer.max_epochs=-1",
+            "--trainer.check_val_every_n_epoch=null",
+            f"--trainer.val_check_interval={max(1, budget.fit_steps // 4)}",
+            f"--trainer.default_root_dir={root}",
+            "--trainer.enable_model_summary=false",
+        ]
+    )
+    best = cli.trainer.checkpoint_callback
+    target = Target.from_pretrained(target_dir)
+    network, _ = load_network(best.best_model_path, target)
+    extra = {"checkpoint": str(best.best_model_path), "val_tau_est": float(best.best_model_score)}
+    save_native(network, target, export, extra)
+    return export
+
+
+def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int = 4) -> dict:
+    """Build (or reuse) the default target, generate on-policy data, train EAGLE drafters, score them all.
 
     Args:
         out: run directory; every stage's artifact is reused when present.
-        fast: tiny budgets everywhere (seconds; for tests and smoke runs).
-        num_prompts: held-out prompts to score on.
+        fast: tiny budgets everywhere (for tests and smoke runs).
         k: tokens drafted per round.
     """
+    out = Path(out)
+    budget = FAST if fast else FULL
     config = default_target.FAST if fast else default_target.TargetBuildConfig()
-    print("[1/2] default target")
+    print("[1/4] default target")
     target_dir = default_target.build(config)
     build = json.loads((target_dir / "build.json").read_text())
     print(
         f"  {target_dir}: held-out perplexity {build['target']['heldout_ppl']} "
         f"(unigram {build['unigram_heldout_ppl']}), {build['target']['params'] / 1e6:.1f}M parameters"
     )
-    print("[2/2] score baseline drafters")
-    drafters = ["ngram"] + (["sibling"] if (target_dir / "sibling").is_dir() else [])
-    specs = [str(target_dir / d) if d == "sibling" else d for d in drafters]
+    print("[2/4] on-policy data from the target")
+    data = make_data(target_dir, out, budget)
+    print("[3/4] train drafters")
+    trained = {}
+    for name in DRAFTERS:
+        print(f"  {name}")
+        trained[name] = train_drafter(name, target_dir, data, out, budget)
+    print("[4/4] score drafters with the verifier")
+    specs = ["ngram"] + ([f"sibling={target_dir / 'sibling'}"] if (target_dir / "sibling").is_dir() else [])
+    specs += [f"{name}={path}" for name, path in trained.items()]
     return score(
         target=str(target_dir),
         drafter=specs,
         prompts="builtin:heldout",
         k=k,
-        num_prompts=4 if fast else num_prompts,
-        max_new_tokens=24 if fast else 64,
-        out=Path(out) / "score",
+        num_prompts=budget.score_prompts,
+        max_new_tokens=budget.new_tokens,
+        out=out / "score",
     )

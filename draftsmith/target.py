@@ -82,8 +82,10 @@ class Target:
         dtype: str = "float32",
         device: str = "cpu",
     ) -> Target:
-        """Load a local model + tokenizer dir with ``from_pretrained``."""
-        path = Path(path)
+        """Load a local model + tokenizer dir with ``from_pretrained`` (``default``: the embedded default target)."""
+        from draftsmith.default_target import resolve
+
+        path = resolve(path)
         if not (path / "config.json").is_file():
             raise DraftsmithError(f"target: {path} is not a model directory (no config.json)")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)

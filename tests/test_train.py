@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import datasets
 import lightning as L
 import pytest
 import torch
+import yaml
 from conftest import VOCAB, make_llama, make_tokenizer
 
 from draftsmith.cli import main
@@ -129,7 +131,7 @@ def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, 
 
     target = Target.from_pretrained(setup["target"])
     network, info = load_network(ckpts / "last.ckpt", target)
-    assert info["method"] == "eagle3" and network.cfg.feature_layers == (1, 2, 3)
+    assert info["method"] == "eagle3" and network.cfg.feature_layers == (2, 3, 4)
     drafter = load_drafter(str(ckpts / "last.ckpt"), target)
     rows = datasets.load_from_disk(str(setup["data-val"]))
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
@@ -233,3 +235,26 @@ def test_feature_layers_out_of_range_is_an_error(setup, tmp_path, capsys):
         main(fit_args(setup, tmp_path, "eagle3", "--model.init_args.feature_layers=[1, 2, 9]"))
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "feature_layers" in err and "9" in err
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_strategy_recipes_compose_with_a_drafter_recipe(setup, tmp_path, capsys, name):
+    """Each ``configs/strategy`` file layers onto a recipe; its strategy object builds (it runs on GPUs only,
+    except ddp, which the DDP test runs for real on CPU)."""
+    recipe = ROOT / "configs" / "strategy" / f"{name}.yaml"
+    with pytest.raises(SystemExit) as exc:
+        main([*fit_args(setup, tmp_path), f"--config={recipe}", "--print_config"])
+    assert exc.value.code == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    strategy = config["trainer"]["strategy"]
+    if name == "ddp":
+        assert strategy == "ddp"
+        return
+    if name.startswith("deepspeed"):
+        pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed)")
+    module_name, _, cls = strategy["class_path"].rpartition(".")
+    built = getattr(importlib.import_module(module_name), cls)(**strategy["init_args"])
+    if name.startswith("deepspeed"):
+        assert built.config["zero_optimization"]["stage"] == int(name[-1])
+    else:
+        assert config["trainer"]["precision"] == "bf16-mixed"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
@@ -136,6 +137,20 @@ def completed_shards(out: Path) -> set[int]:
     return done
 
 
+@contextmanager
+def _quiet():
+    """No ``datasets`` progress bars while saving: ``generate`` has its own."""
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
 def write_shard(out: Path, index: int, columns: dict, stats: dict, store_topk: int) -> None:
     """Save one shard atomically: to ``shard-N.tmp``, then rename."""
     from datasets import Dataset
@@ -144,7 +159,8 @@ def write_shard(out: Path, index: int, columns: dict, stats: dict, store_topk: i
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    Dataset.from_dict(columns, features=features(store_topk)).save_to_disk(str(tmp))
+    with _quiet():
+        Dataset.from_dict(columns, features=features(store_topk)).save_to_disk(str(tmp))
     (tmp / SHARD_STATS).write_text(json.dumps(stats))
     os.replace(tmp, final)
 
@@ -163,7 +179,8 @@ def finalize(out: Path, num_shards: int) -> None:
     tmp = out / ".data.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    data.save_to_disk(str(tmp), num_shards=max(1, min(num_shards, len(data))))
+    with _quiet():
+        data.save_to_disk(str(tmp), num_shards=max(1, min(num_shards, len(data))))
     for stale in [*out.glob("data-*.arrow"), *(out / name for name in _DATASET_FILES)]:
         stale.unlink(missing_ok=True)
     # state.json last: until it is in place, out is not a loadable dataset

@@ -211,9 +211,10 @@ class EagleModel(nn.Module):
 
     def fuse(self, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Target features -> the drafter's feature input: (.., H). EAGLE-1 keeps f; EAGLE-3 applies fc."""
+        dtype = self.fc.weight.dtype  # the target may run in another precision than the drafter
         if self.cfg.version == 3:
-            return self.fc(torch.cat(features, dim=-1))
-        return features[0]
+            return self.fc(torch.cat(features, dim=-1).to(dtype))
+        return features[0].to(dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(.., H) -> (.., Vd) draft-vocabulary logits."""

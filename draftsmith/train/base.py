@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 
+from draftsmith import default_target
 from draftsmith.eval.estimate import replay_rounds, tau_from_rounds
 from draftsmith.models.native import describe
 from draftsmith.target import Target, TargetOutput
@@ -55,6 +56,7 @@ class DrafterModule(L.LightningModule):
         super().__init__()
         self.optim = optim or OptimConfig()
         self.estimate = estimate or EstimateConfig()
+        target = str(default_target.resolve(target))
         self.target = Target.from_pretrained(target, feature_layers=self.feature_layers_for(target))
         self.drafter = self.build_drafter()
 

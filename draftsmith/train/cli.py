@@ -61,12 +61,13 @@ class DraftsmithCLI(LightningCLI):
             wandb.finish()
 
 
-def fit_main(args: list[str]) -> None:
-    """Run ``fit`` through ``DraftsmithCLI``."""
+def fit_main(args: list[str]) -> DraftsmithCLI:
+    """Run ``fit`` through ``DraftsmithCLI``; returns it (``.trainer``, ``.model``) for callers in Python."""
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-    DraftsmithCLI(
+    warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
+    return DraftsmithCLI(
         DrafterModule,
         GeneratedDataModule,
         subclass_mode_model=True,

@@ -16,12 +16,18 @@ from draftsmith.train.losses import feature_regression, masked_mean, soft_cross_
 
 
 def default_feature_layers(num_layers: int, version: int) -> tuple[int, ...]:
-    """EAGLE-1: the final hidden state. EAGLE-3: low, middle, high layers (HF hidden_states indices)."""
+    """EAGLE-1: the final hidden state. EAGLE-3: low, middle, high layers (HF hidden_states indices).
+
+    Targets of 8+ layers get EAGLE-3's (2, L/2, L-3). Shallower ones get their top three states,
+    final one included: there the last layers carry most of the next-token information (on the
+    4-layer default target, (2, 3, 4) reached val/tau_est 2.57 where (1, 2, 3) reached 2.17 after
+    the same 180 steps).
+    """
     if version == 1:
         return (-1,)
     if num_layers >= 8:
         return (2, num_layers // 2, num_layers - 3)
-    return (1, max(1, num_layers // 2), num_layers - 1)
+    return (max(1, num_layers - 2), max(1, num_layers - 1), num_layers)
 
 
 class EagleModule(DrafterModule):
