@@ -27,13 +27,22 @@ def target_build(out: Path | None = None, fast: bool = False, force: bool = Fals
 
 def _commands() -> dict:
     from draftsmith.data.generate import generate
+    from draftsmith.eval.compare import report
     from draftsmith.eval.score import score
     from draftsmith.quickstart import quickstart
 
-    return {"target": {"build": target_build}, "generate": generate, "score": score, "quickstart": quickstart}
+    return {
+        "target": {"build": target_build},
+        "generate": generate,
+        "score": score,
+        "report": report,
+        "quickstart": quickstart,
+    }
 
 
-LIST_FLAGS = ("--drafter",)
+LIST_FLAGS = ("--drafter", "--runs")
+POSITIONAL = {"report": "--runs"}
+"""Subcommands whose leading bare arguments fill a list flag: ``draftsmith report RUN_DIR...``."""
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
 
 
@@ -68,6 +77,8 @@ def _gather_lists(argv: list[str]) -> list[str]:
 def _normalize(argv: list[str]) -> list[str]:
     """Accept ``--max-new-tokens`` for ``--max_new_tokens``, ``-k`` for ``--k``, bare ``--flag`` for ``--flag=true``,
     and several values after a list flag."""
+    if argv and argv[0] in POSITIONAL and len(argv) > 1 and not argv[1].startswith("-"):
+        argv = [argv[0], POSITIONAL[argv[0]], *argv[1:]]
     argv = _gather_lists(argv)
     out = []
     for i, arg in enumerate(argv):

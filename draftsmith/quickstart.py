@@ -3,7 +3,8 @@
 Stages (each one's artifact under ``out`` is reused when present, so a re-run is fast):
 target → on-policy data (``data/train`` sampled, ``data/val`` greedy on held-out prompts)
 → train EAGLE-3 and EAGLE-1 (``fit/<name>``, best checkpoint exported to ``drafters/<name>``)
-→ score every drafter and the baselines with the verifier (``score/``).
+→ score every drafter and the baselines with the verifier at K = 2, 4, 6 (``score/k<K>``)
+→ the comparison report with plots (``report/``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from draftsmith import default_target
 from draftsmith.data import shards
 from draftsmith.data.generate import generate
+from draftsmith.eval.compare import report
 from draftsmith.eval.score import score
 
 
@@ -106,40 +108,56 @@ def train_drafter(
     return export
 
 
-def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int = 4) -> dict:
-    """Build (or reuse) the default target, generate on-policy data, train EAGLE drafters, score them all.
+def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int = 4) -> Path:
+    """Build (or reuse) the default target, generate on-policy data, train EAGLE drafters, score them all
+    at several draft lengths, and write the comparison report with plots to ``out/report``.
 
     Args:
         out: run directory; every stage's artifact is reused when present.
         fast: tiny budgets everywhere (for tests and smoke runs).
-        k: tokens drafted per round.
+        k: tokens drafted per round in the main table (τ is also measured at K = 2 and 6).
     """
     out = Path(out)
     budget = FAST if fast else FULL
     config = default_target.FAST if fast else default_target.TargetBuildConfig()
-    print("[1/4] default target")
+    print("[1/5] default target")
     target_dir = default_target.build(config)
     build = json.loads((target_dir / "build.json").read_text())
     print(
         f"  {target_dir}: held-out perplexity {build['target']['heldout_ppl']} "
         f"(unigram {build['unigram_heldout_ppl']}), {build['target']['params'] / 1e6:.1f}M parameters"
     )
-    print("[2/4] on-policy data from the target")
+    print("[2/5] on-policy data from the target")
     data = make_data(target_dir, out, budget)
-    print("[3/4] train drafters")
+    print("[3/5] train drafters")
     trained = {}
     for name in DRAFTERS:
         print(f"  {name}")
         trained[name] = train_drafter(name, target_dir, data, out, budget)
-    print("[4/4] score drafters with the verifier")
+    print("[4/5] score drafters with the verifier")
     specs = ["ngram"] + ([f"sibling={target_dir / 'sibling'}"] if (target_dir / "sibling").is_dir() else [])
     specs += [f"{name}={path}" for name, path in trained.items()]
-    return score(
-        target=str(target_dir),
-        drafter=specs,
-        prompts="builtin:heldout",
-        k=k,
-        num_prompts=budget.score_prompts,
-        max_new_tokens=budget.new_tokens,
-        out=out / "score",
-    )
+    for kk in sorted({2, k, 6}):
+        path = out / "score" / f"k{kk}"
+        if _score_is_current(path / "report.json", specs, budget):
+            continue
+        score(
+            target=str(target_dir),
+            drafter=specs,
+            prompts="builtin:heldout",
+            k=kk,
+            num_prompts=budget.score_prompts,
+            max_new_tokens=budget.new_tokens,
+            out=path,
+        )
+    print("[5/5] report")
+    return report([out], k=k)
+
+
+def _score_is_current(path: Path, specs: list[str], budget: Budget) -> bool:
+    """Whether a saved score report covers these drafters with this budget (then it is reused)."""
+    if not path.is_file():
+        return False
+    saved = json.loads(path.read_text())
+    names = [s.partition("=")[0] if "=" in s else s for s in specs]
+    return [r["name"] for r in saved["drafters"]] == names and saved["config"]["num_prompts"] == budget.score_prompts

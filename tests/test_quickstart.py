@@ -26,10 +26,21 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     for name in ("eagle3", "eagle1"):
         exported = json.loads((run / "drafters" / name / "config.json").read_text())
         assert exported["method"] == name and exported["val_tau_est"] >= 1.0
-    report = json.loads((run / "score" / "report.json").read_text())
-    names = [r["name"] for r in report["drafters"]]
-    assert names == ["ngram", "sibling", "eagle3", "eagle1"]
-    assert all(r["greedy_exact"] == r["prompts"] for r in report["drafters"])
+    for k in (2, 4, 6):
+        report = json.loads((run / "score" / f"k{k}" / "report.json").read_text())
+        assert [r["name"] for r in report["drafters"]] == ["ngram", "sibling", "eagle3", "eagle1"]
+        assert all(r["greedy_exact"] == r["prompts"] for r in report["drafters"])
+    pictures = ["acceptance.png", "speedup.png", "tau_vs_k.png", "training.png"]
+    summary = json.loads((run / "report" / "report.json").read_text())
+    assert sorted(summary["by_k"]) == ["2", "4", "6"] and len(summary["drafters"]) == 4
+    assert all((run / "report" / name).read_bytes()[:4] == b"\x89PNG" for name in pictures)
+    assert all(f"]({name})" in (run / "report" / "report.md").read_text() for name in pictures)
+    # draftsmith report regenerates it from the saved scores and logs alone
+    for path in (run / "report").iterdir():
+        path.unlink()
+    main(["report", str(run)])
+    assert json.loads((run / "report" / "report.json").read_text()) == summary
+    assert all((run / "report" / name).is_file() for name in pictures)
     # a second run reuses the cached target, the data and the trained drafters
     stamps = {p: p.stat().st_mtime for p in [target_dir / "build.json", *run.glob("drafters/*/model.safetensors")]}
     main(["quickstart", "--fast", "--out", str(run)])

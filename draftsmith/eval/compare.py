@@ -1,0 +1,102 @@
+"""``draftsmith report``: one comparison report (JSON, Markdown, PNG plots) from saved run directories.
+
+A run directory holds ``score/k<K>/report.json`` (from ``draftsmith score``, one per draft length)
+and optionally ``fit/<drafter>/csv/version_*/metrics.csv`` (from ``draftsmith fit``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval import plots
+from draftsmith.eval.report import markdown_table
+
+
+def _scores(run: Path) -> dict[int, dict]:
+    reports = {}
+    for path in sorted(run.glob("score/k*/report.json")) + sorted(run.glob("score/report.json")):
+        data = json.loads(path.read_text())
+        reports.setdefault(int(data["config"]["k"]), data)
+    return reports
+
+
+def _fit_logs(run: Path) -> dict[str, list[dict]]:
+    logs = {}
+    for fit in sorted(p for p in run.glob("fit/*") if p.is_dir()):
+        versions = sorted(fit.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1]))
+        if versions:
+            logs[fit.name] = plots.read_metrics(versions[-1])
+    return logs
+
+
+def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
+    """Regenerate the comparison report of one or more run directories.
+
+    Args:
+        runs: run directories (e.g. ``runs/quickstart``); with several, drafter names get the
+            run's name as a prefix.
+        out: where to write report.json, report.md and the PNGs (default: ``<first run>/report``).
+        k: the draft length of the main table, acceptance curves and speedup bars.
+    """
+    runs = [Path(r) for r in runs]
+    by_k: dict[int, list[dict]] = {}
+    plains: dict[int, dict] = {}
+    logs: dict[str, list[dict]] = {}
+    sources = {}
+    for run in runs:
+        scores = _scores(run)
+        if not scores:
+            raise DraftsmithError(
+                f"report: {run} has no score/k<K>/report.json (run draftsmith score --out {run}/score/k4)"
+            )
+        prefix = f"{run.name}/" if len(runs) > 1 else ""
+        for kk, data in scores.items():
+            by_k.setdefault(kk, []).extend({**r, "name": prefix + r["name"]} for r in data["drafters"])
+            plains.setdefault(kk, data["plain"])
+            sources.setdefault(str(run), {})[kk] = data["config"]
+        logs.update({prefix + name: rows for name, rows in _fit_logs(run).items()})
+    if k not in by_k:
+        raise DraftsmithError(f"report: no scores at -k {k}; available: {sorted(by_k)}")
+    out = Path(out) if out else runs[0] / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "acceptance.png": plots.acceptance_curves(by_k[k], out / "acceptance.png"),
+        "speedup.png": plots.speedup_bars(by_k[k], plains[k], out / "speedup.png"),
+        "tau_vs_k.png": plots.tau_vs_k(by_k, out / "tau_vs_k.png"),
+    }
+    if logs:
+        figures["training.png"] = plots.training_curves(logs, out / "training.png")
+    summary = {"runs": sources, "k": k, "plain": plains[k], "drafters": by_k[k], "by_k": by_k}
+    (out / "report.json").write_text(json.dumps(summary, indent=2))
+    config = next(iter(sources.values()))[k]
+    md = [
+        "# draftsmith report",
+        "",
+        f"Runs: {', '.join(f'`{r}`' for r in runs)}. Verifier: {config['num_prompts']} prompts from "
+        f"`{config['prompts']}`, temperature {config['temperature']}, up to {config['max_new_tokens']} new "
+        f"tokens; plain and speculative decoding of the same target measured in the same run.",
+        "",
+        f"## K = {k}",
+        "",
+        markdown_table(by_k[k], plains[k]),
+        "",
+        *[f"![{name}]({name})" for name in figures],
+        "",
+        "## τ by K",
+        "",
+        "| drafter | " + " | ".join(f"K={kk}" for kk in sorted(by_k)) + " |",
+        "|---|" + "---|" * len(by_k),
+    ]
+    names = list(dict.fromkeys(r["name"] for rows in by_k.values() for r in rows))
+    for name in names:
+        cells = [
+            next((f"{r['tau']:.2f} ({r['speedup']:.2f}×)" for r in by_k[kk] if r["name"] == name), "–")
+            for kk in sorted(by_k)
+        ]
+        md.append(f"| {name} | " + " | ".join(cells) + " |")
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    print(markdown_table(by_k[k], plains[k]))
+    print(f"wrote {out}/report.md, report.json and {', '.join(figures)}")
+    return out
