@@ -51,6 +51,15 @@ def rollback(cache: DynamicCache, length: int) -> None:
         cache.crop(-excess)
 
 
+def keep_positions(cache: DynamicCache, keep: list[int]) -> None:
+    """Keep only the cache entries at ``keep`` (in that order): after a tree round, the committed
+    context plus the accepted path."""
+    index = torch.tensor(keep)
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
+        layer.values = layer.values.index_select(-2, index.to(layer.values.device))
+
+
 class Target:
     """A frozen HF causal LM with its tokenizer.
 

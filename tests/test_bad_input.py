@@ -110,3 +110,11 @@ def test_bare_boolean_flags_mean_true():
         "8",
     ]
     assert _normalize(["score", "--temperature", "-1"]) == ["score", "--temperature", "-1"]
+
+
+@pytest.mark.parametrize("spec", ["ngram:x", "ngram:0", "ngram:2:3:4", "ngram:2:0"])
+def test_bad_ngram_spec_is_refused_naming_the_forms(target, spec):
+    from draftsmith.models.registry import load_drafter
+
+    with pytest.raises(DraftsmithError, match="ngram:N:W"):
+        load_drafter(spec, target)

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval import trees
 from draftsmith.eval.sampling import Sampling, one_hot, probs, sample, verify_chain_greedy, verify_chain_sampling
 from draftsmith.models.base import Draft, Drafter
-from draftsmith.target import Target, rollback
+from draftsmith.target import Target, TargetOutput, keep_positions, rollback
 
 
 @dataclass
@@ -57,7 +58,7 @@ def _finish(tokens: list[int], max_new_tokens: int, eos: int | None) -> tuple[li
 
 
 class SpeculativeDecoder:
-    """Chain speculative decoding of one sequence at a time (batch 1).
+    """Speculative decoding of one sequence at a time (batch 1), chain or tree drafts.
 
     The target's KV cache holds every committed token but the last; each round
     the drafter proposes k tokens, the target scores [last, d_1..d_k] in one
@@ -86,6 +87,30 @@ class SpeculativeDecoder:
             q = torch.stack([one_hot(t, p.shape[-1]) for t in tokens]) if tokens else p[:0]
         return verify_chain_sampling(p, q, tokens, generator)
 
+    def _tree_round(self, cache, last: int, draft: Draft, generator, layers) -> tuple[list[int], TargetOutput]:
+        """Verify a token tree in one target forward; keep the accepted path's cache entries.
+
+        Returns the committed tokens (accepted path + the target's token) and the target rows that
+        predicted them (for ``drafter.advance``).
+        """
+        target, committed = self.target, cache.get_seq_length()
+        seq = torch.cat([torch.tensor([last]), draft.tokens])[None]
+        mask = trees.attention_mask(draft.parents, committed, target.model.dtype).to(target.device)
+        pos = trees.positions(draft.parents, committed).to(target.device)
+        feats = self.drafter.needs_features
+        out = target(seq, cache, attention_mask=mask, position_ids=pos, with_features=feats, feature_layers=layers)
+        tokens = draft.tokens.tolist()
+        logits = out.logits[0]
+        if self.sampling.greedy:
+            path, nxt = trees.verify_tree_greedy(logits.argmax(-1).tolist(), tokens, draft.parents)
+        else:
+            path, nxt = trees.verify_tree_sampling(
+                probs(logits, self.sampling), draft.q, tokens, draft.parents, generator
+            )
+        keep_positions(cache, list(range(committed + 1)) + [committed + 1 + i for i in path])
+        rows = torch.tensor([0] + [1 + i for i in path])
+        return [tokens[i] for i in path] + [nxt], out.positions(rows)
+
     def generate(
         self, prompt: list[int], max_new_tokens: int, generator: torch.Generator | None = None
     ) -> DecodeResult:
@@ -107,7 +132,16 @@ class SpeculativeDecoder:
             draft = drafter.propose(state, k, self.sampling, generator) if k > 0 else Draft.empty()
             result.draft_seconds += time.perf_counter() - t0
             if not draft.is_chain:
-                raise NotImplementedError("tree drafts need the tree verifier")
+                new, rows = self._tree_round(cache, result.tokens[-1], draft, generator, layers)
+                result.target_calls += 1
+                result.accepted.append(len(new) - 1)
+                result.drafted.append(len(draft))
+                t0 = time.perf_counter()
+                drafter.advance(state, torch.tensor(new), rows)
+                result.draft_seconds += time.perf_counter() - t0
+                result.tokens.extend(new)
+                result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+                continue
             committed = cache.get_seq_length()
             step = torch.cat([torch.tensor([result.tokens[-1]]), draft.tokens])[None]  # (1, 1+n)
             out = target(step, cache, with_features=feats, feature_layers=layers)

@@ -16,16 +16,18 @@ from draftsmith.target import Target
 def load_drafter(spec: str, target: Target) -> Drafter:
     """Build the drafter named by ``spec`` for ``target``.
 
-    Specs: ``ngram`` or ``ngram:N`` (prompt lookup up to N-grams), ``target``
+    Specs: ``ngram``, ``ngram:N`` or ``ngram:N:W`` (prompt lookup up to N-grams; W > 1 proposes
+    a tree of the W latest distinct continuations), ``target``
     (the target drafting for itself: every draft accepted under greedy), a trained
     drafter (a ``DrafterModule`` Lightning ``.ckpt`` or a native export dir), or a
     directory holding a Hugging Face causal LM sharing the target's tokenizer.
     """
     if spec == "ngram" or spec.startswith("ngram:"):
-        n = spec.partition(":")[2]
-        if n and not n.isdigit():
-            raise DraftsmithError(f"drafter {spec!r}: expected ngram or ngram:N with N a positive integer")
-        return NGramDrafter(max_ngram=int(n) if n else 3)
+        parts = spec.split(":")[1:]
+        if len(parts) > 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise DraftsmithError(f"drafter {spec!r}: expected ngram, ngram:N or ngram:N:W with positive integers")
+        n, width = [int(x) for x in parts] + [3, 1][len(parts) :]
+        return NGramDrafter(max_ngram=n, width=width)
     if spec == "target":
         return DraftLM(target.model, target.tokenizer)
     path = Path(spec)
