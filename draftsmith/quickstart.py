@@ -18,7 +18,7 @@ from draftsmith import default_target
 from draftsmith.data import shards
 from draftsmith.data.generate import generate
 from draftsmith.eval.compare import report
-from draftsmith.eval.score import score
+from draftsmith.eval.score import named, score
 
 
 @dataclass(frozen=True)
@@ -159,5 +159,5 @@ def _score_is_current(path: Path, specs: list[str], budget: Budget) -> bool:
     if not path.is_file():
         return False
     saved = json.loads(path.read_text())
-    names = [s.partition("=")[0] if "=" in s else s for s in specs]
+    names = [named(s)[0] for s in specs]
     return [r["name"] for r in saved["drafters"]] == names and saved["config"]["num_prompts"] == budget.score_prompts

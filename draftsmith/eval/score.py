@@ -55,7 +55,7 @@ def score_drafters(
     return plain_metrics(plain).to_dict(), rows
 
 
-def _named(spec: str) -> tuple[str, str]:
+def named(spec: str) -> tuple[str, str]:
     """``NAME=SPEC`` -> (NAME, SPEC); a bare SPEC names itself."""
     name, eq, rest = spec.partition("=")
     return (name, rest) if eq and name and "/" not in name else (spec, spec)
@@ -99,7 +99,7 @@ def score(
     except ValueError as e:
         raise DraftsmithError(str(e)) from None
     t = Target.from_pretrained(target)
-    loaded = {name: load_drafter(spec, t) for name, spec in map(_named, drafter)}
+    loaded = {name: load_drafter(spec, t) for name, spec in map(named, drafter)}
     ids = [encode(p, t.tokenizer) for p in load_prompts(prompts, prompt_field, num_prompts)]
     plain, rows = score_drafters(t, loaded, ids, k, sampling, max_new_tokens, seed)
     report = {
