@@ -29,6 +29,7 @@ def _commands() -> dict:
     from draftsmith.data.generate import generate
     from draftsmith.eval.compare import report
     from draftsmith.eval.score import score
+    from draftsmith.export.registry import export
     from draftsmith.quickstart import quickstart
 
     return {
@@ -36,12 +37,13 @@ def _commands() -> dict:
         "generate": generate,
         "score": score,
         "report": report,
+        "export": export,
         "quickstart": quickstart,
     }
 
 
-LIST_FLAGS = ("--drafter", "--runs")
-POSITIONAL = {"report": "--runs"}
+LIST_FLAGS = ("--drafter", "--runs", "--scores")
+POSITIONAL = {"report": "--runs", "export": "--src"}
 """Subcommands whose leading bare arguments fill a list flag: ``draftsmith report RUN_DIR...``."""
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
 

@@ -1,0 +1,1 @@
+"""Exporting trained drafters for serving: one module per format, ``registry`` maps names to them."""

@@ -1,0 +1,107 @@
+"""What every exporter shares: the drafter being exported, its target, dtypes and writing files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.target import Target, check_fingerprint
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass
+class Source:
+    """A trained drafter to export, and the target it drafts for.
+
+    Attributes:
+        network: the drafter network (``models/<family>.py``).
+        info: its ``native.describe()`` record: method, config, target fingerprint, version.
+        path: the checkpoint or native dir it came from.
+        target_dir: the target's model directory, when known.
+    """
+
+    network: torch.nn.Module
+    info: dict
+    path: Path
+    target_dir: Path | None
+
+    @property
+    def method(self) -> str:
+        return self.info["method"]
+
+    def target_config(self, fmt: str) -> dict:
+        """The target's ``config.json``; engine formats need it (layer count, architecture, name)."""
+        if self.target_dir is None:
+            raise DraftsmithError(
+                f"--to {fmt} needs the target's model directory: {self.info['target'].get('name')!r} "
+                "(recorded in the drafter) does not exist here; pass --target DIR"
+            )
+        return json.loads((self.target_dir / "config.json").read_text())
+
+
+def target_fingerprint(path: Path) -> dict:
+    """``Target.fingerprint`` of a model directory without loading its weights (the model is built on
+    the meta device: the fingerprint reads only its config, output-embedding shape and tokenizer)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return Target(model, AutoTokenizer.from_pretrained(path), name=str(path)).fingerprint
+
+
+def load_source(path: str | Path, target: str | Path | None = None) -> Source:
+    """Load a drafter from a ``.ckpt`` or native dir; check it against ``target`` (default: the target
+    it records, when that directory exists)."""
+    from draftsmith.default_target import resolve
+    from draftsmith.models.native import is_native, load_network
+
+    path = Path(path)
+    if not path.exists():
+        raise DraftsmithError(f"export: {path} does not exist")
+    if not (path.is_file() or is_native(path)):
+        raise DraftsmithError(f"export: {path} is neither a Lightning checkpoint nor a draftsmith native dir")
+    network, info = load_network(path)
+    recorded = info["target"].get("name") or ""
+    target_dir = resolve(target) if target is not None else (Path(recorded) if recorded else None)
+    if target_dir is not None and not (target_dir / "config.json").is_file():
+        if target is not None:
+            raise DraftsmithError(f"--target {target}: not a model directory (no config.json)")
+        target_dir = None
+    if target_dir is not None:
+        check_fingerprint(info["target"], target_fingerprint(target_dir), f"drafter {str(path)!r}")
+    return Source(network.eval(), info, path, target_dir)
+
+
+def cast(tensors: dict[str, torch.Tensor], dtype: str | None) -> dict[str, torch.Tensor]:
+    """Floating-point tensors to ``dtype`` (None keeps them); integer/bool maps (d2t, t2d) stay exact."""
+    if dtype is not None and dtype not in DTYPES:
+        raise DraftsmithError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    out = {}
+    for name, t in tensors.items():
+        t = t.detach().cpu()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(DTYPES[dtype])
+        out[name] = t.contiguous()
+    return out
+
+
+def dtype_name(tensors: dict[str, torch.Tensor]) -> str:
+    """The HF ``torch_dtype`` string of the floating tensors."""
+    kinds = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    return DTYPE_NAMES[kinds.pop()] if len(kinds) == 1 else "float32"
+
+
+def write(out: Path, tensors: dict[str, torch.Tensor], config: dict, fmt: str) -> Path:
+    """``model.safetensors`` + ``config.json`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt", "draftsmith_export": fmt})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out

@@ -1,0 +1,77 @@
+"""Hugging Face export: a distilled draft LM as a plain causal-LM directory + the target's tokenizer.
+
+The result loads with ``AutoModelForCausalLM.from_pretrained``; it serves as a ``transformers``
+assistant model (``generate(..., assistant_model=...)``) and as vLLM's ``"method": "draft_model"``
+when its vocabulary is the target's. A LoRA adapter is merged into the weights (peft ``merge_and_unload``).
+
+Inputs: a trained ``draft_lm`` drafter (``.ckpt`` / native dir), or any HF causal-LM directory,
+optionally a peft adapter dir (``adapter_config.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.common import DTYPES, Source, target_fingerprint
+from draftsmith.target import tokenizer_hash
+
+METHODS = ("draft_lm",)
+
+
+def is_hf_dir(path: Path) -> bool:
+    """A Hugging Face model or peft adapter directory (not a draftsmith native one)."""
+    from draftsmith.models.native import is_native
+
+    return (
+        path.is_dir()
+        and not is_native(path)
+        and any((path / f).is_file() for f in ("config.json", "adapter_config.json"))
+    )
+
+
+def load_hf_dir(path: Path) -> PreTrainedModel:
+    """The causal LM in ``path``, with a peft adapter merged in when ``path`` holds one."""
+    if (path / "adapter_config.json").is_file():
+        from peft import AutoPeftModelForCausalLM
+
+        return AutoPeftModelForCausalLM.from_pretrained(path).merge_and_unload()
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
+def _save(model: PreTrainedModel, tokenizer, out: Path, dtype: str | None, target_dir: Path | None) -> str:
+    if target_dir is not None:
+        fp = target_fingerprint(target_dir)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if vocab != fp["vocab_size"] or tokenizer_hash(tokenizer) != fp["tokenizer_hash"]:
+            raise DraftsmithError(
+                f"the draft LM's vocabulary ({vocab} tokens) or tokenizer differs from target {str(target_dir)!r}'s "
+                f"({fp['vocab_size']}): engines need the same vocabulary to verify its drafts"
+            )
+    if dtype:
+        model = model.to(DTYPES[dtype])
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    spec = {"method": "draft_model", "model": str(out), "num_speculative_tokens": 4}
+    target = target_dir or "TARGET"
+    return f"vllm serve {target} --speculative-config '{json.dumps(spec)}'"
+
+
+def export(src: Source, out: Path, dtype: str | None) -> str:
+    """A trained draft LM (its tokenizer is the target's)."""
+    network = src.network.for_export() if hasattr(src.network, "for_export") else src.network
+    if src.target_dir is None:
+        raise DraftsmithError("--to hf needs the target's tokenizer: pass --target DIR")
+    return _save(network.model, AutoTokenizer.from_pretrained(src.target_dir), out, dtype, src.target_dir)
+
+
+def export_dir(path: Path, out: Path, dtype: str | None, target_dir: Path | None) -> str:
+    """An HF causal-LM (or adapter) directory; the tokenizer is its own, else the target's."""
+    model = load_hf_dir(path)
+    tok_dir = path if (path / "tokenizer_config.json").is_file() else target_dir
+    if tok_dir is None:
+        raise DraftsmithError(f"{path} has no tokenizer: pass --target DIR to take the target's")
+    return _save(model, AutoTokenizer.from_pretrained(tok_dir), out, dtype, target_dir)

@@ -1,0 +1,81 @@
+"""``draftsmith export``: the formats, which drafter methods each holds, and the entry function."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.export import hf, native, sglang, speculators, vllm
+from draftsmith.export.common import load_source
+
+FORMATS = {"native": native, "hf": hf, "vllm": vllm, "sglang": sglang, "speculators": speculators}
+WHY_NOT = {
+    "hydra": "no serving engine loads Hydra heads",
+    "hydrapp": "no serving engine loads Hydra heads",
+    "medusa2": "Medusa-2 fine-tuned its target with LoRA; the engines' Medusa loaders draft for an unmodified target",
+}
+"""Methods that engines cannot serve, and why (said in the refusal)."""
+
+
+def methods(fmt: str) -> tuple[str, ...]:
+    """Drafter methods ``fmt`` can hold (native: every family draftsmith trains)."""
+    if fmt == "native":
+        from draftsmith.models.native import _families
+
+        return tuple(_families())
+    return FORMATS[fmt].METHODS
+
+
+def check_supported(fmt: str, method: str) -> None:
+    if method in methods(fmt):
+        return
+    able = [f for f in FORMATS if method in methods(f)]
+    why = f" ({WHY_NOT[method]})" if method in WHY_NOT else ""
+    raise DraftsmithError(f"--to {fmt} cannot hold a {method} drafter{why}; formats that can: {', '.join(able)}")
+
+
+def export(
+    src: Path,
+    to: str,
+    out: Path,
+    dtype: str | None = None,
+    target: str | None = None,
+    scores: list[Path] | None = None,
+    score_name: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Export a trained drafter for serving.
+
+    Args:
+        src: a ``DrafterModule`` Lightning checkpoint, a native export dir, or (``--to hf``) a Hugging
+            Face causal-LM / peft adapter directory.
+        to: ``native``, ``hf``, ``vllm``, ``sglang`` or ``speculators``.
+        out: the directory to write.
+        dtype: ``bf16``, ``fp16`` or ``fp32`` for the floating-point weights (default: as trained).
+        target: the target's model directory (default: the one the drafter records); the drafter's
+            target fingerprint must match it.
+        scores: ``draftsmith score`` report.json files whose rows for this drafter go in the native model card.
+        score_name: the drafter's row name in those reports (default: matched by its path).
+        overwrite: replace ``out`` if it exists.
+    """
+    if to not in FORMATS:
+        raise DraftsmithError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
+    src, out = Path(src), Path(out)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise DraftsmithError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
+        shutil.rmtree(out)
+    if to == "hf" and hf.is_hf_dir(src):
+        from draftsmith.default_target import resolve
+
+        command = hf.export_dir(src, out, dtype, resolve(target) if target else None)
+    else:
+        source = load_source(src, target)
+        check_supported(to, source.method)
+        if to == "native":
+            command = native.export(source, out, dtype, scores, score_name)
+        else:
+            command = FORMATS[to].export(source, out, dtype)
+    print(f"wrote {out}\n{command}")
+    return out

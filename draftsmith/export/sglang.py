@@ -1,0 +1,76 @@
+"""SGLang drafter directories: EAGLE-1 and EAGLE-3, as SGLang's loaders read them.
+
+Facts, read in sgl-project/sglang ``python/sglang/srt`` (main branch, 2026; no SGLang runs on this CPU,
+so the test suite checks the files against these facts, and serves the EAGLE-3 dir in vLLM 0.32,
+which reads the same layout):
+- ``models/llama_eagle3.py``: ``LlamaForCausalLMEagle3``; the decoder layer is ``midlayer.*`` (a
+  ``layers.0.*`` name is not in its params and is skipped *silently*); ``fc`` [H, 3*Ht];
+  ``lm_head`` [draft_vocab_size, H]; ``d2t`` becomes ``hot_token_id = d2t + arange`` (absent: the
+  draft vocabulary is read as target ids 0..Vd-1); ``t2d`` skipped; ``tie_word_embeddings`` true
+  would make ``lm_head`` the embedding; the layer keeps the un-normed feature as its residual.
+- ``model_executor/model_runner.py``: aux ids from ``eagle_config.eagle_aux_hidden_state_layer_ids``;
+  ``models/llama.py::set_eagle3_layers_to_capture`` captures ``id + 1`` (``eagle_layout.aux_layer_ids``).
+  The same dir carries the ids in vLLM numbering at the top level, which vLLM reads first and SGLang
+  ignores, so it loads correctly in both.
+- ``models/llama_eagle.py``: ``LlamaForCausalLMEagle``; ``fc`` is ``nn.Linear(2H, H)`` *with* a bias
+  (a missing ``fc.bias`` keeps its random init); layer 0 has no ``input_layernorm``; embedding and
+  LM head are replaced by the target's (``eagle_worker.py``: ``set_embed_and_head``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.export import eagle_layout
+from draftsmith.export.common import Source, cast, dtype_name, write
+from draftsmith.export.vllm import eagle3_config, eagle3_tensors
+
+METHODS = ("eagle1", "eagle3")
+
+
+def _eagle3(src: Source, out: Path, dtype: str | None) -> str:
+    target = src.target_config("sglang")
+    layers = target["num_hidden_layers"]
+    sglang_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "sglang")
+    vllm_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "vllm")
+    tensors = cast(eagle3_tensors(src.network, "midlayer."), dtype)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **eagle3_config(src.network, target, vllm_ids),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True},
+        "torch_dtype": dtype_name(tensors),
+    }
+    write(out, tensors, config, "sglang")
+    return "EAGLE3"
+
+
+def _eagle1(src: Source, out: Path, dtype: str | None) -> str:
+    network = src.network
+    target = src.target_config("sglang")
+    eagle_layout.check_eagle1_feature(network.cfg, target["num_hidden_layers"], "SGLang")
+    state = network.state_dict()
+    tensors = cast(
+        {
+            "fc.weight": state["fc.weight"],
+            "fc.bias": state["fc.bias"],
+            **eagle_layout.layer_tensors(network, "layers.0."),
+        },
+        dtype,
+    )
+    config = {
+        "architectures": ["LlamaForCausalLMEagle"],
+        **eagle_layout.llama_config(network.cfg, target, network.cfg.vocab_size),
+        "torch_dtype": dtype_name(tensors),
+    }
+    write(out, tensors, config, "sglang")
+    return "EAGLE"
+
+
+def export(src: Source, out: Path, dtype: str | None) -> str:
+    """Write the SGLang drafter dir; return the ``sglang.launch_server`` command."""
+    algorithm = {"eagle3": _eagle3, "eagle1": _eagle1}[src.method](src, out, dtype)
+    return (
+        f"python -m sglang.launch_server --model-path {src.target_dir} --speculative-algorithm {algorithm} "
+        f"--speculative-draft-model-path {out} --speculative-num-steps 4 --speculative-eagle-topk 1 "
+        f"--speculative-num-draft-tokens 5"
+    )

@@ -1,0 +1,60 @@
+"""speculators-format EAGLE-3 directories (vLLM's ``speculators`` library; vLLM serves them directly).
+
+Facts, read in speculators 0.3.0 (``models/eagle3/config.py``: ``Eagle3SpeculatorConfig``,
+``config.py``: ``SpeculatorsConfig`` / ``VerifierConfig``, ``proposals/greedy.py``;
+``models/eagle3/core.py``: ``Eagle3DraftModel`` holds ``layers.N.*``, ``fc``, ``norm``, ``lm_head``,
+``embed_tokens``, ``d2t`` [Vd] int offsets and ``t2d`` [V] bool with ``t2d.sum() == draft_vocab_size``)
+and in vLLM 0.32 ``transformers_utils/configs/speculators/{base,algos}.py`` (which requires
+``speculators_config.proposal_methods[0].speculative_tokens``, ``verifier.name_or_path`` and
+``transformer_layer_config``, and defaults ``norm_before_residual`` to *True*: always written here).
+``architectures`` is the config class's default, ``Eagle3Speculator``. EAGLE-1 is not a speculators type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.export import eagle_layout
+from draftsmith.export.common import Source, cast, dtype_name, write
+from draftsmith.export.vllm import eagle3_tensors
+
+METHODS = ("eagle3",)
+SPECULATORS_VERSION = "0.3.0"
+"""The speculators release whose config classes this layout follows (and that validates it in tests)."""
+
+
+def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 4) -> str:
+    """Write the speculators dir; return the ``vllm serve`` command."""
+    cfg = src.network.cfg
+    target = src.target_config("speculators")
+    aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "vllm")
+    tensors = cast(eagle3_tensors(src.network, "layers.0."), dtype)
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": speculative_tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": str(src.target_dir), "architectures": target.get("architectures", [])},
+        },
+        "transformer_layer_config": eagle_layout.llama_config(cfg, target, cfg.vocab_size),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "torch_dtype": dtype_name(tensors),
+    }
+    write(out, tensors, config, "speculators")
+    return f"vllm serve {out}  # the verifier is read from speculators_config.verifier.name_or_path"
