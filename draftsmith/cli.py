@@ -31,6 +31,9 @@ def _commands() -> dict:
     from draftsmith.eval.score import score
     from draftsmith.export.registry import export
     from draftsmith.quickstart import quickstart
+    from draftsmith.slurm.status import status as slurm_status
+    from draftsmith.slurm.submit import pipeline as slurm_pipeline
+    from draftsmith.slurm.submit import submit as slurm_submit
 
     return {
         "target": {"build": target_build},
@@ -39,19 +42,23 @@ def _commands() -> dict:
         "report": report,
         "export": export,
         "quickstart": quickstart,
+        "slurm": {"submit": slurm_submit, "pipeline": slurm_pipeline, "status": slurm_status},
     }
 
 
-LIST_FLAGS = ("--drafter", "--runs", "--scores")
-POSITIONAL = {"report": "--runs", "export": "--src"}
-"""Subcommands whose leading bare arguments fill a list flag: ``draftsmith report RUN_DIR...``."""
+LIST_FLAGS = ("--drafter", "--runs", "--scores", "--recipes", "--fit_set", "--generate_set", "--score_set", "--stages")
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
+POSITIONAL = {"report": "--runs", "slurm status": "--run_dir", "export": "--src"}
+"""Subcommands whose leading bare arguments fill a flag: ``draftsmith report RUN_DIR...``."""
+ALIASES = {"slurm": {"--config": "--recipes", "--set": "--fit_set"}}
+"""Flags spelled as the user knows them from ``fit`` (jsonargparse reserves a parameter named ``config``)."""
 
 
 def _gather_lists(argv: list[str]) -> list[str]:
     out, lists, i = [], {}, 0
     while i < len(argv):
         flag, eq, value = argv[i].partition("=")
+        flag = flag.replace("-", "_").replace("__", "--", 1) if flag.startswith("--") else flag
         if flag not in LIST_FLAGS:
             out.append(argv[i])
             i += 1
@@ -79,8 +86,13 @@ def _gather_lists(argv: list[str]) -> list[str]:
 def _normalize(argv: list[str]) -> list[str]:
     """Accept ``--max-new-tokens`` for ``--max_new_tokens``, ``-k`` for ``--k``, bare ``--flag`` for ``--flag=true``,
     and several values after a list flag."""
-    if argv and argv[0] in POSITIONAL and len(argv) > 1 and not argv[1].startswith("-"):
-        argv = [argv[0], POSITIONAL[argv[0]], *argv[1:]]
+    for name, flag in POSITIONAL.items():
+        n = len(name.split())
+        if argv[:n] == name.split() and len(argv) > n and not argv[n].startswith("-"):
+            argv = [*argv[:n], flag, *argv[n:]]
+            break
+    aliases = ALIASES.get(argv[0], {}) if argv else {}
+    argv = [aliases.get(flag, flag) + eq + value for flag, eq, value in (a.partition("=") for a in argv)]
     argv = _gather_lists(argv)
     out = []
     for i, arg in enumerate(argv):

@@ -151,6 +151,8 @@ def generate(
     overwrite: bool = False,
     device: str = "auto",
     dtype: str = "float32",
+    rank: int = 0,
+    world_size: int = 1,
 ) -> Path:
     """Sample the target's continuations of prompts into a dataset for training drafters.
 
@@ -183,9 +185,13 @@ def generate(
         overwrite: delete an earlier ``generate`` run in ``out`` first.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ...
         dtype: the target's weights: float32, bfloat16 or float16.
+        rank: this process's index among ``world_size`` (``$SLURM_PROCID`` in ``slurm/generate.sbatch``).
+        world_size: with N > 1, this process generates only shards ``s`` with ``s % N == rank``, into
+            ``out/ranks/rank-<R>``; the same command without rank/world size and with ``--resume`` then
+            merges them (the data is the same as one process would write: rows are seeded per prompt).
 
     Returns:
-        ``out``.
+        ``out`` (the rank's directory when ``world_size`` > 1).
     """
     settings = GenerateSettings(
         prompts=str(prompts),
@@ -202,7 +208,13 @@ def generate(
         dtype=dtype,
     )
     sampling = _validate(settings, batch_size)
+    if not 0 <= rank < world_size:
+        raise DraftsmithError(f"--rank must be in [0, --world-size), got rank {rank} of world size {world_size}")
     out = Path(out)
+    if world_size > 1:
+        out = out / shards.RANKS / f"rank-{rank:05d}"
+    elif resume:
+        shards.merge_ranks(out)
     previous = shards.prepare_out(out, resume, overwrite)
     loaded = load_prompts(prompts, prompt_field, num_prompts)
     if device == "auto":
@@ -241,9 +253,9 @@ def generate(
     num_shards = -(-len(encoded) // shard_size)
     done = shards.completed_shards(out)
     per_shard = [[i for i in keep if s * shard_size <= i < (s + 1) * shard_size] for s in range(num_shards)]
-    total_rows = len(keep) * samples_per_prompt
+    mine = [s for s in range(num_shards) if s % world_size == rank]
     bar = tqdm(
-        total=total_rows,
+        total=sum(len(per_shard[s]) for s in mine) * samples_per_prompt,
         initial=sum(len(per_shard[s]) for s in done) * samples_per_prompt,
         desc="generate",
         unit="seq",
@@ -251,7 +263,7 @@ def generate(
     )
     session_tokens, session_start = 0, time.perf_counter()
     try:
-        for s in range(num_shards):
+        for s in mine:
             if s in done:
                 continue
             start = time.perf_counter()
@@ -293,6 +305,9 @@ def generate(
         )
         raise
     bar.close()
+    if world_size > 1:
+        print(f"rank {rank} of {world_size}: shards saved in {out}; merge them with the same command and --resume")
+        return out
 
     shards.finalize(out, num_shards)
     totals = {k: 0 for k in ("rows", "prompt_tokens", "generated_tokens", "stopped_at_eos", "seconds")}

@@ -26,6 +26,8 @@ META = "draftsmith.json"
 """Metadata file beside the dataset."""
 SHARDS = "shards"
 """Sub-directory holding completed shards while a run is in progress."""
+RANKS = "ranks"
+"""Sub-directory holding one run dir per rank while ranks generate in parallel (``--world-size``)."""
 SHARD_STATS = "draftsmith-shard.json"
 """Per-shard counts (rows, tokens, seconds) saved inside each shard dir."""
 _DATASET_FILES = ("state.json", "dataset_info.json")
@@ -187,6 +189,29 @@ def finalize(out: Path, num_shards: int) -> None:
     for path in sorted(tmp.iterdir(), key=lambda p: p.name == "state.json"):
         os.replace(path, out / path.name)
     tmp.rmdir()
+
+
+def merge_ranks(out: Path) -> None:
+    """Move the shards that parallel ranks saved under ``out/ranks/`` into ``out`` (ready for ``--resume``).
+
+    Every rank's run must have the same target, settings and prompts; ``out/draftsmith.json`` is the
+    first rank's unless ``out`` already has one. Missing shards (a rank that failed) are simply not
+    there, so the resuming run generates them.
+    """
+    out = Path(out)
+    ranks = sorted(p for p in (out / RANKS).glob("rank-*") if (p / META).is_file())
+    if not ranks:
+        return
+    first = read_metadata(ranks[0])
+    for rank in ranks[1:]:
+        check_resumable(first, read_metadata(rank), rank)
+    (out / SHARDS).mkdir(parents=True, exist_ok=True)
+    for rank in ranks:
+        for shard in sorted(completed_shards(rank)):
+            os.replace(shard_dir(rank, shard), shard_dir(out, shard))
+    if read_metadata(out) is None:
+        write_metadata(out, first)
+    shutil.rmtree(out / RANKS)
 
 
 def remove_shards(out: Path) -> None:
