@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.sampling import Sampling, probs, sample
@@ -74,3 +75,57 @@ class DraftLM(Drafter):
             keep += 1
         rollback(state.cache, keep)
         del state.cached[keep:]
+
+
+@dataclass
+class DraftLMConfig:
+    """A trained draft LM: its Hugging Face config and, for a LoRA-trained one, the adapter's settings."""
+
+    hf_config: dict = field(default_factory=dict)
+    """``PretrainedConfig.to_dict()`` of the causal LM (``model_type`` selects the architecture)."""
+    lora: dict | None = None
+    """``peft.LoraConfig`` arguments when the weights hold an unmerged LoRA adapter; None for plain weights."""
+
+
+class DraftLMNetwork(torch.nn.Module):
+    """The trainable draft LM: an HF causal LM (optionally wrapped by a peft LoRA adapter), in the shape
+    ``models/native.py`` saves and rebuilds (``method``, ``cfg``, ``as_drafter``).
+
+    Args:
+        cfg: the HF config (and LoRA settings) to build.
+        model: an already built model for ``cfg.hf_config`` (e.g. loaded with ``from_pretrained``);
+            None builds a freshly initialised one.
+    """
+
+    method = "draft_lm"
+
+    def __init__(self, cfg: DraftLMConfig, model: PreTrainedModel | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        if model is None:
+            hf = AutoConfig.for_model(**cfg.hf_config)
+            model = AutoModelForCausalLM.from_config(hf)
+        if cfg.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **cfg.lora))
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, V) next-token logits."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    def merged(self) -> DraftLMNetwork:
+        """This network with any LoRA adapter merged into the base weights (peft ``merge_and_unload``)."""
+        if self.cfg.lora is None:
+            return self
+        base = copy.deepcopy(self.model).merge_and_unload()
+        return DraftLMNetwork(DraftLMConfig(self.cfg.hf_config, None), base)
+
+    def for_export(self) -> DraftLMNetwork:
+        """What ``save_native`` writes: plain (merged) weights."""
+        return self.merged()
+
+    def as_drafter(self, topk_accuracy: list | None = None) -> DraftLM:
+        """The verifier's drafter (LoRA merged first). ``topk_accuracy`` is unused: a draft LM drafts chains."""
+        return DraftLM(self.merged().model)

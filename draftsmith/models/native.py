@@ -26,9 +26,14 @@ FORMAT = "draftsmith.drafter/1"
 
 def _families() -> dict:
     """method -> (config dataclass, network class). Imported lazily: each family is its own module."""
+    from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
     from draftsmith.models.eagle import EagleConfig, EagleModel
 
-    return {"eagle1": (EagleConfig, EagleModel), "eagle3": (EagleConfig, EagleModel)}
+    return {
+        "eagle1": (EagleConfig, EagleModel),
+        "eagle3": (EagleConfig, EagleModel),
+        "draft_lm": (DraftLMConfig, DraftLMNetwork),
+    }
 
 
 def describe(model: torch.nn.Module, target: Target) -> dict:
@@ -64,7 +69,10 @@ def build(info: dict, state: dict[str, torch.Tensor], where: str) -> torch.nn.Mo
 
 
 def save_native(model: torch.nn.Module, target: Target, out: str | Path, extra: dict | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` for ``model`` (a drafter network with ``method``/``cfg``)."""
+    """Write ``config.json`` + ``model.safetensors`` for ``model`` (a drafter network with ``method``/``cfg``;
+    one with a ``for_export()`` method, e.g. a LoRA-trained draft LM, writes what that returns)."""
+    if hasattr(model, "for_export"):
+        model = model.for_export()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

@@ -1,14 +1,14 @@
-"""``draftsmith fit``: LightningCLI over any ``DrafterModule`` and ``GeneratedDataModule``."""
+"""``draftsmith fit``: LightningCLI over any ``DrafterModule`` and datamodule (``GeneratedDataModule`` by default)."""
 
 from __future__ import annotations
 
 import os
 import warnings
 
+import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
 from draftsmith.train.base import DrafterModule
-from draftsmith.train.data import GeneratedDataModule
 
 ROOT = "${trainer.default_root_dir}"
 """A logger ``save_dir`` of this value is replaced by the trainer's ``default_root_dir``."""
@@ -39,6 +39,9 @@ class DraftsmithCLI(LightningCLI):
                 "trainer.logger": LOGGERS,
                 "trainer.gradient_clip_val": 1.0,
                 "trainer.log_every_n_steps": 10,
+                # ``data`` may name any datamodule (e.g. CorpusDataModule for pre-training); a recipe's
+                # plain ``data: {train: ...}`` section is GeneratedDataModule's
+                "data": {"class_path": "draftsmith.train.data.GeneratedDataModule"},
             }
         )
 
@@ -69,8 +72,9 @@ def fit_main(args: list[str]) -> DraftsmithCLI:
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
     return DraftsmithCLI(
         DrafterModule,
-        GeneratedDataModule,
+        L.LightningDataModule,
         subclass_mode_model=True,
+        subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
         args=["fit", *args],
     )

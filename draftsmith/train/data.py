@@ -61,7 +61,13 @@ class LengthBucketSampler(DistributedSampler):
 
 
 def collate(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of dataset rows to (B, T) tensors."""
+    """Right-pad a list of dataset rows to (B, T) tensors.
+
+    Rows with stored target top-k log-probabilities (``generate --store-topk K``) also give
+    ``topk_ids`` / ``topk_logprobs`` (B, T, K), set on the positions whose logits predict each
+    generated token (position prompt_len + i - 1 for generated token i), zero elsewhere.
+    """
+    topk = _collate_topk(rows, max_length) if rows and all(r.get("topk_ids") for r in rows) else {}
     rows = [{k: r[k][:max_length] for k in ("input_ids", "loss_mask")} for r in rows]
     t = max(len(r["input_ids"]) for r in rows)
     out = {
@@ -74,7 +80,22 @@ def collate(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
         out["input_ids"][i, :n] = torch.tensor(r["input_ids"])
         out["loss_mask"][i, :n] = torch.tensor(r["loss_mask"])
         out["attention_mask"][i, :n] = 1
+    if topk:
+        t = out["input_ids"].shape[1]
+        out.update({name: v[:, :t] for name, v in topk.items()})
     return out
+
+
+def _collate_topk(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
+    k = len(rows[0]["topk_ids"][0])
+    ids = torch.zeros(len(rows), max_length, k, dtype=torch.long)
+    logprobs = torch.zeros(len(rows), max_length, k)
+    for i, r in enumerate(rows):
+        start = r["prompt_len"] - 1  # the position whose logits predict the first generated token
+        n = max(0, min(len(r["topk_ids"]), max_length - 1 - start))
+        ids[i, start : start + n] = torch.tensor(r["topk_ids"][:n], dtype=torch.long)
+        logprobs[i, start : start + n] = torch.tensor(r["topk_logprobs"][:n])
+    return {"topk_ids": ids, "topk_logprobs": logprobs}
 
 
 class GeneratedDataModule(L.LightningDataModule):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -19,3 +21,119 @@ def feature_regression(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp_min(1)
+
+
+# -- distillation divergences (draft LMs: DistillSpec, Direct Alignment) ------------------------------
+# Each takes the student's logits and the teacher's logits or log-probabilities, both (..., V), softened by
+# the same ``temperature``, and returns the per-position divergence (...). p is the teacher, q the student.
+
+
+def _log_probs(student_logits: torch.Tensor, teacher: torch.Tensor, temperature: float):
+    if temperature <= 0:
+        raise ValueError(f"distillation temperature must be > 0, got {temperature}")
+    log_q = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    log_p = F.log_softmax(teacher.float() / temperature, dim=-1).detach()
+    return log_q, log_p
+
+
+def forward_kl(student_logits: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """KL(p || q) = sum_v p (log p - log q): mass-covering, the usual distillation loss."""
+    log_q, log_p = _log_probs(student_logits, teacher, temperature)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def reverse_kl(student_logits: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """KL(q || p) = sum_v q (log q - log p): mode-seeking."""
+    log_q, log_p = _log_probs(student_logits, teacher, temperature)
+    return (log_q.exp() * (log_q - log_p)).sum(-1)
+
+
+def jsd(student_logits: torch.Tensor, teacher: torch.Tensor, beta: float = 0.5, temperature: float = 1.0):
+    """Generalized Jensen-Shannon divergence JSD(β) = β KL(p || m) + (1 - β) KL(q || m), m = β p + (1 - β) q.
+
+    As defined in GKD (Agarwal et al. 2024, arXiv:2306.13649, §3) and used by DistillSpec (arXiv:2310.08461).
+    β = 0.5 is the symmetric JSD; β -> 0 (1) behaves like a scaled forward (reverse) KL.
+    """
+    if not 0 < beta < 1:
+        raise ValueError(f"jsd beta must be in (0, 1), got {beta} (use forward_kl / reverse_kl for the ends)")
+    log_q, log_p = _log_probs(student_logits, teacher, temperature)
+    log_m = torch.logsumexp(torch.stack([log_p + math.log(beta), log_q + math.log(1 - beta)]), dim=0)
+    kl_pm = (log_p.exp() * (log_p - log_m)).sum(-1)
+    kl_qm = (log_q.exp() * (log_q - log_m)).sum(-1)
+    return beta * kl_pm + (1 - beta) * kl_qm
+
+
+def tvd(student_logits: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Total variation distance ½ sum_v |p - q| = 1 - sum_v min(p, q): one minus the acceptance
+    probability of speculative sampling (Leviathan et al. 2023), so minimising it maximises acceptance."""
+    log_q, log_p = _log_probs(student_logits, teacher, temperature)
+    return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+
+
+def tvd_plus_plus(
+    student_logits: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0, eps: float = 1e-6
+) -> torch.Tensor:
+    """TVD++ (Goel et al. 2024, "Direct Alignment of Draft Model for Speculative Decoding with
+    Chat-Fine-Tuned LLMs", arXiv:2403.00858, §3): TVD's gradient read as a policy gradient, with the
+    reward normalised as in variance-reduced policy gradients.
+
+    The TVD gradient is ∇ TVD(p, q) = -E_{x~q}[r(x) ∇ log q(x)] with reward r(x) = 1{p(x) > q(x)}. TVD++
+    replaces r by (r - μ) / σ, μ and σ the mean and standard deviation of the reward over the batch
+    (here: under q, over the masked positions; ``mask`` (...) selects them). The expectation over x is
+    taken exactly over the vocabulary, so the baseline μ leaves the gradient unbiased and σ scales it.
+
+    Returns per-position values equal to TVD (what is minimised, comparable across losses) whose gradient
+    is the TVD++ one.
+    """
+    log_q, log_p = _log_probs(student_logits, teacher, temperature)
+    q, p = log_q.exp(), log_p.exp()
+    with torch.no_grad():
+        reward = (p > q).float()  # (..., V)
+        weight = q * mask.unsqueeze(-1).to(q.dtype)  # q over the batch's masked positions
+        n = mask.to(q.dtype).sum().clamp_min(1)
+        mean = (weight * reward).sum() / n
+        std = ((weight * (reward - mean) ** 2).sum() / n).sqrt()
+        advantage = (reward - mean) / (std + eps)
+    surrogate = -(q * advantage).sum(-1)  # gradient: -E_{x~q}[advantage(x) ∇ log q(x)]
+    value = 0.5 * (p - q).abs().sum(-1)
+    return value.detach() + surrogate - surrogate.detach()
+
+
+DIVERGENCES = ("fkl", "rkl", "jsd", "tvd", "tvd++")
+"""Names ``distillation_loss`` accepts."""
+
+
+def distillation_loss(
+    name: str,
+    student_logits: torch.Tensor,
+    teacher: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+) -> torch.Tensor:
+    """Masked mean of divergence ``name`` (one of ``DIVERGENCES``) over positions where ``mask`` (...) is 1."""
+    if name == "fkl":
+        values = forward_kl(student_logits, teacher, temperature)
+    elif name == "rkl":
+        values = reverse_kl(student_logits, teacher, temperature)
+    elif name == "jsd":
+        values = jsd(student_logits, teacher, beta, temperature)
+    elif name == "tvd":
+        values = tvd(student_logits, teacher, temperature)
+    elif name == "tvd++":
+        values = tvd_plus_plus(student_logits, teacher, mask.bool(), temperature)
+    else:
+        raise ValueError(f"unknown distillation loss {name!r} (known: {', '.join(DIVERGENCES)})")
+    return masked_mean(values, mask)
+
+
+def topk_teacher_logprobs(ids: torch.Tensor, logprobs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Full (..., V) teacher log-probabilities from stored top-k ones: (..., K) ids and log-probs.
+
+    The k stored tokens keep their log-probabilities; the mass they leave, 1 - sum(p_topk), is spread
+    evenly over the other V - k tokens (unknown to the data), so every divergence stays finite.
+    """
+    k = ids.shape[-1]
+    tail = (1 - logprobs.float().exp().sum(-1, keepdim=True)).clamp_min(1e-8) / max(1, vocab_size - k)
+    out = tail.log().expand(*ids.shape[:-1], vocab_size).clone()
+    return out.scatter_(-1, ids.long(), logprobs.float())
