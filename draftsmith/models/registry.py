@@ -21,7 +21,18 @@ def load_drafter(spec: str, target: Target) -> Drafter:
     (the target drafting for itself: every draft accepted under greedy), a trained
     drafter (a ``DrafterModule`` Lightning ``.ckpt`` or a native export dir), or a
     directory holding a Hugging Face causal LM sharing the target's tokenizer.
+    ``adaptive:THRESHOLD:HEAD`` is a trained acceptance head's drafter stopping at THRESHOLD
+    (a bare HEAD path uses the threshold recorded with it).
     """
+    if spec.startswith("adaptive:"):
+        threshold, _, head = spec.removeprefix("adaptive:").partition(":")
+        try:
+            value = float(threshold)
+        except ValueError:
+            raise DraftsmithError(f"drafter {spec!r}: expected adaptive:THRESHOLD:HEAD, THRESHOLD in [0, 1]") from None
+        from draftsmith.models.acceptance_head import load_adaptive
+
+        return load_adaptive(head, target, value)
     if spec == "ngram" or spec.startswith("ngram:"):
         parts = spec.split(":")[1:]
         if len(parts) > 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
