@@ -26,6 +26,7 @@ FORMAT = "draftsmith.drafter/1"
 
 def _families() -> dict:
     """method -> (config dataclass, network class). Imported lazily: each family is its own module."""
+    from draftsmith.models.acceptance_head import AcceptanceHead, AcceptanceHeadConfig
     from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
     from draftsmith.models.eagle import EagleConfig, EagleModel
 
@@ -33,6 +34,7 @@ def _families() -> dict:
         "eagle1": (EagleConfig, EagleModel),
         "eagle3": (EagleConfig, EagleModel),
         "draft_lm": (DraftLMConfig, DraftLMNetwork),
+        "acceptance_head": (AcceptanceHeadConfig, AcceptanceHead),
     }
 
 
