@@ -96,6 +96,8 @@ def validate(r: Resources, check_cluster: bool) -> None:
             f"--signal-s {r.signal_s}: the checkpoint signal must come after the start and before the "
             f"--time limit ({r.time} = {limit} s)"
         )
+    if check_cluster:
+        sbatch.require("sbatch")
     if check_cluster and r.partition is not None:
         known = sbatch.partitions()
         if r.partition not in known:

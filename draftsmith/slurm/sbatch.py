@@ -16,12 +16,18 @@ JOB_ID = re.compile(r"(\d+)(?:;\S+)?")
 """``sbatch --parsable`` prints ``<job id>`` or ``<job id>;<cluster>``."""
 
 
-def _run(args: list[str]) -> str:
-    tool = shutil.which(args[0])
+def require(name: str) -> str:
+    """The path of SLURM command ``name``; a clear error where there is none."""
+    tool = shutil.which(name)
     if tool is None:
         raise DraftsmithError(
-            f"{args[0]} not found on PATH: run this on a SLURM login node (or pass --dry-run to print the script)"
+            f"{name} not found on PATH: run this on a SLURM login node (or pass --dry-run to print the script)"
         )
+    return tool
+
+
+def _run(args: list[str]) -> str:
+    tool = require(args[0])
     try:
         result = subprocess.run([tool, *args[1:]], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
@@ -56,9 +62,7 @@ def submit(script: Path, dependency: list[str] | None = None) -> str:
 
 def job_info(job_id: str) -> dict[str, str] | None:
     """``scontrol show job`` fields (``JobState``, ``Restarts``, ``ExitCode``, ...); None once SLURM forgot it."""
-    tool = shutil.which("scontrol")
-    if tool is None:
-        raise DraftsmithError("scontrol not found on PATH: run this on a SLURM login node")
+    tool = require("scontrol")
     result = subprocess.run([tool, "--oneliner", "show", "job", job_id], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         return None

@@ -258,13 +258,6 @@ def pipeline(
     unknown = [s for s in stages if s not in STAGES]
     if unknown or len(set(stages)) != len(stages):
         raise DraftsmithError(f"--stages {stages}: give each of {', '.join(STAGES)} at most once")
-    if "export" in stages:
-        from draftsmith.cli import _commands
-
-        if "export" not in _commands():
-            raise DraftsmithError(
-                "--stages: this draftsmith has no export command yet; pass --stages generate fit score"
-            )
     r = Resources(time, nodes, gpus_per_node, tasks_per_node, cpus_per_task, partition, account, signal_s)
     paths = _recipes(recipes)
     run_dir = Path(run_dir).resolve()
@@ -280,6 +273,10 @@ def pipeline(
     # "$CKPT" stays unquoted by shlex: the step script sets it to the fit stage's newest last.ckpt
     score_args = ["score", f"--target={shlex.quote(target)}", '--drafter=drafter="$CKPT"']
     score = command([f"--out={run_dir / 'score'}", *_flags(score_set, "score-set")])
+    export_args = [f"--to={export_to}", f"--out={run_dir / 'export' / export_to}", f"--target={target}", "--overwrite"]
+    if "score" in stages:  # the model card carries the verifier's scores
+        export_args += [f"--scores={run_dir / 'score' / 'report.json'}", "--score-name=drafter"]
+    export = command(export_args)
     scripts = {
         "generate-train": _generate_script(r, run_dir, "generate-train", target, train_prompts, data / "train", gen),
         "generate-val": _generate_script(
@@ -287,15 +284,7 @@ def pipeline(
         ),
         "fit": _fit_script(paths, fit_dir, r, fit_set, run_dir),
         "score": _step_script(r, run_dir, "score", fit_dir, [f"{_draftsmith()} {' '.join(score_args)} {score}"]),
-        "export": _step_script(
-            r,
-            run_dir,
-            "export",
-            fit_dir,
-            [
-                f'{_draftsmith()} export "$CKPT" --to={shlex.quote(export_to)} {command([run_dir / "export" / export_to])}'
-            ],
-        ),
+        "export": _step_script(r, run_dir, "export", fit_dir, [f'{_draftsmith()} export --src="$CKPT" {export}']),
     }
     chosen = [name for name in scripts if name.partition("-")[0] in stages]
     if dry_run:
