@@ -24,6 +24,21 @@ def markdown_table(drafters: list[dict], plain: dict) -> str:
     return "\n".join(lines)
 
 
+def online_table(drafters: list[dict]) -> str:
+    """α and τ per window of consecutive prompts for drafters that learned online (``--online-adapt``); "" if none."""
+    lines = []
+    for d in drafters:
+        online = d.get("online")
+        if not online:
+            continue
+        if not lines:
+            lines = ["| drafter | prompts | α | τ | rounds |", "|---|---|---|---|---|"]
+        for w in online["windows"]:
+            start, end = w["prompts"]
+            lines.append(f"| {d['name']} | {start + 1}–{end} | {w['alpha']:.3f} | {w['tau']:.2f} | {w['rounds']} |")
+    return "\n".join(lines)
+
+
 def write_report(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
@@ -42,4 +57,15 @@ def write_report(out: Path, report: dict) -> None:
         "Ideal: τ/(1+K̄c), c = drafter time per drafted token / target time per decoding step.",
         "",
     ]
+    online = online_table(report["drafters"])
+    if online:
+        md += [
+            "## Online adaptation (OSD)",
+            "",
+            "Each draft LM learned from the positions where its drafts were rejected, prompt after prompt "
+            "(KL to the target's distribution there); α and τ per window of consecutive prompts:",
+            "",
+            online,
+            "",
+        ]
     (out / "report.md").write_text("\n".join(md))

@@ -51,6 +51,8 @@ def score_drafters(
     for name in drafters:
         m = drafter_metrics(name, k, spec[name], plain, sampling.greedy).to_dict()
         m["prompts"] = len(prompts)
+        if hasattr(drafters[name], "online_report"):  # --online-adapt: α and τ over time
+            m["online"] = drafters[name].online_report(spec[name])
         rows.append(m)
     return plain_metrics(plain).to_dict(), rows
 
@@ -73,6 +75,7 @@ def score(
     seed: int = 0,
     out: Path = Path("runs/score"),
     prompt_field: str = "prompt",
+    online_adapt: bool = False,
 ) -> dict:
     """Score drafters against a target by real speculative decoding.
 
@@ -89,6 +92,9 @@ def score(
         seed: seed of the per-prompt random generators.
         out: directory for report.json and report.md.
         prompt_field: the prompt's field name in JSONL / dataset sources.
+        online_adapt: online speculative decoding (OSD): each draft LM learns from the positions where
+            its drafts were rejected while it decodes the prompts in order; the report adds α and τ per
+            window of prompts (first vs last).
     """
     if k <= 0:
         raise DraftsmithError(f"-k must be a positive integer, got {k}")
@@ -100,6 +106,10 @@ def score(
         raise DraftsmithError(str(e)) from None
     t = Target.from_pretrained(target)
     loaded = {name: load_drafter(spec, t) for name, spec in map(named, drafter)}
+    if online_adapt:
+        from draftsmith.train.online import adapt_online
+
+        loaded = adapt_online(loaded, t)
     ids = [encode(p, t.tokenizer) for p in load_prompts(prompts, prompt_field, num_prompts)]
     plain, rows = score_drafters(t, loaded, ids, k, sampling, max_new_tokens, seed)
     report = {
@@ -111,6 +121,7 @@ def score(
             "top_p": top_p,
             "max_new_tokens": max_new_tokens,
             "seed": seed,
+            "online_adapt": online_adapt,
             "command": " ".join(sys.argv),
         },
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
