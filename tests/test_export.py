@@ -223,6 +223,31 @@ def test_eagle1_bias_folded_into_embedding_is_the_same_network(env, tmp_path):
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
 
 
+def test_medusa2_export_writes_the_adapted_target_its_heads_draft_for(env, tmp_path):
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    t1 = env["t1"]
+    peft_model = get_peft_model(
+        make_llama(seed=0, layers=LAYERS), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])
+    )
+    state = {k: torch.randn_like(v) for k, v in get_peft_model_state_dict(peft_model).items()}
+    lora = {"r": 2, "alpha": 4, "target_modules": ["q_proj"], "shapes": {k: list(v.shape) for k, v in state.items()}}
+    medusa = MedusaModel(MedusaConfig(num_heads=2, num_layers=1, hidden_size=H, vocab_size=VOCAB, lora=lora))
+    medusa.store_lora(state)
+    save_native(medusa, t1, tmp_path / "medusa2")
+    out = export(tmp_path / "medusa2", "vllm", tmp_path / "out")
+    config, tensors = read(out)
+    assert config["num_heads"] == 2 and not any("lora" in k for k in tensors)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        want = medusa.adapt_target(t1).model(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(out / "target")(ids).logits
+        assert not torch.allclose(want, t1.model(ids).logits)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(DraftsmithError, match="cannot hold a medusa2 drafter; formats that can: native, vllm$"):
+        export(tmp_path / "medusa2", "sglang", tmp_path / "out2")
+
+
 def test_dtype_casts_weights_but_not_vocab_maps(env, tmp_path):
     config, tensors = read(export(env["eagle3"], "vllm", tmp_path / "out", dtype="bf16"))
     assert tensors["fc.weight"].dtype == torch.bfloat16 and config["torch_dtype"] == "bfloat16"
@@ -317,6 +342,24 @@ def test_hf_export_gives_the_same_logits(env, tmp_path):
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    assert (out / "tokenizer.json").is_file()
+
+
+def test_hf_export_of_a_trained_lora_draft_lm_gives_its_logits(env, tmp_path):
+    from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
+
+    base = make_llama(seed=5, layers=1)
+    network = DraftLMNetwork(DraftLMConfig(base.config.to_dict(), {"r": 4, "target_modules": ["q_proj"]}), base)
+    with torch.no_grad():
+        for name, p in network.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    save_native(network, env["t1"], tmp_path / "draft")
+    out = export(tmp_path / "draft", "hf", tmp_path / "out")
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        want = network(ids)
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(out)(ids).logits, want, rtol=1e-5, atol=1e-5)
     assert (out / "tokenizer.json").is_file()
 
 

