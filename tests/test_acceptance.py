@@ -19,6 +19,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
 from draftsmith.models.acceptance_head import AdaptiveDrafter
+from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
 from draftsmith.models.native import load_network, save_native
 from draftsmith.models.registry import load_drafter
 from draftsmith.target import Target
@@ -181,3 +182,19 @@ def test_recipe_loads_through_the_fit_parser(setup, capsys):
     assert config["model"]["class_path"] == "draftsmith.train.acceptance_head.AcceptanceHeadModule"
     monitors = [c["init_args"].get("monitor") for c in config["trainer"]["callbacks"]]
     assert "val/auroc" in monitors
+
+
+def test_head_on_a_draft_lm_keeps_greedy_output_exact(setup, tmp_path):
+    target = Target.from_pretrained(setup["target"])
+    lm = make_llama(seed=3, layers=1)
+    hf_config = json.loads(lm.config.to_json_string(use_diff=False))
+    save_native(DraftLMNetwork(DraftLMConfig(hf_config, None), lm), target, tmp_path / "lm")
+    head, _ = train_head(str(setup["target"]), str(tmp_path / "lm"), str(setup["data-train"]), str(setup["data-val"]),
+                         tmp_path / "head", max_steps=10, max_length=64)  # fmt: skip
+    drafters = {
+        "lm": load_drafter(str(tmp_path / "lm"), target),
+        "adaptive": load_drafter(f"adaptive:0.3:{head}", target),
+    }
+    rows = score_drafters(target, drafters, val_prompts(setup)[:6], K, Sampling(0.0), 24, progress=False)[1]
+    assert [r["greedy_exact"] for r in rows] == [6, 6]
+    assert rows[1]["mean_drafted"] < rows[0]["mean_drafted"]  # an untrained draft LM is rejected: the head cuts
