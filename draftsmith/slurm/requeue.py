@@ -57,6 +57,7 @@ class RequeueOnSignal(L.Callback):
         self.requeue = requeue
         self.signalled = False
         self.saved: Path | None = None
+        self._installed = False
         self._previous = None
 
     def _on_signal(self, signum, frame) -> None:
@@ -65,14 +66,16 @@ class RequeueOnSignal(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and SLURMEnvironment.detect():
             self._previous = signal.signal(self.signum, self._on_signal)
+            self._installed = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._previous is not None:
-            signal.signal(self.signum, self._previous)
-            self._previous = None
+        if self._installed:
+            signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
+        # every rank is on SLURM or none is, so either all take part in the reduction or none does
+        if not self._installed or not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
             return
         self.signalled = False
         path = trainer.strategy.broadcast(hpc_checkpoint_path(trainer.default_root_dir))
