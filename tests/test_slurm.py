@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import datasets
+import lightning as L
 import pytest
 import torch
 from conftest import VOCAB, make_llama, make_tokenizer
@@ -18,6 +20,7 @@ from conftest import VOCAB, make_llama, make_tokenizer
 from draftsmith.cli import main
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
+from draftsmith.slurm.requeue import RequeueOnSignal
 from draftsmith.slurm.resources import time_seconds
 from draftsmith.slurm.sbatch import job_info
 
@@ -116,6 +119,58 @@ def test_missing_sbatch_is_a_one_line_error(tmp_path, monkeypatch, capsys):
         "(or pass --dry-run to print the script)"
     )
     assert not (tmp_path / "run").exists()
+
+
+class Regression(L.LightningModule):
+    """A linear model whose step ``signal_at`` sends this process SIGUSR1 between forward and backward."""
+
+    def __init__(self, signal_at: int) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.signal_at = signal_at
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        if self.global_step == self.signal_at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+
+
+def test_signal_mid_step_checkpoints_after_that_step_and_stops(tmp_path, monkeypatch):
+    """The handler only flags; the checkpoint is taken at the end of the step the signal interrupted."""
+    slurm_env = {
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NAME": "test",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+    }
+    for key, value in slurm_env.items():
+        monkeypatch.setenv(key, value)
+    callback = RequeueOnSignal(requeue=False)
+    trainer = L.Trainer(
+        max_steps=10,
+        default_root_dir=tmp_path,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Regression(signal_at=3))
+    assert callback.saved == tmp_path / "hpc_ckpt_1.ckpt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hpc_ckpt_1.ckpt"]
+    ckpt = torch.load(callback.saved, weights_only=False)
+    assert ckpt["global_step"] == 4 and trainer.global_step == 4  # step 3 finished, then stopped
+    assert signal.getsignal(signal.SIGUSR1) is not callback._on_signal  # restored after fit
 
 
 # -- a real cluster -----------------------------------------------------------------------------------
