@@ -134,7 +134,7 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     make_llama(seed=3, layers=1).save_pretrained(root / "student")
     make_tokenizer().save_pretrained(root / "student")
     g = torch.Generator().manual_seed(0)
-    for name, n in [("train", 96), ("val", 16)]:
+    for name, n in [("train", 96), ("val", 8)]:
         lines = "".join(json.dumps({"prompt": words(g, 2 + i % 7)}) + "\n" for i in range(n))
         (root / f"{name}.jsonl").write_text(lines)
     common = {"max_new_tokens": 24, "device": "cpu", "shard_size": 64}
@@ -302,3 +302,29 @@ def test_student_with_another_vocabulary_is_refused(setup, tmp_path):
     make_llama(seed=3, layers=1, vocab=VOCAB + 32).save_pretrained(tmp_path / "wide")
     with pytest.raises(DraftsmithError, match="model.init: .* has 128 output tokens, the target 96"):
         module(setup, init=str(tmp_path / "wide"))
+
+
+@pytest.mark.slow
+def test_corpus_pretraining_lowers_heldout_loss_and_seeds_the_distillation_stage(tmp_path, setup):
+    from draftsmith import default_target
+    from draftsmith.data import corpus
+    from draftsmith.train.corpus_data import CorpusDataModule
+
+    tokenizer = default_target.train_tokenizer(corpus.split(5)[0][:40], vocab_size=300)
+    make_llama(seed=0, vocab=len(tokenizer)).save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    data = CorpusDataModule(str(tmp_path / "target"), seq_len=32, max_tokens=8192, val_tokens=1024, batch_size=8)
+    model = DraftLMModule(str(tmp_path / "target"), shape=TINY, loss="ce", optim=OptimConfig(lr=1e-2, warmup_steps=3))
+    before = trainer(tmp_path, 0).validate(model, data, verbose=False)[0]
+    fit = trainer(tmp_path, 30)
+    fit.fit(model, data)
+    after = trainer(tmp_path, 0).validate(model, data, verbose=False)[0]
+    assert before["val/loss"] == pytest.approx(math.log(len(tokenizer)), rel=0.1)  # untrained: ~uniform
+    assert after["val/loss"] < before["val/loss"] - 1.0  # held-out stdlib text, next-token cross-entropy
+
+    fit.save_checkpoint(tmp_path / "pretrained.ckpt")  # stage 2 starts from it
+    stage2 = DraftLMModule(str(tmp_path / "target"), init=str(tmp_path / "pretrained.ckpt"), loss="fkl")
+    for (name, a), b in zip(model.drafter.state_dict().items(), stage2.drafter.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(DraftsmithError, match="data.tokenizer .* is not the tokenizer of target"):
+        data.check_target(Target.from_pretrained(setup["target"]))

@@ -1,0 +1,162 @@
+"""The two draft LM stages as Python calls (``draftsmith fit`` underneath), for the quickstart and benchmarks.
+
+``pretrain``: a fresh student on the target's corpus (``configs/draft_lm_pretrain.yaml``);
+``distill``: that student aligned to the target on its generated data (``configs/draft_lm.yaml``);
+``train_distilled_draft_lm``: both, exported as a native drafter dir ``--drafter`` accepts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith.train.draft_lm import StudentShape
+
+
+@dataclass(frozen=True)
+class DraftLMBudget:
+    """How much work each draft LM stage does."""
+
+    shape: StudentShape = field(default_factory=StudentShape)
+    """The fresh student (default: 2 layers, hidden 128: ~1.5M parameters with a 4096-token vocabulary)."""
+    pretrain_steps: int = 300
+    """Pre-training optimizer steps on the corpus."""
+    pretrain_batch_size: int = 16
+    """Corpus blocks (of 128 tokens) per pre-training step."""
+    distill_steps: int = 200
+    """Distillation optimizer steps on the target's generated data."""
+    batch_size: int = 8
+    """Generated sequences per distillation step."""
+    lr: float = 0.003
+    """Pre-training peak learning rate (distillation uses a third of it)."""
+
+
+FAST = DraftLMBudget(StudentShape(layers=1, hidden=64, heads=2, intermediate=128), 40, 8, 24, 4)
+"""A seconds-long budget for tests and ``quickstart --fast``."""
+QUICK = DraftLMBudget(pretrain_steps=150, distill_steps=100)
+"""The quickstart's budget: about 1-2 minutes on 2 CPU cores for both stages on the default target."""
+
+
+def _shape_args(shape: StudentShape) -> list[str]:
+    return [f"--model.init_args.shape.{k}={v}" for k, v in vars(shape).items()]
+
+
+def _fit(args: list[str], root: Path, steps: int):
+    from draftsmith.train.cli import fit_main
+
+    shutil.rmtree(root, ignore_errors=True)
+    cli = fit_main(
+        [
+            "--model=draftsmith.train.draft_lm.DraftLMModule",
+            *args,
+            f"--trainer.max_steps={steps}",
+            "--trainer.max_epochs=-1",
+            "--trainer.check_val_every_n_epoch=null",
+            f"--trainer.val_check_interval={max(1, steps // 4)}",
+            f"--trainer.default_root_dir={root}",
+            "--trainer.enable_model_summary=false",
+        ]
+    )
+    return cli.trainer.checkpoint_callback
+
+
+def pretrain(
+    target_dir: Path, val: Path, out: Path, budget: DraftLMBudget = DraftLMBudget(), force: bool = False
+) -> Path:
+    """Pre-train a fresh student on the target's corpus (next-token cross-entropy); returns its best
+    checkpoint by ``val/tau_est`` on ``val`` (greedy generated data), reused unless ``force``."""
+    root = out / "fit" / "draft_lm_pretrain"
+    best = root / "best.ckpt"
+    if best.is_file() and not force:
+        return best
+    callback = _fit(
+        [
+            f"--model.init_args.target={target_dir}",
+            "--model.init_args.loss=ce",
+            *_shape_args(budget.shape),
+            f"--model.init_args.optim.lr={budget.lr}",
+            f"--model.init_args.optim.warmup_steps={max(1, budget.pretrain_steps // 10)}",
+            "--data=draftsmith.train.corpus_data.CorpusDataModule",
+            f"--data.tokenizer={target_dir}",
+            f"--data.val={val}",
+            f"--data.batch_size={budget.pretrain_batch_size}",
+            f"--data.max_tokens={budget.pretrain_steps * budget.pretrain_batch_size * 128}",
+        ],
+        root,
+        budget.pretrain_steps,
+    )
+    shutil.copy(callback.best_model_path, best)
+    return best
+
+
+def distill(
+    target_dir: Path,
+    data: tuple[Path, Path],
+    init: Path,
+    out: Path,
+    name: str,
+    loss: str = "fkl",
+    on_policy: float = 0.0,
+    budget: DraftLMBudget = DraftLMBudget(),
+    force: bool = False,
+) -> Path:
+    """Distil the student at ``init`` into the target on ``data`` (train, val) with ``loss`` and on-policy
+    share λ = ``on_policy``; exports the best checkpoint to ``out/drafters/<name>`` (reused unless ``force``)."""
+    from draftsmith.models.native import load_network, save_native
+    from draftsmith.target import Target
+
+    export = out / "drafters" / name
+    if (export / "model.safetensors").is_file() and not force:
+        return export
+    callback = _fit(
+        [
+            f"--model.init_args.target={target_dir}",
+            f"--model.init_args.init={init}",
+            f"--model.init_args.loss={loss}",
+            f"--model.init_args.on_policy={on_policy}",
+            f"--model.init_args.optim.lr={budget.lr / 3}",
+            f"--model.init_args.optim.warmup_steps={max(1, budget.distill_steps // 10)}",
+            f"--data.train={data[0]}",
+            f"--data.val={data[1]}",
+            f"--data.batch_size={budget.batch_size}",
+        ],
+        out / "fit" / name,
+        budget.distill_steps,
+    )
+    target = Target.from_pretrained(target_dir)
+    network, _ = load_network(callback.best_model_path, target)
+    extra = {"checkpoint": str(callback.best_model_path), "val_tau_est": float(callback.best_model_score)}
+    save_native(network, target, export, extra)
+    return export
+
+
+def export_pretrained(target_dir: Path, checkpoint: Path, out: Path, name: str = "draft_lm_pretrained") -> Path:
+    """The pre-trained (undistilled) student as a native drafter dir ``out/drafters/<name>``."""
+    import torch
+
+    from draftsmith.models.native import load_network, save_native
+    from draftsmith.target import Target
+
+    target = Target.from_pretrained(target_dir)
+    network, _ = load_network(checkpoint, target)
+    score = torch.load(checkpoint, map_location="cpu", weights_only=False)["callbacks"]
+    best = next((v["best_model_score"] for k, v in score.items() if "ModelCheckpoint" in k), None)
+    extra = {"checkpoint": str(checkpoint), "val_tau_est": float(best) if best is not None else None}
+    return save_native(network, target, out / "drafters" / name, extra)
+
+
+def train_distilled_draft_lm(
+    target_dir: Path,
+    data: tuple[Path, Path],
+    out: Path,
+    budget: DraftLMBudget = QUICK,
+    loss: str = "fkl",
+    on_policy: float = 0.5,
+    force: bool = False,
+) -> Path:
+    """FastDraft + DistillSpec in one call: pre-train a fresh draft LM on the target's corpus, then distil
+    it on the target's generated ``data`` (train, val); returns the native export ``out/drafters/draft_lm``
+    (``--drafter draft_lm=<it>``). Each stage's artifact under ``out`` is reused unless ``force``."""
+    init = pretrain(target_dir, data[1], out, budget, force)
+    return distill(target_dir, data, init, out, "draft_lm", loss, on_policy, budget, force)
