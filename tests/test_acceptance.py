@@ -198,3 +198,16 @@ def test_head_on_a_draft_lm_keeps_greedy_output_exact(setup, tmp_path):
     rows = score_drafters(target, drafters, val_prompts(setup)[:6], K, Sampling(0.0), 24, progress=False)[1]
     assert [r["greedy_exact"] for r in rows] == [6, 6]
     assert rows[1]["mean_drafted"] < rows[0]["mean_drafted"]  # an untrained draft LM is rejected: the head cuts
+
+
+def test_sampling_labels_are_the_probability_the_drafted_token_is_kept(setup):
+    module = AcceptanceHeadModule(str(setup["target"]), str(setup["eagle1"]), steps=2, temperature=1.0)
+    data = GeneratedDataModule(str(setup["data-train"]), str(setup["data-val"]), batch_size=4, max_length=64)
+    data.setup()
+    batch = next(iter(data.val_dataloader()))
+    out = module.target_forward(batch)
+    hidden, logits, label, mask = next(module._drafted(batch, out))
+    # step 0 from anchor 3 proposes x_5, which the target's row 4 predicts
+    p, q = torch.softmax(out.logits[0, 4], -1), torch.softmax(logits[0, 3], -1)
+    assert float(label[0, 3]) == pytest.approx(float(torch.minimum(p, q).sum()), rel=1e-5)
+    assert float(label[mask].min()) > 0 and float(label[mask].max()) < 1  # soft, not 0/1

@@ -102,29 +102,43 @@ class AcceptanceHeadModule(DrafterModule):
         )
         return AcceptanceHead(cfg, network)
 
+    def _label(self, p: torch.Tensor, logits: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Acceptance of the token drawn from draft ``logits`` (B,T,Vd) against target ``p`` (B,T,V) -> (B,T).
+
+        Greedy compares argmaxes directly (the same rule as ``acceptance_prob``, without (B,T,V) one-hots).
+        """
+        if self.sampling.greedy:
+            return (draft_ids[logits.argmax(-1)] == p.argmax(-1)).float()
+        q = torch.zeros_like(p)
+        q[..., draft_ids] = probs(logits, self.sampling)
+        return acceptance_prob(p, q, greedy=False)
+
     @torch.no_grad()
     def _drafted(self, batch: dict, out: TargetOutput):
-        """Per draft step: (hidden (B,T,H), drafter logits (B,T,Vd), target probs (B,T,V), q (B,T,V), mask (B,T))."""
+        """Per draft step: (hidden (B,T,H), drafter logits (B,T,Vd), acceptance label (B,T), mask (B,T))."""
         base, ids = self.drafter.base, batch["input_ids"]
-        p = probs(out.logits, self.sampling)  # row t predicts x_{t+1}
+        p = out.logits if self.sampling.greedy else probs(out.logits, self.sampling)  # row t predicts x_{t+1}
         if base.method == "draft_lm":
             res = base.model(input_ids=ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
             logits = res.logits.float()
-            yield res.hidden_states[-1], logits, p, probs(logits, self.sampling), shift(batch["loss_mask"], 1).bool()
+            label = self._label(p, logits, torch.arange(logits.shape[-1], device=ids.device))
+            yield res.hidden_states[-1], logits, label, shift(batch["loss_mask"], 1).bool()
             return
         draft_ids = base.draft_ids
         for j, hidden in enumerate(base(ids, out.features, self.steps, batch["attention_mask"])):
             logits = base.logits(hidden).float()  # anchor i at step j predicts x_{i+j+2}: target row i+j+1
-            q = torch.zeros_like(p)
-            q[..., draft_ids] = probs(logits, self.sampling)
-            yield hidden, logits, shift(p, j + 1), q, shift(batch["loss_mask"], j + 2).bool()
+            yield (
+                hidden,
+                logits,
+                self._label(shift(p, j + 1), logits, draft_ids),
+                shift(batch["loss_mask"], j + 2).bool(),
+            )
 
     def examples(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(N,) head logits, acceptance labels and weights (P(earlier steps accepted)) of every drafted step."""
         logits, labels, weights = [], [], []
         prior = None
-        for hidden, draft_logits, p, q, mask in self._drafted(batch, out):
-            label = acceptance_prob(p, q, self.sampling.greedy)  # (B, T)
+        for hidden, draft_logits, label, mask in self._drafted(batch, out):
             prior = torch.ones_like(label) if prior is None else prior
             logits.append(self.drafter(hidden, draft_logits)[mask])
             labels.append(label[mask])
