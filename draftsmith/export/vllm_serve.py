@@ -15,6 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+# this file sits beside draftsmith's ``export/vllm.py``: keep its folder off the path so ``import vllm`` is vLLM
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # metrics and the engine in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
 
