@@ -185,7 +185,7 @@ def train_head(
     train: str,
     val: str,
     out: str | Path,
-    max_steps: int = 150,
+    max_steps: int = 50,
     batch_size: int = 8,
     max_length: int = 256,
     steps: int = 6,
@@ -193,6 +193,9 @@ def train_head(
     threshold: float = 0.5,
 ) -> tuple[Path, dict[str, float]]:
     """Train an acceptance head quickly (no logger, no checkpoints) and export it as a native dir.
+
+    On the default target's EAGLE-1, 50 steps reach a held-out AUROC of about 0.94 (200 steps: 0.97)
+    in roughly a minute of two CPU cores.
 
     Returns:
         the export dir (``--drafter NAME=DIR`` scores it) and its held-out metrics (loss, auroc, accept_rate).
