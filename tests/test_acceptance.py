@@ -99,6 +99,7 @@ def test_weighted_bce_up_weights_rejections():
     assert weighted_bce(z, y, 3.0)[1] == pytest.approx(3 * float(plain[1]), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_head_predicts_rejections_on_held_out_data(setup):
     metrics = json.loads(setup["head-metrics.json"].read_text())
     assert 0.1 < metrics["accept_rate"] < 0.9  # both classes are present in the held-out examples
@@ -113,6 +114,7 @@ def test_head_predicts_rejections_on_held_out_data(setup):
     assert validation_metrics(parts, 3.0)["auroc"] < metrics["auroc"] - 0.1
 
 
+@pytest.mark.slow
 def test_adaptive_k_keeps_greedy_output_exact_and_shortens_drafts(setup):
     target = Target.from_pretrained(setup["target"])
     drafters = {
@@ -135,6 +137,7 @@ def test_adaptive_k_keeps_greedy_output_exact_and_shortens_drafts(setup):
     assert by["adaptive"]["alpha"] > by["fixed"]["alpha"]
 
 
+@pytest.mark.slow
 def test_head_checkpoint_scores_through_the_cli(setup, tmp_path):
     main(["score", f"--target={setup['target']}", "--drafter", f"head={setup['head']}", f"adaptive:0.3:{setup['head']}",
           "--prompts", str(setup["val.jsonl"]), "--num-prompts", "3", "--max-new-tokens", "12", "-k", str(K),
@@ -184,6 +187,7 @@ def test_recipe_loads_through_the_fit_parser(setup, capsys):
     assert "val/auroc" in monitors
 
 
+@pytest.mark.slow
 def test_head_on_a_draft_lm_keeps_greedy_output_exact(setup, tmp_path):
     target = Target.from_pretrained(setup["target"])
     lm = make_llama(seed=3, layers=1)

@@ -16,6 +16,7 @@ from draftsmith.models.draft_lm import DraftLM
 from draftsmith.train.online import OnlineConfig, OnlineDrafter, windows
 
 
+@pytest.mark.slow
 def test_online_adaptation_updates_weights_and_raises_acceptance_on_recurring_text(target, tokenizer):
     model = make_llama(seed=3, layers=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -46,6 +47,7 @@ def test_windows_split_prompts_in_order_and_pool_rounds():
     assert w[1]["tau"] == pytest.approx((10 + 3) / 3)
 
 
+@pytest.mark.slow
 def test_score_online_adapt_reports_windows(model_dirs, prompt_file, tmp_path):
     main(["score", f"--target={model_dirs['target']}", "--drafter", f"lm={model_dirs['drafter']}", "--online-adapt",
           "--prompts", str(prompt_file), "--max-new-tokens", "16", "--out", str(tmp_path)])  # fmt: skip
