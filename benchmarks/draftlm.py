@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--data-root", type=Path, default=Path("runs/bench-train"), help="reuses its data/ if current")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-draftlm"))
+    parser.add_argument("--reuse-pretrain", action="store_true", help="keep OUT's pre-trained checkpoint if present")
     args = parser.parse_args()
     budget = DraftLMBudget(pretrain_steps=args.pretrain_steps, distill_steps=args.distill_steps)
 
@@ -53,9 +54,10 @@ def main() -> None:
     target = Target.from_pretrained(target_dir)
     fits, exports = {}, {}
     start = time.perf_counter()
-    init = pretrain(target_dir, data[1], args.out, budget, force=True)
+    reused = args.reuse_pretrain and (args.out / "fit" / "draft_lm_pretrain" / "best.ckpt").is_file()
+    init = pretrain(target_dir, data[1], args.out, budget, force=not args.reuse_pretrain)
     fits["pretrained (undistilled)"] = {"stage": "pretrain", "seconds": round(time.perf_counter() - start, 1),
-                                        "steps": args.pretrain_steps}  # fmt: skip
+                                        "steps": args.pretrain_steps, "reused": reused}  # fmt: skip
     exports["pretrained (undistilled)"] = export_pretrained(target_dir, init, args.out)
     for on_policy in args.on_policy:
         for loss in args.losses:
@@ -85,9 +87,10 @@ def main() -> None:
         if row:
             fit["verifier_tau"], fit["speedup"] = row["tau"], row["speedup"]
         measured = f"{row['tau']:.2f} | {row['speedup']:.2f}×" if row else "– | –"
+        took = "(earlier run)" if fit.get("reused") else f"{fit['seconds']:.0f} s"
         lines.append(
             f"| {name} | {fit['stage']} | {fit.get('loss', 'ce')} | {fit.get('on_policy', '–')} "
-            f"| {fit['steps']} | {fit['seconds']:.0f} s | {fit['val_tau_est']:.3f} | {measured} |"
+            f"| {fit['steps']} | {took} | {fit['val_tau_est']:.3f} | {measured} |"
         )
     load = os.getloadavg()
     data_out = {"machine": machine(), "target": target.fingerprint, "args": {k: str(v) for k, v in vars(args).items()},
