@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--distill-steps", type=int, default=150)
     parser.add_argument("--losses", nargs="+", default=["fkl", "rkl", "jsd", "tvd++"])
     parser.add_argument("--on-policy", type=float, nargs="+", default=[0.0, 0.5])
+    parser.add_argument("--on-policy-losses", nargs="+", default=None, help="losses run with λ > 0 (default: all)")
     parser.add_argument("--train-prompts", type=int, default=1000)
     parser.add_argument("--val-prompts", type=int, default=20, help="held-out prompts of the validation data")
     parser.add_argument("--score-prompts", type=int, default=20, help="the first N of them the verifier decodes")
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--data-root", type=Path, default=Path("runs/bench-train"), help="reuses its data/ if current")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-draftlm"))
     parser.add_argument("--reuse-pretrain", action="store_true", help="keep OUT's pre-trained checkpoint if present")
+    parser.add_argument("--reuse-distilled", action="store_true", help="keep OUT's distilled exports if present")
     args = parser.parse_args()
     budget = DraftLMBudget(pretrain_steps=args.pretrain_steps, distill_steps=args.distill_steps)
 
@@ -60,13 +62,16 @@ def main() -> None:
                                         "steps": args.pretrain_steps, "reused": reused}  # fmt: skip
     exports["pretrained (undistilled)"] = export_pretrained(target_dir, init, args.out)
     for on_policy in args.on_policy:
-        for loss in args.losses:
+        for loss in args.losses if on_policy == 0 or args.on_policy_losses is None else args.on_policy_losses:
             name = f"{loss} λ={on_policy:g}"
             start = time.perf_counter()
             slug = f"{loss.replace('+', 'p')}_lambda{on_policy:g}"
-            exports[name] = distill(target_dir, data, init, args.out, slug, loss, on_policy, budget, force=True)
+            reused = args.reuse_distilled and (args.out / "drafters" / slug / "model.safetensors").is_file()
+            exports[name] = distill(
+                target_dir, data, init, args.out, slug, loss, on_policy, budget, force=not args.reuse_distilled
+            )
             fits[name] = {"stage": "distill", "loss": loss, "on_policy": on_policy, "steps": args.distill_steps,
-                          "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+                          "seconds": round(time.perf_counter() - start, 1), "reused": reused}  # fmt: skip
     drafters = {}
     for name, path in exports.items():
         network, info = load_network(path, target)
