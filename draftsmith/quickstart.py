@@ -47,6 +47,20 @@ DRAFTERS = {
         "--model.init_args.draft_vocab_size=1024",
     ],
     "eagle1": ["--model=draftsmith.train.eagle.EagleModule", "--model.init_args.version=1"],
+    "medusa1": ["--model=draftsmith.train.medusa.MedusaModule", "--model.init_args.distill=true"],
+    "medusa2": [
+        "--model=draftsmith.train.medusa.MedusaModule",
+        "--model.init_args.distill=true",
+        "--model.init_args.lora=draftsmith.train.medusa.LoraSpec",
+        "--model.init_args.head_warmup_steps=60",
+    ],
+    "hydra": ["--model=draftsmith.train.hydra.HydraModule"],
+    "hydrapp": [
+        "--model=draftsmith.train.hydra.HydraModule",
+        "--model.init_args.prefix_attention=true",
+        "--model.init_args.num_layers=4",
+        "--model.init_args.distill=true",
+    ],
 }
 """Drafters the quickstart trains: ``draftsmith fit`` arguments beyond target, data and budget."""
 
@@ -102,8 +116,10 @@ def train_drafter(
     )
     best = cli.trainer.checkpoint_callback
     target = Target.from_pretrained(target_dir)
-    network, _ = load_network(best.best_model_path, target)
+    network, info = load_network(best.best_model_path, target)
     extra = {"checkpoint": str(best.best_model_path), "val_tau_est": float(best.best_model_score)}
+    if info.get("topk_accuracy"):
+        extra["topk_accuracy"] = info["topk_accuracy"]
     save_native(network, target, export, extra)
     return export
 

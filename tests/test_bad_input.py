@@ -118,3 +118,19 @@ def test_bad_ngram_spec_is_refused_naming_the_forms(target, spec):
 
     with pytest.raises(DraftsmithError, match="ngram:N:W"):
         load_drafter(spec, target)
+
+
+def test_unknown_tree_kind_and_static_tree_without_accuracies_are_one_line_errors(
+    model_dirs, prompt_file, tmp_path, capsys
+):
+    args = ["score", "--target", str(model_dirs["target"]), "--drafter", "ngram", "--prompts", str(prompt_file)]
+    err = run_cli(capsys, *args, "--tree", "bushy", "--out", str(tmp_path / "a"))
+    assert "--tree must be one of chain, static, dynamic, got 'bushy'" in err
+    err = run_cli(capsys, *args, "--tree", "dynamic", "--tree-size", "0", "--out", str(tmp_path / "b"))
+    assert "--tree-size and top-k must be positive" in err
+    from draftsmith.models.medusa import MedusaConfig, MedusaModel
+    from draftsmith.models.tree_draft import TreePolicy
+
+    drafter = MedusaModel(MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16)).as_drafter()
+    with pytest.raises(DraftsmithError, match="--tree static needs the drafter's measured top-k accuracies"):
+        drafter.set_tree(TreePolicy("static"), 4)

@@ -14,12 +14,12 @@ class DrafterMetrics:
     Attributes:
         alpha: accepted draft tokens / drafted tokens.
         tau: mean tokens committed per verification call (accepted + 1).
-        tau_full: tau over the rounds that drafted all K tokens (the end of a generation
-            drafts fewer); what ``val/tau_est`` estimates.
+        tau_full: tau over the rounds that drafted to full depth (min(K, the drafter's deepest);
+            the end of a generation drafts less); what ``val/tau_est`` estimates.
         accept_at: per draft position i (1-based, index i-1): fraction of rounds
             whose i-th draft token was accepted (unconditional).
-        accept_given_reached: per position: accepted / rounds that drafted and
-            reached position i (EAGLE's "n-alpha").
+        accept_given_reached: per position: accepted / rounds that drafted to depth i
+            and reached it (EAGLE's "n-alpha").
         rounds: verification calls (prefill excluded).
         target_calls: target forwards including prefill.
         tokens: generated tokens.
@@ -76,8 +76,9 @@ def drafter_metrics(
 ) -> DrafterMetrics:
     accepted = [a for r in results for a in r.accepted]
     drafted = [d for r in results for d in r.drafted]
+    depth = [d for r in results for d in r.depth]
     rounds = len(accepted)
-    reached = [sum(1 for a, d in zip(accepted, drafted, strict=True) if d >= i and a >= i - 1) for i in range(1, k + 1)]
+    reached = [sum(1 for a, d in zip(accepted, depth, strict=True) if d >= i and a >= i - 1) for i in range(1, k + 1)]
     hits = [sum(1 for a in accepted if a >= i) for i in range(1, k + 1)]
     tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
@@ -86,7 +87,8 @@ def drafter_metrics(
     cost = (sum(r.draft_seconds for r in results) / max(1, sum(drafted))) / step_seconds
     tau = (sum(accepted) + rounds) / max(1, rounds)
     mean_drafted = sum(drafted) / max(1, rounds)
-    full = [a for a, d in zip(accepted, drafted, strict=True) if d == k]
+    full_depth = max(depth, default=0)
+    full = [a for a, d in zip(accepted, depth, strict=True) if d == full_depth]
     return DrafterMetrics(
         name=name,
         k=k,

@@ -17,6 +17,7 @@ from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, plain_decode
 from draftsmith.models.base import Drafter
 from draftsmith.models.registry import load_drafter
+from draftsmith.models.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.target import Target
 
 
@@ -32,29 +33,40 @@ def score_drafters(
 ) -> tuple[dict, list[dict]]:
     """Decode every prompt plainly and with each drafter, interleaved so all see the same machine state.
 
+    A drafter that fine-tuned its target (``own_target``, Medusa-2) decodes with that target and is
+    compared with plain decoding of it, in the same interleaved loop.
+
     Returns:
-        (plain metrics, per-drafter metrics) as dicts.
+        (plain metrics of ``target``, per-drafter metrics) as dicts.
     """
+    targets = {name: d.own_target or target for name, d in drafters.items()}
     for name, drafter in drafters.items():
-        check_compatible(target, drafter, name)
-    decoders = {name: SpeculativeDecoder(target, d, k, sampling) for name, d in drafters.items()}
+        check_compatible(targets[name], drafter, name)
+    decoders = {name: SpeculativeDecoder(targets[name], d, k, sampling) for name, d in drafters.items()}
+    baselines = {id(t): t for t in [target, *targets.values()]}
     # warm-up: first calls pay one-off allocation costs that would bias whichever runs first
-    plain_decode(target, prompts[0], min(8, max_new_tokens), sampling, torch.Generator().manual_seed(seed))
+    for t in baselines.values():
+        plain_decode(t, prompts[0], min(8, max_new_tokens), sampling, torch.Generator().manual_seed(seed))
     for dec in decoders.values():
         dec.generate(prompts[0], min(8, max_new_tokens), torch.Generator().manual_seed(seed))
-    plain, spec = [], {name: [] for name in drafters}
+    plain, spec = {key: [] for key in baselines}, {name: [] for name in drafters}
     for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress)):
-        plain.append(plain_decode(target, prompt, max_new_tokens, sampling, torch.Generator().manual_seed(seed + i)))
+        for key, t in baselines.items():
+            plain[key].append(
+                plain_decode(t, prompt, max_new_tokens, sampling, torch.Generator().manual_seed(seed + i))
+            )
         for name, dec in decoders.items():
             spec[name].append(dec.generate(prompt, max_new_tokens, torch.Generator().manual_seed(seed + i)))
     rows = []
     for name in drafters:
-        m = drafter_metrics(name, k, spec[name], plain, sampling.greedy).to_dict()
+        m = drafter_metrics(name, k, spec[name], plain[id(targets[name])], sampling.greedy).to_dict()
         m["prompts"] = len(prompts)
         if hasattr(drafters[name], "online_report"):  # --online-adapt: α and τ over time
             m["online"] = drafters[name].online_report(spec[name])
+        if targets[name] is not target:
+            m["target"] = targets[name].name
         rows.append(m)
-    return plain_metrics(plain).to_dict(), rows
+    return plain_metrics(plain[id(target)]).to_dict(), rows
 
 
 def named(spec: str) -> tuple[str, str]:
@@ -76,6 +88,9 @@ def score(
     out: Path = Path("runs/score"),
     prompt_field: str = "prompt",
     online_adapt: bool = False,
+    tree: str = "chain",
+    tree_size: int = 16,
+    tree_top_k: int = 4,
 ) -> dict:
     """Score drafters against a target by real speculative decoding.
 
@@ -95,6 +110,11 @@ def score(
         online_adapt: online speculative decoding (OSD): each draft LM learns from the positions where
             its drafts were rejected while it decodes the prompts in order; the report adds α and τ per
             window of prompts (first vs last).
+        tree: how EAGLE, Medusa and Hydra drafters draft: ``chain``, ``static`` (a tree built from
+            their held-out top-k accuracies) or ``dynamic`` (EAGLE-2: grown by draft confidence).
+            Drafters that cannot grow trees draft as their spec says.
+        tree_size: tree nodes (drafted tokens) per round.
+        tree_top_k: dynamic trees: nodes expanded per depth, children per expanded node.
     """
     if k <= 0:
         raise DraftsmithError(f"-k must be a positive integer, got {k}")
@@ -110,6 +130,10 @@ def score(
         from draftsmith.train.online import adapt_online
 
         loaded = adapt_online(loaded, t)
+    policy = TreePolicy(tree, tree_size, tree_top_k)
+    for d in loaded.values():
+        if isinstance(d, TreeDrafter):
+            d.set_tree(policy, k)
     ids = [encode(p, t.tokenizer) for p in load_prompts(prompts, prompt_field, num_prompts)]
     plain, rows = score_drafters(t, loaded, ids, k, sampling, max_new_tokens, seed)
     report = {
@@ -122,6 +146,8 @@ def score(
             "max_new_tokens": max_new_tokens,
             "seed": seed,
             "online_adapt": online_adapt,
+            "tree": tree,
+            "tree_size": tree_size if tree != "chain" else None,
             "command": " ".join(sys.argv),
         },
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},

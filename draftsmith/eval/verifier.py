@@ -21,7 +21,8 @@ class DecodeResult:
     Attributes:
         tokens: the generated tokens (prompt excluded).
         accepted: per verification round, how many draft tokens were accepted.
-        drafted: per verification round, how many tokens were drafted.
+        drafted: per verification round, how many tokens were drafted (tree nodes for trees).
+        depth: per verification round, the draft's depth (its length for chains).
         target_calls: target forwards, prefill included.
         seconds: wall-clock time of the whole decode.
         draft_seconds: of which spent in the drafter (propose + advance).
@@ -30,6 +31,7 @@ class DecodeResult:
     tokens: list[int]
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
+    depth: list[int] = field(default_factory=list)
     target_calls: int = 0
     seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -136,6 +138,7 @@ class SpeculativeDecoder:
                 result.target_calls += 1
                 result.accepted.append(len(new) - 1)
                 result.drafted.append(len(draft))
+                result.depth.append(int(trees.depths(draft.parents).max()))
                 t0 = time.perf_counter()
                 drafter.advance(state, torch.tensor(new), rows)
                 result.draft_seconds += time.perf_counter() - t0
@@ -151,6 +154,7 @@ class SpeculativeDecoder:
             new = draft.tokens[:n].tolist() + [nxt]
             result.accepted.append(n)
             result.drafted.append(len(draft))
+            result.depth.append(len(draft))
             t0 = time.perf_counter()
             drafter.advance(state, torch.tensor(new), out.positions(slice(0, n + 1)))
             result.draft_seconds += time.perf_counter() - t0

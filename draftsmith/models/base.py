@@ -67,12 +67,15 @@ class Drafter(ABC):
             verifier skips computing them otherwise).
         feature_layers: the target ``hidden_states`` indices the drafter reads, in
             order (None: the target's own ``feature_layers``).
+        own_target: the target this drafter was trained with when it fine-tuned it (Medusa-2);
+            the verifier then decodes, and measures plain decoding, with that one.
     """
 
     vocab_size: int | None = None
     tokenizer_hash: str | None = None
     needs_features: bool = False
     feature_layers: tuple[int, ...] | None = None
+    own_target: Any = None
 
     @abstractmethod
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> Any:

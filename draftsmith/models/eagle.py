@@ -27,8 +27,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling, probs, sample
-from draftsmith.models.base import Draft, Drafter
+from draftsmith.models.tree_draft import TreeDrafter
 from draftsmith.target import TargetOutput
 
 
@@ -185,8 +184,8 @@ class EagleModel(nn.Module):
     def method(self) -> str:
         return f"eagle{self.cfg.version}"
 
-    def as_drafter(self) -> EagleDrafter:
-        return EagleDrafter(self)
+    def as_drafter(self, topk_accuracy: list[list[float]] | None = None) -> EagleDrafter:
+        return EagleDrafter(self, topk_accuracy)
 
     def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         """Copy the target's embedding (and LM head rows of the draft vocabulary)."""
@@ -273,15 +272,28 @@ class EagleState:
         return 0 if self.past_k is None else self.past_k.shape[2]
 
 
-class EagleDrafter(Drafter):
-    """The verifier's view of an ``EagleModel``: chain drafting with its own KV cache."""
+@dataclass
+class EagleScratch:
+    """One round's drafted nodes: their output hidden states and keys/values (discarded after the round)."""
+
+    hidden: dict[int, torch.Tensor]
+    """node (-1 = root) -> (1, 1, H) layer output, the input feature of its children."""
+    slot: dict[int, int] = field(default_factory=dict)
+    """node -> its index in keys/values."""
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+class EagleDrafter(TreeDrafter):
+    """The verifier's view of an ``EagleModel``: chain or tree drafting with its own KV cache."""
 
     needs_features = True
 
-    def __init__(self, model: EagleModel) -> None:
+    def __init__(self, model: EagleModel, topk_accuracy: list[list[float]] | None = None) -> None:
         self.model = model.eval()
         self.vocab_size = model.cfg.vocab_size
         self.feature_layers = model.cfg.feature_layers
+        self.topk_accuracy = topk_accuracy
 
     @torch.no_grad()
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> EagleState:
@@ -292,15 +304,16 @@ class EagleDrafter(Drafter):
         state.tokens.extend(tokens.tolist())
         state.features = torch.cat([state.features, self.model.fuse(target_out.features)])
 
-    def _choose(self, hidden: torch.Tensor, sampling: Sampling, generator) -> tuple[int, torch.Tensor]:
-        q_draft = probs(self.model.logits(hidden).float(), sampling)  # (Vd,)
-        idx = int(q_draft.argmax()) if sampling.greedy else sample(q_draft, generator)
-        ids = self.model.draft_ids
-        q = torch.zeros(self.vocab_size, device=q_draft.device).index_copy_(0, ids, q_draft)
-        return int(ids[idx]), q
+    def _full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, H) -> (n, V) logits over the target vocabulary (-inf outside the draft vocabulary)."""
+        draft = self.model.logits(hidden).float()
+        if self.model.cfg.version == 1:
+            return draft
+        full = torch.full((len(draft), self.vocab_size), float("-inf"), device=draft.device)
+        return full.index_copy_(1, self.model.draft_ids, draft)
 
-    @torch.no_grad()
-    def propose(self, state: EagleState, k: int, sampling: Sampling, generator) -> Draft:
+    def root(self, state: EagleState) -> tuple[EagleScratch, torch.Tensor]:
+        """Run the anchors committed since the last round with their real features (cached for good)."""
         model, device = self.model, state.features.device
         start, end = state.cached, len(state.tokens) - 1  # anchors start..end-1 are pending
         m = end - start
@@ -313,15 +326,35 @@ class EagleDrafter(Drafter):
         state.past_k = k_new if state.past_k is None else torch.cat([state.past_k, k_new], dim=2)
         state.past_v = v_new if state.past_v is None else torch.cat([state.past_v, v_new], dim=2)
         hidden = out[:, -1:]  # (1, 1, H)
-        past_k, past_v = state.past_k, state.past_v
-        drafted, qs = [], []
-        for i in range(k):
-            token, q = self._choose(hidden[0, 0], sampling, generator)
-            drafted.append(token)
-            qs.append(q)
-            if i == k - 1:
-                break
-            pos = torch.tensor([[end + i]], device=device)
-            hidden, k_d, v_d = model.step(torch.tensor([[token]], device=device), hidden, pos, past_k, past_v, None)
-            past_k, past_v = torch.cat([past_k, k_d], dim=2), torch.cat([past_v, v_d], dim=2)
-        return Draft.chain(drafted, torch.stack(qs) if qs else None)
+        return EagleScratch({-1: hidden}), self._full_logits(hidden[0])[0]
+
+    def grow(self, state: EagleState, scratch: EagleScratch, tokens, parents, new) -> torch.Tensor:
+        """Run the new nodes in one step: each attends to the context, its drafted ancestors and itself."""
+        model, device = self.model, state.features.device
+        end, context, drafted = len(state.tokens) - 1, state.cached, len(scratch.slot)
+        depth, rows = [], []
+        for n in new:
+            ancestors, p = [], parents[n]
+            while p >= 0:
+                ancestors.append(p)
+                p = parents[p]
+            depth.append(len(ancestors) + 1)
+            row = torch.zeros(drafted, dtype=torch.bool)
+            row[[scratch.slot[a] for a in ancestors]] = True
+            rows.append(row)
+        mask = torch.cat(
+            [torch.ones(len(new), context, dtype=torch.bool), torch.stack(rows), torch.eye(len(new), dtype=torch.bool)],
+            dim=1,
+        ).to(device)
+        past_k = state.past_k if scratch.keys is None else torch.cat([state.past_k, scratch.keys], dim=2)
+        past_v = state.past_v if scratch.values is None else torch.cat([state.past_v, scratch.values], dim=2)
+        hidden_in = torch.cat([scratch.hidden[parents[n]] for n in new], dim=1)  # (1, F, H)
+        ids = torch.tensor([[tokens[n] for n in new]], device=device)
+        pos = (end - 1 + torch.tensor(depth, device=device))[None]
+        out, k, v = model.step(ids, hidden_in, pos, past_k, past_v, mask[None, None])
+        scratch.keys = k if scratch.keys is None else torch.cat([scratch.keys, k], dim=2)
+        scratch.values = v if scratch.values is None else torch.cat([scratch.values, v], dim=2)
+        for i, n in enumerate(new):
+            scratch.slot[n] = drafted + i
+            scratch.hidden[n] = out[:, i : i + 1]
+        return self._full_logits(out[0])

@@ -29,10 +29,16 @@ def _families() -> dict:
     from draftsmith.models.acceptance_head import AcceptanceHead, AcceptanceHeadConfig
     from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
     from draftsmith.models.eagle import EagleConfig, EagleModel
+    from draftsmith.models.hydra import HydraConfig, HydraModel
+    from draftsmith.models.medusa import MedusaConfig, MedusaModel
 
     return {
         "eagle1": (EagleConfig, EagleModel),
         "eagle3": (EagleConfig, EagleModel),
+        "medusa1": (MedusaConfig, MedusaModel),
+        "medusa2": (MedusaConfig, MedusaModel),
+        "hydra": (HydraConfig, HydraModel),
+        "hydrapp": (HydraConfig, HydraModel),
         "draft_lm": (DraftLMConfig, DraftLMNetwork),
         "acceptance_head": (AcceptanceHeadConfig, AcceptanceHead),
     }
@@ -118,6 +124,13 @@ def load_network(path: str | Path, target: Target | None = None) -> tuple[torch.
 
 
 def load_trained(path: str | Path, target: Target) -> Drafter:
-    """The verifier's drafter for a trained network."""
-    model, _ = load_network(path, target)
-    return model.as_drafter()
+    """The verifier's drafter for a trained network (with the top-k accuracies static trees need).
+
+    A drafter that fine-tuned its target (Medusa-2) carries the adapted target as ``own_target``:
+    it drafts for that target, and is scored against plain decoding of it.
+    """
+    model, info = load_network(path, target)
+    drafter = model.as_drafter(info.get("topk_accuracy"))
+    if hasattr(model, "adapt_target") and model.cfg.lora:
+        drafter.own_target = model.adapt_target(target)
+    return drafter

@@ -18,6 +18,9 @@ from draftsmith.eval.estimate import replay_rounds, tau_from_rounds
 from draftsmith.models.native import describe
 from draftsmith.target import Target, TargetOutput
 
+TOPK = 10
+"""Ranks whose held-out accuracy validation records, per depth (for static trees)."""
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -76,6 +79,15 @@ class DrafterModule(L.LightningModule):
         drafts; see ``eval/estimate.py``) and whether that step has a generated token to check."""
         raise NotImplementedError
 
+    def step_ranks(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(D, B, T) rank of the target's token among the drafter's choices at depth d+1 from anchor t
+        (0 = its top choice) and whether it is checkable; None if the family does not draft trees.
+        Validation turns them into the per-depth top-k accuracies static trees are built from."""
+        return None
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.drafter.parameters() if p.requires_grad]
+
     def prepare_from_data(self, datamodule) -> None:
         """Family-specific set-up that needs the training data (e.g. EAGLE-3's draft vocabulary)."""
 
@@ -94,6 +106,8 @@ class DrafterModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Record what ``draftsmith score`` / ``export`` need to rebuild the drafter from this checkpoint alone."""
         checkpoint["draftsmith"] = describe(self.drafter, self.target)
+        if self.topk_accuracy is not None:
+            checkpoint["draftsmith"]["topk_accuracy"] = self.topk_accuracy
 
     def target_forward(self, batch: dict) -> TargetOutput:
         return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
@@ -103,8 +117,12 @@ class DrafterModule(L.LightningModule):
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"]))
         return losses["loss"]
 
+    topk_accuracy: list[list[float]] | None = None
+    """Per depth, the held-out accuracy of each rank (< ``TOPK``), from the last validation."""
+
     def on_validation_epoch_start(self) -> None:
         self._val_rounds = torch.zeros(2, device=self.device)  # (tokens, rounds) of replayed verifier rounds
+        self._val_ranks: torch.Tensor | None = None  # (D, TOPK + 1): hits per rank, checkable count last
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self.target_forward(batch)
@@ -113,14 +131,26 @@ class DrafterModule(L.LightningModule):
         accept, valid = self.step_acceptance(batch, out)
         rounds = replay_rounds(accept.cpu(), valid.cpu(), torch.Generator().manual_seed(batch_idx))
         self._val_rounds += torch.tensor(tau_from_rounds(rounds), device=self.device, dtype=torch.float)
+        ranked = self.step_ranks(batch, out)
+        if ranked is not None:
+            ranks, checkable = ranked
+            hits = torch.stack([((ranks == r) & checkable).sum((1, 2)) for r in range(TOPK)], dim=1)
+            counts = torch.cat([hits, checkable.sum((1, 2))[:, None]], dim=1).float()
+            self._val_ranks = counts if self._val_ranks is None else self._val_ranks + counts
 
     def on_validation_epoch_end(self) -> None:
         tokens, rounds = self.trainer.strategy.reduce(self._val_rounds, reduce_op="sum").tolist()
         if rounds:
             self.log("val/tau_est", tokens / rounds, prog_bar=True)
+        if self._val_ranks is not None:
+            counts = self.trainer.strategy.reduce(self._val_ranks, reduce_op="sum")
+            accuracy = counts[:, :TOPK] / counts[:, TOPK:].clamp_min(1)
+            self.topk_accuracy = [[round(a, 6) for a in row] for row in accuracy.tolist()]
+            for d, row in enumerate(self.topk_accuracy):
+                self.log(f"val/top1_acc_{d + 1}", row[0])
 
     def configure_optimizers(self):
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        params = self.trainable_parameters()
         opt = torch.optim.AdamW(params, lr=self.optim.lr, betas=self.optim.betas, weight_decay=self.optim.weight_decay)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup, floor = self.optim.warmup_steps, self.optim.min_lr_ratio
