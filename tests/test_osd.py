@@ -16,6 +16,15 @@ from draftsmith.models.draft_lm import DraftLM
 from draftsmith.train.online import OnlineConfig, OnlineDrafter, windows
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads and lose much when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 def test_online_adaptation_updates_weights_and_raises_acceptance_on_recurring_text(target, tokenizer):
     model = make_llama(seed=3, layers=1)
