@@ -2,7 +2,9 @@
 
 Stages (each one's artifact under ``out`` is reused when present, so a re-run is fast):
 target → on-policy data (``data/train`` sampled, ``data/val`` greedy on held-out prompts)
-→ train EAGLE-3 and EAGLE-1 (``fit/<name>``, best checkpoint exported to ``drafters/<name>``)
+→ train EAGLE-3, EAGLE-1, Medusa-1 and Hydra++ (``fit/<name>``, best checkpoint exported to
+``drafters/<name>``), a distilled draft LM (``drafters/draft_lm``) and a SpecDec++ acceptance
+head on EAGLE-1 (``drafters/eagle1-head``)
 → score every drafter and the baselines with the verifier at K = 2, 4, 6 (``score/k<K>``)
 → the comparison report with plots (``report/``).
 """
@@ -62,7 +64,10 @@ DRAFTERS = {
         "--model.init_args.distill=true",
     ],
 }
-"""Drafters the quickstart trains: ``draftsmith fit`` arguments beyond target, data and budget."""
+"""Drafter recipes (``draftsmith fit`` arguments beyond target, data and budget) for the quickstart and benchmarks."""
+
+QUICKSTART_DRAFTERS = ("eagle3", "eagle1", "medusa1", "hydrapp")
+"""The families the quickstart trains (Hydra and Medusa-2 are in ``benchmarks/heads.py``)."""
 
 
 def make_data(target_dir: Path, out: Path, budget: Budget) -> tuple[Path, Path]:
@@ -124,8 +129,24 @@ def train_drafter(
     return export
 
 
+def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget) -> Path:
+    """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``); reused when present.
+
+    Scored as ``adaptive:0.3:HEAD``: K is the most it drafts; it stops once the predicted chance that
+    some token so far is rejected exceeds 0.3.
+    """
+    from draftsmith.train.acceptance_head import train_head
+
+    export = out / "drafters" / f"{drafter.name}-head"
+    if (export / "model.safetensors").exists():
+        return export
+    steps = max(10, budget.fit_steps // 4)
+    path, _ = train_head(str(target_dir), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps)
+    return path
+
+
 def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int = 4) -> Path:
-    """Build (or reuse) the default target, generate on-policy data, train EAGLE drafters, score them all
+    """Build (or reuse) the default target, generate on-policy data, train every drafter family, score them all
     at several draft lengths, and write the comparison report with plots to ``out/report``.
 
     Args:
@@ -147,12 +168,20 @@ def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int =
     data = make_data(target_dir, out, budget)
     print("[3/5] train drafters")
     trained = {}
-    for name in DRAFTERS:
+    for name in QUICKSTART_DRAFTERS:
         print(f"  {name}")
         trained[name] = train_drafter(name, target_dir, data, out, budget)
+    print("  draft_lm (FastDraft pre-training on the corpus, then DistillSpec on-policy distillation)")
+    from draftsmith.train import draft_lm_stages
+
+    lm_budget = draft_lm_stages.FAST if fast else draft_lm_stages.QUICK
+    trained["draft_lm"] = draft_lm_stages.train_distilled_draft_lm(target_dir, data, out, lm_budget)
+    print("  eagle1 acceptance head (SpecDec++)")
+    head = train_acceptance_head(target_dir, trained["eagle1"], data, out, budget)
     print("[4/5] score drafters with the verifier")
     specs = ["ngram"] + ([f"sibling={target_dir / 'sibling'}"] if (target_dir / "sibling").is_dir() else [])
     specs += [f"{name}={path}" for name, path in trained.items()]
+    specs.append(f"eagle1-adaptive=adaptive:0.3:{head}")
     for kk in sorted({2, k, 6}):
         path = out / "score" / f"k{kk}"
         if _score_is_current(path / "report.json", specs, budget):

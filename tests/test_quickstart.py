@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from draftsmith import default_target
 from draftsmith.cli import main
+from draftsmith.quickstart import QUICKSTART_DRAFTERS
 
 
 @pytest.mark.slow
@@ -23,16 +24,17 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     run = tmp_path / "run"
     for name in ("train", "val"):
         assert json.loads((run / "data" / name / "draftsmith.json").read_text())["status"] == "complete"
-    for name in ("eagle3", "eagle1"):
+    for name in QUICKSTART_DRAFTERS:
         exported = json.loads((run / "drafters" / name / "config.json").read_text())
         assert exported["method"] == name and exported["val_tau_est"] >= 1.0
+    names = ["ngram", "sibling", *QUICKSTART_DRAFTERS, "draft_lm", "eagle1-adaptive"]
     for k in (2, 4, 6):
         report = json.loads((run / "score" / f"k{k}" / "report.json").read_text())
-        assert [r["name"] for r in report["drafters"]] == ["ngram", "sibling", "eagle3", "eagle1"]
+        assert [r["name"] for r in report["drafters"]] == names
         assert all(r["greedy_exact"] == r["prompts"] for r in report["drafters"])
     pictures = ["acceptance.png", "speedup.png", "tau_vs_k.png", "training.png"]
     summary = json.loads((run / "report" / "report.json").read_text())
-    assert sorted(summary["by_k"]) == ["2", "4", "6"] and len(summary["drafters"]) == 4
+    assert sorted(summary["by_k"]) == ["2", "4", "6"] and len(summary["drafters"]) == len(names)
     assert all((run / "report" / name).read_bytes()[:4] == b"\x89PNG" for name in pictures)
     assert all(f"]({name})" in (run / "report" / "report.md").read_text() for name in pictures)
     # draftsmith report regenerates it from the saved scores and logs alone
