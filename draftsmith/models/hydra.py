@@ -21,7 +21,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from draftsmith.models.eagle import EagleAttention
+from draftsmith.models.eagle import EagleAttention, EagleConfig
 from draftsmith.models.medusa import ResidualBlock
 from draftsmith.models.tree_draft import TreeDrafter
 from draftsmith.target import TargetOutput
@@ -46,18 +46,18 @@ class HydraConfig:
     max_position_embeddings: int = 2048
 
     def llama_config(self) -> LlamaConfig:
-        return LlamaConfig(
+        """The one-layer Llama shape of the prefix layer (the same as an EAGLE layer's)."""
+        shape = EagleConfig(
             hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_attention_heads,
+            num_heads=self.num_attention_heads,
             head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            max_position_embeddings=self.max_position_embeddings,
+            intermediate_size=self.intermediate_size,
             vocab_size=self.vocab_size,
-            num_hidden_layers=1,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            max_position_embeddings=self.max_position_embeddings,
         )
+        return shape.llama_config()
 
 
 @dataclass(frozen=True)
