@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import datasets
-import lightning as L
 import pytest
 import torch
-from test_train import setup  # noqa: F401 - the module-scoped tiny target + generated data
+from test_train import setup, trainer  # noqa: F401 - the module-scoped tiny target + generated data
 
 from draftsmith.data.generate import generate
 from draftsmith.eval.sampling import Sampling
@@ -26,18 +25,6 @@ FAMILIES = {
     "hydrapp": lambda t: HydraModule(t, num_heads=3, num_layers=2, prefix_attention=True, distill=True, optim=OPTIM),
     "medusa2": lambda t: MedusaModule(t, num_heads=3, lora=LoraSpec(r=4), head_warmup_steps=10, optim=OPTIM),
 }
-
-
-def trainer(tmp_path, steps: int) -> L.Trainer:
-    return L.Trainer(
-        max_steps=steps,
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
 
 
 def model_distills(name: str) -> bool:
