@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,12 +21,14 @@ from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder
+from draftsmith.export import eagle_layout
 from draftsmith.export.registry import export
 from draftsmith.models.eagle import EagleConfig, EagleModel
 from draftsmith.models.hydra import HydraConfig, HydraModel
 from draftsmith.models.medusa import MedusaConfig, MedusaModel
 from draftsmith.models.native import load_network, load_trained, save_native
 from draftsmith.target import Target
+from draftsmith.train.eagle import default_feature_layers
 
 LAYERS, H, HEADS, VD, MEDUSA_HEADS = 4, 64, 4, 40, 3
 HD = H // HEADS
@@ -134,7 +137,7 @@ SPEC = {
     ("speculators", "eagle3"): {
         "tensors": {**eagle3_layer("layers.0."), **EAGLE3_REST},
         "config": {
-            "architectures": ["Eagle3Speculator"],
+            "architectures": ["Eagle3DraftModel"],
             "speculators_model_type": "eagle3",
             "draft_vocab_size": VD,
             "target_hidden_size": H,
@@ -262,6 +265,14 @@ def test_eagle3_final_normed_feature_is_refused_for_engines(env, tmp_path):
     for fmt in ("vllm", "sglang", "speculators"):
         with pytest.raises(DraftsmithError, match=r"final \*normed\* state"):
             export(tmp_path / "final", fmt, tmp_path / fmt)
+
+
+@pytest.mark.parametrize("layers", [4, 5, 8, 32])
+def test_default_eagle3_feature_layers_are_servable(layers):
+    """The EAGLE-3 default must be what engines capture, or a drafter trained with defaults cannot be served."""
+    cfg = SimpleNamespace(feature_layers=default_feature_layers(layers, 3))
+    assert eagle_layout.aux_layer_ids(cfg, layers, "vllm") == list(cfg.feature_layers)
+    assert eagle_layout.aux_layer_ids(cfg, layers, "sglang") == [k - 1 for k in cfg.feature_layers]
 
 
 def test_hydra_and_eagle1_speculators_are_refused_naming_formats_that_work(env, tmp_path):

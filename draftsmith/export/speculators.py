@@ -7,7 +7,12 @@ Facts, read in speculators 0.3.0 (``models/eagle3/config.py``: ``Eagle3Speculato
 and in vLLM 0.32 ``transformers_utils/configs/speculators/{base,algos}.py`` (which requires
 ``speculators_config.proposal_methods[0].speculative_tokens``, ``verifier.name_or_path`` and
 ``transformer_layer_config``, and defaults ``norm_before_residual`` to *True*: always written here).
-``architectures`` is the config class's default, ``Eagle3Speculator``. EAGLE-1 is not a speculators type.
+``architectures`` is ``Eagle3DraftModel``, what speculators' own checkpoints carry: the model class registered
+for ``eagle3`` is ``Eagle3DraftModel`` (``models/eagle3/core.py``) and transformers' ``save_pretrained`` writes the
+saving class's name (``modeling_utils.py``), not the config class's stale default ``Eagle3Speculator``. Neither
+loader dispatches on it (speculators uses ``speculators_model_type``; vLLM 0.32 ``algos.py::update_eagle3``
+overwrites it). EAGLE-1 is registered in speculators 0.3.0 (``eagle``) but vLLM 0.32 serves only ``eagle3``
+(and newer types) from this format, so it is not exported here.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
     aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "vllm")
     tensors = cast(eagle3_tensors(src.network, "layers.0."), dtype)
     config = {
-        "architectures": ["Eagle3Speculator"],
+        "architectures": ["Eagle3DraftModel"],
         "speculators_model_type": "eagle3",
         "speculators_version": SPECULATORS_VERSION,
         "speculators_config": {

@@ -18,16 +18,18 @@ from draftsmith.train.losses import feature_regression, masked_mean, soft_cross_
 def default_feature_layers(num_layers: int, version: int) -> tuple[int, ...]:
     """EAGLE-1: the final hidden state. EAGLE-3: low, middle, high layers (HF hidden_states indices).
 
-    Targets of 8+ layers get EAGLE-3's (2, L/2, L-3). Shallower ones get their top three states,
-    final one included: there the last layers carry most of the next-token information (on the
-    4-layer default target, (2, 3, 4) reached val/tau_est 2.57 where (1, 2, 3) reached 2.17 after
-    the same 180 steps).
+    Targets of 8+ layers get EAGLE-3's (2, L/2, L-3). Shallower ones get the top three states that
+    serving engines can capture, HF ``hidden_states[L-3..L-1]`` (clamped to 1). The final state
+    ``hidden_states[L]`` is the *normed* one, which neither vLLM nor SGLang exposes to EAGLE-3, so a
+    drafter trained on it could not be exported. It carries more next-token information on shallow
+    targets (on the 4-layer default target (2, 3, 4) reached val/tau_est 2.57 where (1, 2, 3) reached
+    2.17 after the same 180 steps); pass ``feature_layers`` to trade servability for that.
     """
     if version == 1:
         return (-1,)
     if num_layers >= 8:
         return (2, num_layers // 2, num_layers - 3)
-    return (max(1, num_layers - 2), max(1, num_layers - 1), num_layers)
+    return tuple(max(1, num_layers - i) for i in (3, 2, 1))
 
 
 class EagleModule(DrafterModule):
