@@ -6,19 +6,26 @@ target → on-policy data (``data/train`` sampled, ``data/val`` greedy on held-o
 ``drafters/<name>``), a distilled draft LM (``drafters/draft_lm``) and a SpecDec++ acceptance
 head on EAGLE-1 (``drafters/eagle1-head``)
 → score every drafter and the baselines with the verifier at K = 2, 4, 6 (``score/k<K>``)
+→ export the fastest trained drafter at K for serving (``export/<name>``, the engine format its family has)
 → the comparison report with plots (``report/``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+import transformers
 
 from draftsmith import default_target
 from draftsmith.data import shards
 from draftsmith.data.generate import generate
+from draftsmith.errors import DraftsmithError
 from draftsmith.eval.compare import report
 from draftsmith.eval.score import named, score
 
@@ -27,13 +34,13 @@ from draftsmith.eval.score import named, score
 class Budget:
     """How much work each stage does."""
 
-    train_prompts: int = 1000
+    train_prompts: int = 600
     """Built-in training prompts the target continues (sampled, T=1)."""
-    new_tokens: int = 64
+    new_tokens: int = 48
     """Tokens the target generates per prompt, for data and for scoring."""
-    score_prompts: int = 20
+    score_prompts: int = 12
     """Held-out prompts: greedy validation data and the verifier's scoring set (the same prompts)."""
-    fit_steps: int = 240
+    fit_steps: int = 100
     """Optimizer steps per drafter."""
     batch_size: int = 8
     """Training sequences per step."""
@@ -66,8 +73,10 @@ DRAFTERS = {
 }
 """Drafter recipes (``draftsmith fit`` arguments beyond target, data and budget) for the quickstart and benchmarks."""
 
-QUICKSTART_DRAFTERS = ("eagle3", "eagle1", "medusa1", "hydrapp")
-"""The families the quickstart trains (Hydra and Medusa-2 are in ``benchmarks/heads.py``)."""
+QUICKSTART_DRAFTERS = {"eagle3": 1.0, "eagle1": 2.0, "medusa1": 0.6, "hydrapp": 0.6}
+"""The families the quickstart trains (Hydra and Medusa-2 are in ``benchmarks/heads.py``), each with its share of
+``Budget.fit_steps``: EAGLE-1 is the cheapest per step and the family that pays off on the default target, so it
+gets the most; Medusa and Hydra++ train a full-vocabulary LM head per head and cost 2-3x as much per step."""
 
 
 def make_data(target_dir: Path, out: Path, budget: Budget) -> tuple[Path, Path]:
@@ -90,10 +99,16 @@ def make_data(target_dir: Path, out: Path, budget: Budget) -> tuple[Path, Path]:
 
 
 def train_drafter(
-    name: str, target_dir: Path, data: tuple[Path, Path], out: Path, budget: Budget, force: bool = False
+    name: str,
+    target_dir: Path,
+    data: tuple[Path, Path],
+    out: Path,
+    budget: Budget,
+    force: bool = False,
+    steps: int | None = None,
 ) -> Path:
-    """Train one drafter with ``draftsmith fit`` and export its best checkpoint (by ``val/tau_est``) to
-    ``out/drafters/<name>``; an earlier export is reused unless ``force``."""
+    """Train one drafter with ``draftsmith fit`` for ``steps`` (default ``budget.fit_steps``) and export its best
+    checkpoint (by ``val/tau_est``) to ``out/drafters/<name>``; an earlier export is reused unless ``force``."""
     from draftsmith.models.native import load_network, save_native
     from draftsmith.target import Target
     from draftsmith.train.cli import fit_main
@@ -102,6 +117,7 @@ def train_drafter(
     if (export / "model.safetensors").exists() and not force:
         return export
     shutil.rmtree(root, ignore_errors=True)
+    steps = steps or budget.fit_steps
     cli = fit_main(
         [
             *DRAFTERS[name],
@@ -110,11 +126,11 @@ def train_drafter(
             f"--data.val={data[1]}",
             f"--data.batch_size={budget.batch_size}",
             "--model.init_args.optim.lr=0.002",
-            f"--model.init_args.optim.warmup_steps={max(1, budget.fit_steps // 10)}",
-            f"--trainer.max_steps={budget.fit_steps}",
+            f"--model.init_args.optim.warmup_steps={max(1, steps // 10)}",
+            f"--trainer.max_steps={steps}",
             "--trainer.max_epochs=-1",
             "--trainer.check_val_every_n_epoch=null",
-            f"--trainer.val_check_interval={max(1, budget.fit_steps // 4)}",
+            f"--trainer.val_check_interval={max(1, steps // 4)}",
             f"--trainer.default_root_dir={root}",
             "--trainer.enable_model_summary=false",
         ]
@@ -132,17 +148,89 @@ def train_drafter(
 def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget) -> Path:
     """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``); reused when present.
 
-    Scored as ``adaptive:0.3:HEAD``: K is the most it drafts; it stops once the predicted chance that
-    some token so far is rejected exceeds 0.3.
+    Scored as ``adaptive:0.5:HEAD``: K is the most it drafts; it stops once a rejection among the tokens
+    drafted so far is predicted more likely than not (``benchmarks/adaptive.py`` found 0.3 best for an EAGLE-1
+    whose first draft is accepted 86% of the time; with the quickstart's ~70%, 0.3 stops after one token).
     """
     from draftsmith.train.acceptance_head import train_head
 
     export = out / "drafters" / f"{drafter.name}-head"
     if (export / "model.safetensors").exists():
         return export
-    steps = max(10, budget.fit_steps // 4)
+    steps = max(10, budget.fit_steps // 2)
     path, _ = train_head(str(target_dir), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps)
     return path
+
+
+def serving_format(method: str) -> str:
+    """The format the quickstart exports a drafter of ``method`` to: vLLM where vLLM serves the family, plain HF
+    for draft LMs (a ``transformers`` assistant model or vLLM ``draft_model``), else draftsmith's own."""
+    from draftsmith.export import vllm
+
+    return "vllm" if method in vllm.METHODS else "hf" if method == "draft_lm" else "native"
+
+
+def export_best(out: Path, trained: dict[str, Path], k: int) -> dict:
+    """Export the trained drafter with the highest measured speedup at ``k`` to ``out/export/<name>``
+    and record it in ``out/export/best.json`` (returned). Exporting takes a second, so it is redone every run
+    and can never be stale."""
+    from draftsmith.export.registry import write_export
+
+    rows = json.loads((out / "score" / f"k{k}" / "report.json").read_text())["drafters"]
+    best = max((r for r in rows if r["name"] in trained), key=lambda r: (r["speedup"], r["tau"]))
+    name = best["name"]
+    fmt = serving_format(json.loads((trained[name] / "config.json").read_text())["method"])
+    dest = out / "export" / name
+    shutil.rmtree(out / "export", ignore_errors=True)
+    record = {"name": name}
+    try:
+        command = write_export(trained[name], fmt, dest, overwrite=True)
+    except DraftsmithError as e:  # e.g. an EAGLE-3 on a target too shallow for engines to feed it
+        record["refused"] = f"--to {fmt}: {e}"
+        fmt, command = "native", write_export(trained[name], "native", dest, overwrite=True)
+    record |= {
+        "format": fmt,
+        "dir": str(dest.absolute()),
+        "k": k,
+        "speedup": best["speedup"],
+        "tau": best["tau"],
+        "command": command,
+    }
+    (out / "export" / "best.json").write_text(json.dumps(record, indent=2))
+    if "refused" in record:
+        print(f"  {record['refused']}")
+    return record
+
+
+class Stages:
+    """Prints each stage's header and records its wall time (this invocation's, reuse included)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.seconds, self.started = names, {}, time.perf_counter()
+
+    def start(self, name: str) -> None:
+        self.stop()
+        self.current, self.at = name, time.perf_counter()
+        print(f"[{self.names.index(name) + 1}/{len(self.names)}] {name}")
+
+    def stop(self) -> None:
+        if getattr(self, "current", None):
+            self.seconds[self.current] = round(time.perf_counter() - self.at, 1)
+            self.current = None
+
+    def summary(self) -> dict:
+        self.stop()
+        return {"stages_seconds": self.seconds, "total_seconds": round(time.perf_counter() - self.started, 1)}
+
+
+STAGES = [
+    "default target",
+    "on-policy data from the target",
+    "train drafters",
+    "score drafters with the verifier",
+    "export the fastest drafter for serving",
+    "report",
+]
 
 
 def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int = 4) -> Path:
@@ -156,32 +244,43 @@ def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int =
     """
     out = Path(out)
     budget = FAST if fast else FULL
+    # the stage lines say what runs; Lightning's per-fit banners (accelerators, tips, the srun hint where
+    # SLURM is installed) would bury them
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="The `srun` command is available")
+    transformers.utils.logging.disable_progress_bar()
     config = default_target.FAST if fast else default_target.TargetBuildConfig()
-    print("[1/5] default target")
+    stages = Stages(STAGES)
+    stages.start("default target")
     target_dir = default_target.build(config)
     build = json.loads((target_dir / "build.json").read_text())
     print(
         f"  {target_dir}: held-out perplexity {build['target']['heldout_ppl']} "
         f"(unigram {build['unigram_heldout_ppl']}), {build['target']['params'] / 1e6:.1f}M parameters"
     )
-    print("[2/5] on-policy data from the target")
+    stages.start("on-policy data from the target")
     data = make_data(target_dir, out, budget)
-    print("[3/5] train drafters")
+    stages.start("train drafters")
     trained = {}
-    for name in QUICKSTART_DRAFTERS:
-        print(f"  {name}")
-        trained[name] = train_drafter(name, target_dir, data, out, budget)
-    print("  draft_lm (FastDraft pre-training on the corpus, then DistillSpec on-policy distillation)")
+    for name, share in QUICKSTART_DRAFTERS.items():
+        steps = max(2, round(share * budget.fit_steps))
+        print(f"  {name} ({steps} steps)")
+        trained[name] = train_drafter(name, target_dir, data, out, budget, steps=steps)
     from draftsmith.train import draft_lm_stages
 
+    sibling = target_dir / "sibling" if (target_dir / "sibling").is_dir() else None
+    print(
+        "  draft_lm (DistillSpec on-policy distillation of "
+        + ("the target's sibling, pre-trained on its corpus)" if sibling else "a student pre-trained on the corpus)")
+    )
     lm_budget = draft_lm_stages.FAST if fast else draft_lm_stages.QUICK
-    trained["draft_lm"] = draft_lm_stages.train_distilled_draft_lm(target_dir, data, out, lm_budget)
+    trained["draft_lm"] = draft_lm_stages.train_distilled_draft_lm(target_dir, data, out, lm_budget, init=sibling)
     print("  eagle1 acceptance head (SpecDec++)")
     head = train_acceptance_head(target_dir, trained["eagle1"], data, out, budget)
-    print("[4/5] score drafters with the verifier")
-    specs = ["ngram"] + ([f"sibling={target_dir / 'sibling'}"] if (target_dir / "sibling").is_dir() else [])
+    stages.start("score drafters with the verifier")
+    specs = ["ngram"] + ([f"sibling={sibling}"] if sibling else [])
     specs += [f"{name}={path}" for name, path in trained.items()]
-    specs.append(f"eagle1-adaptive=adaptive:0.3:{head}")
+    specs.append(f"eagle1-adaptive=adaptive:0.5:{head}")
     for kk in sorted({2, k, 6}):
         path = out / "score" / f"k{kk}"
         if _score_is_current(path / "report.json", specs, budget):
@@ -195,8 +294,19 @@ def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int =
             max_new_tokens=budget.new_tokens,
             out=path,
         )
-    print("[5/5] report")
-    return report([out], k=k)
+    stages.start("export the fastest drafter for serving")
+    best = export_best(out, trained, k)
+    print(
+        f"  {best['name']} ({best['speedup']:.2f}x at K={k}) -> {best['dir']} ({best['format']})\n  {best['command']}"
+    )
+    stages.start("report")
+    path = report([out], k=k)
+    timings = stages.summary()
+    (out / "timings.json").write_text(json.dumps(timings, indent=2))
+    minutes, seconds = divmod(round(timings["total_seconds"]), 60)
+    per_stage = ", ".join(f"{name} {secs:.0f} s" for name, secs in timings["stages_seconds"].items())
+    print(f"quickstart done in {minutes} min {seconds} s ({per_stage}); wrote {out / 'timings.json'}")
+    return path
 
 
 def _score_is_current(path: Path, specs: list[str], budget: Budget) -> bool:
@@ -205,4 +315,9 @@ def _score_is_current(path: Path, specs: list[str], budget: Budget) -> bool:
         return False
     saved = json.loads(path.read_text())
     names = [named(s)[0] for s in specs]
-    return [r["name"] for r in saved["drafters"]] == names and saved["config"]["num_prompts"] == budget.score_prompts
+    config = saved["config"]
+    return (
+        [r["name"] for r in saved["drafters"]] == names
+        and config["num_prompts"] == budget.score_prompts
+        and config["max_new_tokens"] == budget.new_tokens
+    )

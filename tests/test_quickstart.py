@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from draftsmith import default_target
 from draftsmith.cli import main
-from draftsmith.quickstart import QUICKSTART_DRAFTERS
+from draftsmith.quickstart import QUICKSTART_DRAFTERS, serving_format
 
 
 @pytest.mark.slow
@@ -25,18 +25,30 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     for name in ("train", "val"):
         assert json.loads((run / "data" / name / "draftsmith.json").read_text())["status"] == "complete"
     for name in QUICKSTART_DRAFTERS:
-        exported = json.loads((run / "drafters" / name / "config.json").read_text())
-        assert exported["method"] == name and exported["val_tau_est"] >= 1.0
+        saved = json.loads((run / "drafters" / name / "config.json").read_text())
+        assert saved["method"] == name and saved["val_tau_est"] >= 1.0
+    trained = [*QUICKSTART_DRAFTERS, "draft_lm"]
     names = ["ngram", "sibling", *QUICKSTART_DRAFTERS, "draft_lm", "eagle1-adaptive"]
     for k in (2, 4, 6):
         report = json.loads((run / "score" / f"k{k}" / "report.json").read_text())
         assert [r["name"] for r in report["drafters"]] == names
         assert all(r["greedy_exact"] == r["prompts"] for r in report["drafters"])
+    # the fastest trained drafter at K=4 is exported in the format its family serves in
+    rows = json.loads((run / "score" / "k4" / "report.json").read_text())["drafters"]
+    best = max((r for r in rows if r["name"] in trained), key=lambda r: (r["speedup"], r["tau"]))
+    record = json.loads((run / "export" / "best.json").read_text())
+    assert record["name"] == best["name"] and record["speedup"] == best["speedup"]
+    method = json.loads((run / "drafters" / best["name"] / "config.json").read_text())["method"]
+    assert record["format"] == serving_format(method) or "refused" in record
+    exported = run / "export" / best["name"]
+    assert (exported / "config.json").is_file() and (exported / "model.safetensors").is_file()
+    assert str(exported) in record["command"] or record["format"] == "native"
     pictures = ["acceptance.png", "speedup.png", "tau_vs_k.png", "training.png"]
     summary = json.loads((run / "report" / "report.json").read_text())
     assert sorted(summary["by_k"]) == ["2", "4", "6"] and len(summary["drafters"]) == len(names)
     assert all((run / "report" / name).read_bytes()[:4] == b"\x89PNG" for name in pictures)
     assert all(f"]({name})" in (run / "report" / "report.md").read_text() for name in pictures)
+    assert f"`{best['name']}`" in (run / "report" / "report.md").read_text().split("## Exported for serving")[1]
     # draftsmith report regenerates it from the saved scores and logs alone
     for path in (run / "report").iterdir():
         path.unlink()

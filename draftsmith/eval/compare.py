@@ -44,7 +44,7 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
     by_k: dict[int, list[dict]] = {}
     plains: dict[int, dict] = {}
     logs: dict[str, list[dict]] = {}
-    sources = {}
+    sources, exported = {}, []
     for run in runs:
         scores = _scores(run)
         if not scores:
@@ -57,6 +57,8 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
             plains.setdefault(kk, data["plain"])
             sources.setdefault(str(run), {})[kk] = data["config"]
         logs.update({prefix + name: rows for name, rows in _fit_logs(run).items()})
+        if (run / "export" / "best.json").is_file():
+            exported.append(json.loads((run / "export" / "best.json").read_text()))
     if k not in by_k:
         raise DraftsmithError(f"report: no scores at -k {k}; available: {sorted(by_k)}")
     out = Path(out) if out else runs[0] / "report"
@@ -68,7 +70,7 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
     }
     if logs:
         figures["training.png"] = plots.training_curves(logs, out / "training.png")
-    summary = {"runs": sources, "k": k, "plain": plains[k], "drafters": by_k[k], "by_k": by_k}
+    summary = {"runs": sources, "k": k, "plain": plains[k], "drafters": by_k[k], "by_k": by_k, "exported": exported}
     (out / "report.json").write_text(json.dumps(summary, indent=2))
     config = next(iter(sources.values()))[k]
     md = [
@@ -96,6 +98,15 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
             for kk in sorted(by_k)
         ]
         md.append(f"| {name} | " + " | ".join(cells) + " |")
+    for e in exported:
+        md += [
+            "",
+            "## Exported for serving",
+            "",
+            f"`{e['name']}` ({e['speedup']:.2f}× at K={e['k']}, τ {e['tau']:.2f}) as {e['format']}: `{e['dir']}`",
+            "",
+            f"```\n{e['command']}\n```",
+        ]
     (out / "report.md").write_text("\n".join(md) + "\n")
     print(markdown_table(by_k[k], plains[k]))
     print(f"wrote {out}/report.md, report.json and {', '.join(figures)}")

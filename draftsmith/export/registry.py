@@ -34,7 +34,7 @@ def check_supported(fmt: str, method: str) -> None:
     raise DraftsmithError(f"--to {fmt} cannot hold a {method} drafter{why}; formats that can: {', '.join(able)}")
 
 
-def export(
+def write_export(
     src: Path,
     to: str,
     out: Path,
@@ -43,21 +43,8 @@ def export(
     scores: list[Path] | None = None,
     score_name: str | None = None,
     overwrite: bool = False,
-) -> Path:
-    """Export a trained drafter for serving.
-
-    Args:
-        src: a ``DrafterModule`` Lightning checkpoint, a native export dir, or (``--to hf``) a Hugging
-            Face causal-LM / peft adapter directory.
-        to: ``native``, ``hf``, ``vllm``, ``sglang`` or ``speculators``.
-        out: the directory to write.
-        dtype: ``bf16``, ``fp16`` or ``fp32`` for the floating-point weights (default: as trained).
-        target: the target's model directory (default: the one the drafter records); the drafter's
-            target fingerprint must match it.
-        scores: ``draftsmith score`` report.json files whose rows for this drafter go in the native model card.
-        score_name: the drafter's row name in those reports (default: matched by its path).
-        overwrite: replace ``out`` if it exists.
-    """
+) -> str:
+    """``export`` without the printing: writes ``out`` and returns the command that serves it."""
     if to not in FORMATS:
         raise DraftsmithError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
     src, out = Path(src), Path(out).absolute()
@@ -76,5 +63,34 @@ def export(
             command = native.export(source, out, dtype, scores, score_name)
         else:
             command = FORMATS[to].export(source, out, dtype)
+    return command
+
+
+def export(
+    src: Path,
+    to: str,
+    out: Path,
+    dtype: str | None = None,
+    target: str | None = None,
+    scores: list[Path] | None = None,
+    score_name: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Export a trained drafter for serving and print the command that serves it (``draftsmith export``).
+
+    Args:
+        src: a ``DrafterModule`` Lightning checkpoint, a native export dir, or (``--to hf``) a Hugging
+            Face causal-LM / peft adapter directory.
+        to: ``native``, ``hf``, ``vllm``, ``sglang`` or ``speculators``.
+        out: the directory to write.
+        dtype: ``bf16``, ``fp16`` or ``fp32`` for the floating-point weights (default: as trained).
+        target: the target's model directory (default: the one the drafter records); the drafter's
+            target fingerprint must match it.
+        scores: ``draftsmith score`` report.json files whose rows for this drafter go in the native model card.
+        score_name: the drafter's row name in those reports (default: matched by its path).
+        overwrite: replace ``out`` if it exists.
+    """
+    out = Path(out).absolute()
+    command = write_export(src, to, out, dtype, target, scores, score_name, overwrite)
     print(f"wrote {out}\n{command}")
     return out
