@@ -43,7 +43,7 @@ class ModelShape:
     """Attention heads; head_dim = hidden / heads must be >= 64 for vLLM's CPU attention."""
     intermediate: int = 768
     """MLP width."""
-    steps: int = 400
+    steps: int = 340
     """Optimizer steps."""
     lr: float = 3e-3
     """Peak learning rate (linear warmup, cosine decay)."""
@@ -67,7 +67,7 @@ class TargetBuildConfig:
     """Context length of the saved models."""
     target: ModelShape = field(default_factory=ModelShape)
     """The target."""
-    sibling: ModelShape | None = field(default_factory=lambda: ModelShape(layers=1, steps=200))
+    sibling: ModelShape | None = field(default_factory=lambda: ModelShape(layers=1, steps=140))
     """A one-layer LM with the same tokenizer (the DraftLM baseline); None to skip."""
     seed: int = 0
     """Seed for file order, init and batches."""

@@ -38,7 +38,7 @@ class Budget:
     """Built-in training prompts the target continues (sampled, T=1)."""
     new_tokens: int = 48
     """Tokens the target generates per prompt, for data and for scoring."""
-    score_prompts: int = 12
+    score_prompts: int = 10
     """Held-out prompts: greedy validation data and the verifier's scoring set (the same prompts)."""
     fit_steps: int = 100
     """Optimizer steps per drafter."""
@@ -73,7 +73,7 @@ DRAFTERS = {
 }
 """Drafter recipes (``draftsmith fit`` arguments beyond target, data and budget) for the quickstart and benchmarks."""
 
-QUICKSTART_DRAFTERS = {"eagle3": 1.0, "eagle1": 2.0, "medusa1": 0.6, "hydrapp": 0.6}
+QUICKSTART_DRAFTERS = {"eagle3": 0.8, "eagle1": 1.8, "medusa1": 0.6, "hydrapp": 0.6}
 """The families the quickstart trains (Hydra and Medusa-2 are in ``benchmarks/heads.py``), each with its share of
 ``Budget.fit_steps``: EAGLE-1 is the cheapest per step and the family that pays off on the default target, so it
 gets the most; Medusa and Hydra++ train a full-vocabulary LM head per head and cost 2-3x as much per step."""
