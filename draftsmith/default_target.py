@@ -43,7 +43,7 @@ class ModelShape:
     """Attention heads; head_dim = hidden / heads must be >= 64 for vLLM's CPU attention."""
     intermediate: int = 768
     """MLP width."""
-    steps: int = 340
+    steps: int = 400
     """Optimizer steps."""
     lr: float = 3e-3
     """Peak learning rate (linear warmup, cosine decay)."""
