@@ -131,7 +131,7 @@ def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, 
 
     target = Target.from_pretrained(setup["target"])
     network, info = load_network(ckpts / "last.ckpt", target)
-    assert info["method"] == "eagle3" and network.cfg.feature_layers == (2, 3, 4)
+    assert info["method"] == "eagle3" and network.cfg.feature_layers == (1, 2, 3)  # servable default, 4 layers
     drafter = load_drafter(str(ckpts / "last.ckpt"), target)
     rows = datasets.load_from_disk(str(setup["data-val"]))
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
