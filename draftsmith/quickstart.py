@@ -44,10 +44,12 @@ class Budget:
     """Optimizer steps per drafter."""
     batch_size: int = 8
     """Training sequences per step."""
+    head_prompts: int = 200
+    """Built-in training prompts the target continues greedily for the acceptance head."""
 
 
 FULL = Budget()
-FAST = Budget(train_prompts=48, new_tokens=24, score_prompts=4, fit_steps=12, batch_size=4)
+FAST = Budget(train_prompts=48, new_tokens=24, score_prompts=4, fit_steps=12, batch_size=4, head_prompts=16)
 
 DRAFTERS = {
     "eagle3": [
@@ -79,23 +81,33 @@ QUICKSTART_DRAFTERS = {"eagle3": 0.8, "eagle1": 1.8, "medusa1": 0.6, "hydrapp": 
 gets the most; Medusa and Hydra++ train a full-vocabulary LM head per head and cost 2-3x as much per step."""
 
 
+def _generated(target_dir: Path, path: Path, settings: dict) -> Path:
+    """Generate ``path`` with ``settings`` unless a complete run of the same settings and target is there."""
+    meta = shards.read_metadata(path) or {}
+    made = meta.get("settings", {})
+    reusable = meta.get("status") == "complete" and all(made.get(k) == v for k, v in settings.items())
+    if not (reusable and meta.get("target", {}).get("name") == str(target_dir)):
+        generate(str(target_dir), out=path, overwrite=True, **settings)
+    return path
+
+
 def make_data(target_dir: Path, out: Path, budget: Budget) -> tuple[Path, Path]:
     """Sampled training data on built-in prompts, greedy validation data on the held-out scoring prompts."""
     runs = {
-        out / "data" / "train": {"prompts": "builtin:train", "temperature": 1.0, "num_prompts": budget.train_prompts},
-        out / "data" / "val": {"prompts": "builtin:heldout", "temperature": 0.0, "num_prompts": budget.score_prompts},
+        "train": {"prompts": "builtin:train", "temperature": 1.0, "num_prompts": budget.train_prompts},
+        "val": {"prompts": "builtin:heldout", "temperature": 0.0, "num_prompts": budget.score_prompts},
     }
-    for path, settings in runs.items():
-        settings["max_new_tokens"] = budget.new_tokens
-        meta = shards.read_metadata(path) or {}
-        made = meta.get("settings", {})
-        reusable = meta.get("status") == "complete" and all(
-            made.get(k) == v for k, v in settings.items() if k != "prompts"
-        )
-        same_target = meta.get("target", {}).get("name") == str(target_dir)
-        if not (reusable and same_target and made.get("prompts") == settings["prompts"]):
-            generate(str(target_dir), out=path, overwrite=True, **settings)
-    return tuple(runs)
+    return tuple(
+        _generated(target_dir, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
+        for name, settings in runs.items()
+    )
+
+
+def make_head_data(target_dir: Path, out: Path, budget: Budget) -> Path:
+    """Greedy continuations of built-in training prompts (``data/head``) for the acceptance head: greedy
+    verification runs along the target's greedy text, so that is the text whose acceptances it must predict."""
+    settings = {"prompts": "builtin:train", "temperature": 0.0, "num_prompts": budget.head_prompts}
+    return _generated(target_dir, out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens})
 
 
 def train_drafter(
@@ -146,11 +158,11 @@ def train_drafter(
 
 
 def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget) -> Path:
-    """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``); reused when present.
+    """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``), trained on ``data`` (train,
+    val); reused when present.
 
     Scored as ``adaptive:0.5:HEAD``: K is the most it drafts; it stops once a rejection among the tokens
-    drafted so far is predicted more likely than not (``benchmarks/adaptive.py`` found 0.3 best for an EAGLE-1
-    whose first draft is accepted 86% of the time; with the quickstart's ~70%, 0.3 stops after one token).
+    drafted so far is predicted more likely than not (``benchmarks/adaptive.py``: 0.3 and 0.5 within 1%).
     """
     from draftsmith.train.acceptance_head import train_head
 
@@ -276,7 +288,8 @@ def quickstart(out: Path = Path("runs/quickstart"), fast: bool = False, k: int =
     lm_budget = draft_lm_stages.FAST if fast else draft_lm_stages.QUICK
     trained["draft_lm"] = draft_lm_stages.train_distilled_draft_lm(target_dir, data, out, lm_budget, init=sibling)
     print("  eagle1 acceptance head (SpecDec++)")
-    head = train_acceptance_head(target_dir, trained["eagle1"], data, out, budget)
+    head_data = (make_head_data(target_dir, out, budget), data[1])
+    head = train_acceptance_head(target_dir, trained["eagle1"], head_data, out, budget)
     stages.start("score drafters with the verifier")
     specs = ["ngram"] + ([f"sibling={sibling}"] if sibling else [])
     specs += [f"{name}={path}" for name, path in trained.items()]

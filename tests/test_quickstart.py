@@ -22,8 +22,9 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     assert model.config.num_hidden_layers == default_target.FAST.target.layers
     run = tmp_path / "run"
-    for name in ("train", "val"):
-        assert json.loads((run / "data" / name / "draftsmith.json").read_text())["status"] == "complete"
+    for name, temperature in [("train", 1.0), ("val", 0.0), ("head", 0.0)]:
+        meta = json.loads((run / "data" / name / "draftsmith.json").read_text())
+        assert meta["status"] == "complete" and meta["settings"]["temperature"] == temperature
     for name in QUICKSTART_DRAFTERS:
         saved = json.loads((run / "drafters" / name / "config.json").read_text())
         assert saved["method"] == name and saved["val_tau_est"] >= 1.0
