@@ -12,6 +12,16 @@ from draftsmith.target import Target
 VOCAB = 96
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny models
+    gain nothing from intra-op threads and lose much when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_tokenizer(vocab: int = VOCAB, salt: str = "") -> PreTrainedTokenizerFast:
     """A word-level tokenizer over ``vocab`` symbols; ``salt`` changes it (for mismatch tests)."""
     words = {f"w{salt}{i}": i for i in range(vocab - 2)}

@@ -15,14 +15,7 @@ from draftsmith.eval.verifier import DecodeResult
 from draftsmith.models.draft_lm import DraftLM
 from draftsmith.train.online import OnlineConfig, OnlineDrafter, windows
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads and lose much when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.slow
