@@ -219,6 +219,7 @@ class Stages:
 
     def __init__(self, names: list[str]) -> None:
         self.names, self.seconds, self.started = names, {}, time.perf_counter()
+        self.current: str | None = None
 
     def start(self, name: str) -> None:
         self.stop()
@@ -226,7 +227,7 @@ class Stages:
         print(f"[{self.names.index(name) + 1}/{len(self.names)}] {name}")
 
     def stop(self) -> None:
-        if getattr(self, "current", None):
+        if self.current:
             self.seconds[self.current] = round(time.perf_counter() - self.at, 1)
             self.current = None
 
