@@ -246,5 +246,13 @@ def build(config: TargetBuildConfig | None = None, out: Path | None = None, forc
 
 
 def resolve(target: str | Path) -> Path:
-    """A ``--target`` value as a directory: ``default`` is the embedded default target (built once, cached)."""
-    return build() if str(target) == "default" else Path(target)
+    """A ``--target`` value as a directory: ``default`` is the embedded default target (built once, cached),
+    ``smollm2`` (or ``smollm2:bfloat16``) SmolLM2-135M-Instruct converted once from its wheel."""
+    name = str(target)
+    if name == "default":
+        return build()
+    if name == "smollm2" or name.startswith("smollm2:"):
+        from draftsmith import smollm2
+
+        return smollm2.resolve(name)
+    return Path(target)
