@@ -110,7 +110,14 @@ class DrafterModule(L.LightningModule):
             checkpoint["draftsmith"]["topk_accuracy"] = self.topk_accuracy
 
     def target_forward(self, batch: dict) -> TargetOutput:
-        return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
+        """The target's logits and features on ``batch``: run online, or read from the feature cache (``hidden``:
+        the feature layers and the final normed state, whose LM head output is the target's logits)."""
+        if "hidden" not in batch:
+            return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
+        hidden = batch["hidden"]
+        with torch.no_grad():
+            logits = self.target.lm_head(hidden[self.target.num_layers].float())
+        return TargetOutput(logits.float(), tuple(hidden[layer].float() for layer in self.target.feature_layers))
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self.losses(batch, self.target_forward(batch))

@@ -1,0 +1,171 @@
+"""An optional offline cache of the target's hidden states over a generated dataset.
+
+Training online runs the frozen target in every step, so training several families (or several epochs) on
+one dataset repeats the same target forward each time; on a 30-layer target that forward is most of a
+one-layer drafter's training step. ``cache_features`` runs it once and keeps the chosen layers' hidden
+states plus the final normed one (the target's logits are its LM head on that state, recomputed in the
+step) in fp16 / bf16 safetensors shards beside the data. ``fit --data.features DIR`` then trains from it.
+
+Layout of a cache dir::
+
+    features.json          target fingerprint, data identity, layers, dtype, max_length, rows, status
+    shard-00000.safetensors
+                           ``hidden_<layer>`` (tokens, H) per layer, ``lengths`` (rows,): rows in data order,
+                           each truncated to ``max_length``
+
+Shards are written under a temporary name and renamed, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from draftsmith.errors import DraftsmithError
+
+FORMAT = "draftsmith.features/1"
+META = "features.json"
+DTYPES = ("float16", "bfloat16")
+
+
+def data_identity(metadata: dict) -> str:
+    """A hash of what decides a generated dataset's rows (its settings, counts and target)."""
+    keys = {k: metadata.get(k) for k in ("settings", "target", "counts")}
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cache_features(
+    target: str,
+    data: str | Path,
+    layers: list[int],
+    out: str | Path | None = None,
+    dtype: str = "float16",
+    max_length: int = 512,
+    batch_size: int = 8,
+    shard_rows: int = 64,
+) -> Path:
+    """Cache the target's hidden states ``layers`` (HF ``hidden_states`` indices; the final normed state is always
+    added) over every row of the generated dataset ``data``; resumes an unfinished cache at ``out``.
+
+    Args:
+        target: the target that generated ``data`` (a local dir, ``default`` or ``smollm2``).
+        data: a ``draftsmith generate`` output dir.
+        layers: hidden-state indices the drafters to train need (EAGLE-3: its three; EAGLE-1/Medusa/Hydra: the last).
+        out: the cache dir (default: ``<data>-features``).
+        dtype: storage dtype, float16 or bfloat16.
+        max_length: rows are truncated to this many tokens (train with ``--data.max_length`` at most this).
+        batch_size: rows per target forward.
+        shard_rows: rows per shard file.
+    """
+    from draftsmith.data.shards import check_dataset_target, load_generated
+    from draftsmith.target import Target
+
+    if dtype not in DTYPES:
+        raise DraftsmithError(f"features: dtype must be float16 or bfloat16, got {dtype!r}")
+    ds, metadata = load_generated(data)
+    t = Target.from_pretrained(target)
+    check_dataset_target(metadata, t, f"generated dataset {data}")
+    resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
+    out = Path(out or f"{str(data).rstrip('/')}-features")
+    record = {
+        "format": FORMAT,
+        "target": t.fingerprint,
+        "data": str(data),
+        "data_identity": data_identity(metadata),
+        "layers": resolved,
+        "dtype": dtype,
+        "max_length": max_length,
+        "rows": len(ds),
+        "shard_rows": shard_rows,
+    }
+    old = _read_meta(out)
+    if old is not None and {k: v for k, v in old.items() if k not in ("status", "seconds")} != record:
+        raise DraftsmithError(f"features: {out} holds a cache of other settings; remove it or choose another --out")
+    if old is not None and old.get("status") == "complete":
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    _write_meta(out, {**record, "status": "running"})
+    started = time.perf_counter()
+    store = getattr(torch, dtype)
+    shards = range(0, len(ds), shard_rows)
+    for s in tqdm(shards, desc="features", unit="shard"):
+        path = out / f"shard-{s // shard_rows:05d}.safetensors"
+        if path.is_file():
+            continue
+        rows = [ids[:max_length] for ids in ds[s : s + shard_rows]["input_ids"]]
+        hidden = {layer: [] for layer in resolved}
+        for b in range(0, len(rows), batch_size):
+            batch = rows[b : b + batch_size]
+            width = max(len(r) for r in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            mask = torch.zeros(len(batch), width, dtype=torch.long)
+            for i, r in enumerate(batch):
+                ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+            res = t(ids, attention_mask=mask, feature_layers=tuple(resolved))
+            for layer, f in zip(resolved, res.features, strict=True):
+                hidden[layer].extend(f[i, : len(r)].to(store) for i, r in enumerate(batch))
+        tensors = {f"hidden_{layer}": torch.cat(hs).contiguous() for layer, hs in hidden.items()}
+        tensors["lengths"] = torch.tensor([len(r) for r in rows])
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)
+    _write_meta(out, {**record, "status": "complete", "seconds": round(time.perf_counter() - started, 1)})
+    return out
+
+
+def _read_meta(out: Path) -> dict | None:
+    path = out / META
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_meta(out: Path, data: dict) -> None:
+    tmp = out / (META + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, out / META)
+
+
+class FeatureCache:
+    """A complete cache, loaded into memory: ``rows(i)`` gives row ``i``'s hidden states per cached layer."""
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        meta = _read_meta(path)
+        if meta is None:
+            raise DraftsmithError(f"features: {path} is not a feature cache (no {META}); make one with cache_features")
+        if meta.get("status") != "complete":
+            raise DraftsmithError(f"features: {path} is unfinished; run cache_features again to resume it")
+        self.path, self.meta, self.layers = path, meta, tuple(meta["layers"])
+        parts = [load_file(str(p)) for p in sorted(path.glob("shard-*.safetensors"))]
+        lengths = torch.cat([p["lengths"] for p in parts])
+        if len(lengths) != meta["rows"]:
+            raise DraftsmithError(f"features: {path} has {len(lengths)} rows, its {META} says {meta['rows']}")
+        self.hidden = {layer: torch.cat([p[f"hidden_{layer}"] for p in parts]) for layer in self.layers}
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])  # (rows + 1,)
+
+    def check(self, target, metadata: dict, layers: tuple[int, ...], max_length: int) -> None:
+        """Refuse a cache made for another target, other data, without ``layers``, or shorter than ``max_length``."""
+        from draftsmith.target import check_fingerprint
+
+        check_fingerprint(self.meta["target"], target.fingerprint, f"feature cache {self.path}")
+        if self.meta["data_identity"] != data_identity(metadata):
+            raise DraftsmithError(f"features: {self.path} was made from other data than {self.meta['data']}")
+        missing = sorted(set(layers) - set(self.layers))
+        if missing:
+            raise DraftsmithError(f"features: {self.path} holds layers {list(self.layers)}, not {missing}")
+        if max_length > self.meta["max_length"]:
+            raise DraftsmithError(
+                f"features: {self.path} holds rows truncated to {self.meta['max_length']} tokens; "
+                f"train with --data.max_length {self.meta['max_length']} or less"
+            )
+
+    def row(self, i: int) -> dict[int, torch.Tensor]:
+        """Row ``i``'s hidden states, layer -> (n, H)."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return {layer: h[a:b] for layer, h in self.hidden.items()}

@@ -1,0 +1,96 @@
+"""The offline feature cache: what it stores is what the target computes, training from it matches training
+online, a killed run resumes, and a cache for other data / target / layers is refused."""
+
+from __future__ import annotations
+
+import json
+
+import lightning as L
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train import module, setup  # noqa: F401 - the shared tiny target + data fixture
+
+from draftsmith.data.feature_cache import FeatureCache, cache_features
+from draftsmith.errors import DraftsmithError
+from draftsmith.train.data import GeneratedDataModule
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def cache(setup, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("cache") / "features"
+    return cache_features(str(setup["target"]), setup["data-train"], [1, 2, 3], out, max_length=64, shard_rows=32)
+
+
+def cached_data(setup, cache, **kwargs) -> GeneratedDataModule:  # noqa: F811
+    kwargs = {"batch_size": 8, "max_length": 64, "features": str(cache), **kwargs}
+    return GeneratedDataModule(str(setup["data-train"]), str(setup["data-val"]), **kwargs)
+
+
+def first_batch(data: GeneratedDataModule) -> dict:
+    data.setup()
+    return next(iter(data.train_dataloader()))
+
+
+def test_cached_batch_gives_the_targets_logits_and_features(setup, cache):  # noqa: F811
+    model = module(setup, 3)
+    batch = first_batch(cached_data(setup, cache))
+    assert set(batch["hidden"]) == {1, 2, 3, 4}  # the final normed state (layer 4) is always kept
+    cached = model.target_forward(batch)
+    online = model.target_forward({k: v for k, v in batch.items() if k != "hidden"})
+    real = batch["attention_mask"].bool()
+    assert not torch.equal(cached.features[0][real], online.features[0][real])  # read from fp16, not recomputed
+    for a, b in zip(cached.features, online.features, strict=True):
+        torch.testing.assert_close(a[real], b[real], rtol=2e-3, atol=2e-3)  # fp16 storage
+    torch.testing.assert_close(cached.logits[real], online.logits[real], rtol=1e-2, atol=2e-2)
+    p, q = torch.softmax(cached.logits[real], -1), torch.softmax(online.logits[real], -1)
+    assert bool((p.argmax(-1) == q.argmax(-1)).float().mean() > 0.99)
+
+
+def test_training_from_the_cache_follows_online_training(setup, cache, tmp_path):  # noqa: F811
+    calls = []
+
+    def train(features: str | None) -> float:
+        model = module(setup, 3)
+        model.target.model.register_forward_hook(lambda *_: calls.append(features))
+        data = cached_data(setup, cache, features=features)
+        kw = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+        trainer = L.Trainer(max_steps=12, default_root_dir=tmp_path, enable_model_summary=False, **kw)
+        trainer.fit(model, data)
+        return trainer.validate(model, data, verbose=False)[0]["val/loss"]
+
+    online, cached = train(None), train(str(cache))
+    assert abs(online - cached) < 0.02 * online
+    assert calls.count(None) - calls.count(str(cache)) == 12  # no target forward in the 12 cached training steps
+
+
+def test_killed_cache_run_resumes_to_the_same_files(setup, cache, tmp_path):  # noqa: F811
+    out = tmp_path / "features"
+    args = (str(setup["target"]), setup["data-train"], [1, 2, 3], out)
+    cache_features(*args, max_length=64, shard_rows=32)
+    (out / "shard-00001.safetensors").unlink()  # as if killed while writing the second shard
+    meta = json.loads((out / "features.json").read_text())
+    (out / "features.json").write_text(json.dumps({**meta, "status": "running"}))
+    kept = (out / "shard-00000.safetensors").stat().st_mtime_ns
+    cache_features(*args, max_length=64, shard_rows=32)
+    assert (out / "shard-00000.safetensors").stat().st_mtime_ns == kept
+    for name in ("shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"):
+        a, b = load_file(str(out / name)), load_file(str(cache / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert FeatureCache(out).offsets[-1] == FeatureCache(cache).offsets[-1]
+
+
+def test_cache_for_other_layers_data_or_length_is_refused(setup, cache, tmp_path):  # noqa: F811
+    model = module(setup, 3)
+    short = cache_features(str(setup["target"]), setup["data-train"], [1], tmp_path / "short", max_length=32)
+    with pytest.raises(DraftsmithError, match=r"holds layers \[1, 4\], not \[2, 3\]"):
+        cached_data(setup, short, max_length=32).check_target(model.target)
+    with pytest.raises(DraftsmithError, match="truncated to 64 tokens"):
+        cached_data(setup, cache, max_length=128).check_target(model.target)
+    other = GeneratedDataModule(str(setup["data-val"]), str(setup["data-val"]), features=str(cache))
+    with pytest.raises(DraftsmithError, match="other data"):
+        other.check_target(model.target)
+    with pytest.raises(DraftsmithError, match="other settings"):
+        cache_features(str(setup["target"]), setup["data-train"], [2], cache, max_length=64, shard_rows=32)
