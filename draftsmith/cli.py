@@ -26,6 +26,7 @@ def target_build(out: Path | None = None, fast: bool = False, force: bool = Fals
 
 
 def _commands() -> dict:
+    from draftsmith.data.feature_cache import cache_features
     from draftsmith.data.generate import generate
     from draftsmith.eval.compare import report
     from draftsmith.eval.score import score
@@ -38,6 +39,7 @@ def _commands() -> dict:
     return {
         "target": {"build": target_build},
         "generate": generate,
+        "features": cache_features,
         "score": score,
         "report": report,
         "export": export,
@@ -46,7 +48,17 @@ def _commands() -> dict:
     }
 
 
-LIST_FLAGS = ("--drafter", "--runs", "--scores", "--recipes", "--fit_set", "--generate_set", "--score_set", "--stages")
+LIST_FLAGS = (
+    "--layers",
+    "--drafter",
+    "--runs",
+    "--scores",
+    "--recipes",
+    "--fit_set",
+    "--generate_set",
+    "--score_set",
+    "--stages",
+)
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
 POSITIONAL = {"report": "--runs", "slurm status": "--run_dir", "export": "--src"}
 """Subcommands whose leading bare arguments fill a flag: ``draftsmith report RUN_DIR...``."""

@@ -154,3 +154,21 @@ def test_missing_wheel_error_names_the_install_command(monkeypatch):
 def test_bad_dtype_is_refused(tiny_gguf, tmp_path):
     with pytest.raises(DraftsmithError, match="dtype must be one of"):
         smollm2.convert(tiny_gguf, tmp_path / "x", dtype="int8")
+
+
+def test_magpie_prefix_is_the_chat_template_up_to_the_user_text(converted):
+    from draftsmith.data.magpie import user_prefix
+
+    tok = Target.from_pretrained(converted).tokenizer
+    assert tok.decode(user_prefix(tok)) == "<|im_start|>user\n"
+
+
+def test_magpie_resume_keeps_only_finished_batches(tmp_path):
+    from draftsmith.data.magpie import _finished_batches
+
+    partial = tmp_path / "x.jsonl.partial"
+    rows = [{"messages": [{"role": "user", "content": f"ask {i}"}]} for i in range(3)]
+    lines = [rows[0], rows[1], {"batch_end": 32}, rows[2]]
+    partial.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"messages": [{"ro')
+    assert _finished_batches(partial) == (rows[:2], 32)
+    assert _finished_batches(tmp_path / "none") == ([], 0)

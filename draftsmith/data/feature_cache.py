@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -50,6 +51,7 @@ def cache_features(
     max_length: int = 512,
     batch_size: int = 8,
     shard_rows: int = 64,
+    overwrite: bool = False,
 ) -> Path:
     """Cache the target's hidden states ``layers`` (HF ``hidden_states`` indices; the final normed state is always
     added) over every row of the generated dataset ``data``; resumes an unfinished cache at ``out``.
@@ -63,6 +65,7 @@ def cache_features(
         max_length: rows are truncated to this many tokens (train with ``--data.max_length`` at most this).
         batch_size: rows per target forward.
         shard_rows: rows per shard file.
+        overwrite: replace a cache of other settings at ``out`` instead of refusing it.
     """
     from draftsmith.data.shards import check_dataset_target, load_generated
     from draftsmith.target import Target
@@ -87,7 +90,10 @@ def cache_features(
     }
     old = _read_meta(out)
     if old is not None and {k: v for k, v in old.items() if k not in ("status", "seconds")} != record:
-        raise DraftsmithError(f"features: {out} holds a cache of other settings; remove it or choose another --out")
+        if not overwrite:
+            raise DraftsmithError(f"features: {out} holds a cache of other settings; pass --overwrite or another --out")
+        shutil.rmtree(out)
+        old = None
     if old is not None and old.get("status") == "complete":
         return out
     out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,9 @@ from draftsmith.errors import DraftsmithError
 
 BUILTIN = ("builtin:train", "builtin:heldout")
 """The default target's prompt sets: signatures + docstrings from its train / held-out stdlib files."""
+BUILTIN_CHAT = ("builtin:chat-train", "builtin:chat-heldout")
+"""Chat prompt sets for instruction-tuned targets (``smollm2``): code, documentation and self-written
+instructions (``data/chat_prompts.py``)."""
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,8 @@ class Prompt:
 
     text: str | None = None
     messages: tuple[dict, ...] | None = None
+    source: str | None = None
+    """Where the prompt comes from (the record's ``source`` field), when known."""
 
 
 def _parse_record(record, where: str, field: str) -> Prompt:
@@ -28,12 +33,12 @@ def _parse_record(record, where: str, field: str) -> Prompt:
         text = record[field]
         if not isinstance(text, str):
             raise DraftsmithError(f"{where}: field {field!r} must be a string")
-        return Prompt(text=text)
+        return Prompt(text=text, source=record.get("source"))
     if "messages" in record:
         msgs = record["messages"]
         if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
             raise DraftsmithError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-        return Prompt(messages=tuple(msgs))
+        return Prompt(messages=tuple(msgs), source=record.get("source"))
     raise DraftsmithError(f"{where}: no {field!r} or 'messages' field (keys: {sorted(record)})")
 
 
@@ -61,7 +66,8 @@ def builtin_path(name: str) -> Path:
 
 
 def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = None) -> list[Prompt]:
-    """Load prompts from ``builtin:train|heldout``, a ``.jsonl`` file, or a local HF dataset / data file.
+    """Load prompts from ``builtin:train|heldout``, ``builtin:chat-train|chat-heldout``, a ``.jsonl`` file, or a
+    local HF dataset / data file.
 
     Args:
         source: where the prompts are.
@@ -71,6 +77,10 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
     source = str(source)
     if source in BUILTIN:
         prompts = read_jsonl(builtin_path(source), "prompt")
+    elif source in BUILTIN_CHAT:
+        from draftsmith.data.chat_prompts import chat_prompts
+
+        prompts = chat_prompts(source.split("-", 1)[1])
     elif source.endswith(".jsonl"):
         prompts = read_jsonl(Path(source), field)
     else:

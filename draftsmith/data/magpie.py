@@ -1,0 +1,121 @@
+"""Instructions a chat target writes itself (Magpie, Xu et al. 2024, arXiv 2406.08464).
+
+Given only its chat template's prefix of a user turn, an aligned chat model completes it with the kind of
+instruction it was tuned on; its own answers to those instructions are then on-policy data from the
+distribution it serves. ``python -m draftsmith.data.magpie --target smollm2 --out FILE`` writes them as chat
+JSONL (the built-in ``chat`` prompt sets ship SmolLM2's, made by that command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.data.decode import decode_batch, row_seed
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.sampling import Sampling
+from draftsmith.target import Target
+
+SENTINEL = "\x00MAGPIE\x00"
+
+
+def user_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template up to where a user turn's text begins (system prompt included)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DraftsmithError("magpie: the target's tokenizer has no chat template")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False)
+    prefix = text.split(SENTINEL)[0]
+    return tokenizer(prefix, add_special_tokens=False)["input_ids"]
+
+
+def clean(text: str, min_words: int = 4) -> str | None:
+    """A generated instruction, stripped; None for one too short or left unfinished."""
+    text = text.strip()
+    return text if len(text.split()) >= min_words else None
+
+
+@torch.no_grad()
+def write_instructions(
+    target: Target,
+    n: int,
+    out: Path,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    max_new_tokens: int = 64,
+    batch_size: int = 32,
+) -> int:
+    """Sample up to ``n`` distinct instructions from ``target`` and write them to ``out`` (chat JSONL).
+
+    Rows that do not end their turn within ``max_new_tokens`` are dropped (unfinished), as are duplicates.
+    Each batch's instructions are appended as it finishes (``out.partial``, renamed to ``out`` at the end), and
+    a rerun resumes after the last finished batch: rows are seeded per index, so a resumed file is the file an
+    uninterrupted run writes. Returns the number written.
+    """
+    tok = target.tokenizer
+    prefix = user_prefix(tok)
+    stop = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else target.eos_token_id
+    sampling = Sampling(temperature, top_p)
+    partial = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows, i = _finished_batches(partial)
+    seen = {r["messages"][0]["content"].lower() for r in rows}
+    bar = tqdm(total=n, initial=len(rows), desc="magpie", unit="instruction")
+    while len(rows) < n and i < 4 * n:
+        new = []
+        seeds = [row_seed(seed, i + j, 0) for j in range(batch_size)]
+        for j, d in enumerate(decode_batch(target.model, [prefix] * batch_size, seeds, sampling, max_new_tokens, stop)):
+            if not d.tokens or d.tokens[-1] != stop:
+                continue
+            text = clean(tok.decode(d.tokens[:-1]))
+            if text is None or text.lower() in seen:
+                continue
+            seen.add(text.lower())
+            new.append({"messages": [{"role": "user", "content": text}], "source": f"magpie:{seed}:{i + j}"})
+            bar.update(1)
+        i += batch_size
+        rows += new
+        with open(partial, "a", encoding="utf-8") as f:  # the batch's rows, then the mark that it is done
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in [*new, {"batch_end": i}]))
+    bar.close()
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[:n]))
+    partial.unlink()
+    return min(n, len(rows))
+
+
+def _finished_batches(partial: Path) -> tuple[list[dict], int]:
+    """The rows of the batches a killed run finished (those before its last ``batch_end`` mark) and the
+    index the next batch starts at."""
+    rows, kept, start = [], [], 0
+    lines = partial.read_text(encoding="utf-8").splitlines() if partial.is_file() else []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the kill
+            break
+        if "batch_end" in record:
+            kept, start = list(rows), record["batch_end"]
+        else:
+            rows.append(record)
+    return kept, start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("-n", type=int, default=600)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args(argv)
+    target = Target.from_pretrained(args.target)
+    count = write_instructions(target, args.n, args.out, seed=args.seed, batch_size=args.batch_size)
+    print(f"wrote {count} instructions to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
