@@ -135,9 +135,22 @@ class Target:
         return self.config.num_hidden_layers
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token that ends a generation: the ``eos_token_id`` (an id or a list) of the config and of the
+        generation config together, since ``generate`` stops at any id its generation config lists."""
+        ids: list[int] = []
+        for source in (self.config, getattr(self.model, "generation_config", None)):
+            eos = getattr(source, "eos_token_id", None)
+            for token in [] if eos is None else eos if isinstance(eos, (list, tuple)) else [eos]:
+                if int(token) not in ids:
+                    ids.append(int(token))
+        return tuple(ids)
+
+    @property
     def eos_token_id(self) -> int | None:
-        eos = self.config.eos_token_id
-        return eos[0] if isinstance(eos, list) else eos
+        """The first of ``eos_token_ids`` (for APIs that take one id); decoding stops at any of ``eos_token_ids``."""
+        ids = self.eos_token_ids
+        return ids[0] if ids else None
 
     @property
     def lm_head(self) -> torch.nn.Module:

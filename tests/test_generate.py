@@ -310,3 +310,13 @@ def test_ctrl_c_keeps_saved_shards_and_resume_completes_the_same_dataset(
     resumed, _ = run(target_dir, prompt_path, out, resume=True, **settings)
     reference, _ = run(target_dir, prompt_path, tmp_path / "reference", **settings)
     assert resumed["input_ids"] == reference["input_ids"]
+
+
+def test_generation_stops_at_any_of_a_list_of_eos_tokens():
+    model = make_llama(seed=0)
+    prompts, seeds = [[1, 2, 3, 4], [5, 6, 7]], [0, 0]
+    free = decode_batch(model, prompts, seeds, Sampling(), 12)
+    stops = [free[0].tokens[4], free[1].tokens[6]]
+    for row, stopped in zip(free, decode_batch(model, prompts, seeds, Sampling(), 12, stops), strict=True):
+        end = next(i for i, t in enumerate(row.tokens) if t in stops)
+        assert stopped.tokens == row.tokens[: end + 1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +70,7 @@ def decode_batch(
     seeds: list[int],
     sampling: Sampling,
     max_new_tokens: int,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     context: int | None = None,
     store_topk: int = 0,
 ) -> list[Decoded]:
@@ -85,7 +86,8 @@ def decode_batch(
         seeds: one seed per prompt (see ``row_seed``); unused when greedy.
         sampling: temperature 0 is greedy (argmax).
         max_new_tokens: generation budget per row.
-        eos_token_id: stops a row; None never stops early.
+        eos_token_id: the token, or tokens (any of them), that stop a row (``Target.eos_token_ids``);
+            None or empty never stops early.
         context: the model's maximum sequence length, or None for no limit.
         store_topk: also return the K most likely tokens and their log-probabilities per step.
     """
@@ -113,7 +115,11 @@ def decode_batch(
     if not sampling.greedy:
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         uniforms = torch.stack([torch.rand(steps, generator=g) for g in gens]).to(device)  # (B, steps)
-    ids, mask, prompt_pos, step_pos, budget = (x.to(device) for x in (ids, mask, prompt_pos, step_pos, budget))
+    stop = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or ())
+    eos = torch.tensor(stop, dtype=torch.long)  # (n_eos,)
+    ids, mask, prompt_pos, step_pos, budget, eos = (
+        x.to(device) for x in (ids, mask, prompt_pos, step_pos, budget, eos)
+    )
 
     cache = DynamicCache(config=model.config)
     keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
@@ -138,8 +144,7 @@ def decode_batch(
         tokens[:, t] = tok
         n_new += ~done
         done |= n_new >= budget
-        if eos_token_id is not None:
-            done |= tok == eos_token_id
+        done |= torch.isin(tok, eos)
         if t + 1 == steps or bool(done.all()):
             break
         out = model(

@@ -279,7 +279,7 @@ def generate(
                     [row_seed(seed, i, j) for i, j in batch],
                     sampling,
                     max_new_tokens,
-                    t.eos_token_id,
+                    t.eos_token_ids,
                     context,
                     store_topk,
                 )
@@ -291,7 +291,7 @@ def generate(
                 "rows": len(rows),
                 "prompt_tokens": sum(len(encoded[i]) for i, _ in rows),
                 "generated_tokens": sum(len(r.tokens) for r in results.values()),
-                "stopped_at_eos": sum(bool(r.tokens) and r.tokens[-1] == t.eos_token_id for r in results.values()),
+                "stopped_at_eos": sum(bool(r.tokens) and r.tokens[-1] in t.eos_token_ids for r in results.values()),
                 "seconds": time.perf_counter() - start,
             }
             shards.write_shard(out, s, _shard_columns(rows, encoded, results, store_topk), stats, store_topk)

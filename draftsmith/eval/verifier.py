@@ -52,10 +52,11 @@ def check_compatible(target: Target, drafter: Drafter, drafter_name: str) -> Non
         )
 
 
-def _finish(tokens: list[int], max_new_tokens: int, eos: int | None) -> tuple[list[int], bool]:
-    """Cut at max_new_tokens and after the first eos; say whether decoding is done."""
-    if eos is not None and eos in tokens:
-        return tokens[: tokens.index(eos) + 1], True
+def _finish(tokens: list[int], max_new_tokens: int, eos: tuple[int, ...]) -> tuple[list[int], bool]:
+    """Cut at max_new_tokens and after the first of the ``eos`` tokens; say whether decoding is done."""
+    stop = next((i for i, t in enumerate(tokens[:max_new_tokens]) if t in eos), None)
+    if stop is not None:
+        return tokens[: stop + 1], True
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
@@ -124,7 +125,7 @@ class SpeculativeDecoder:
         out = target(ids, cache, with_features=feats, feature_layers=layers)
         first = _pick(out.logits[0, -1], self.sampling, generator)
         result = DecodeResult(tokens=[first], target_calls=1)
-        result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+        result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
         t0 = time.perf_counter()
         state = drafter.begin(torch.tensor(prompt + [first]), out.positions(slice(None)))
         result.draft_seconds += time.perf_counter() - t0
@@ -143,7 +144,7 @@ class SpeculativeDecoder:
                 drafter.advance(state, torch.tensor(new), rows)
                 result.draft_seconds += time.perf_counter() - t0
                 result.tokens.extend(new)
-                result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+                result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
                 continue
             committed = cache.get_seq_length()
             step = torch.cat([torch.tensor([result.tokens[-1]]), draft.tokens])[None]  # (1, 1+n)
@@ -159,7 +160,7 @@ class SpeculativeDecoder:
             drafter.advance(state, torch.tensor(new), out.positions(slice(0, n + 1)))
             result.draft_seconds += time.perf_counter() - t0
             result.tokens.extend(new)
-            result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+            result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
         result.seconds = time.perf_counter() - start
         return result
 
@@ -180,11 +181,11 @@ def plain_decode(
     cache = target.new_cache()
     out = target(torch.tensor([prompt]), cache, with_features=False)
     result = DecodeResult(tokens=[_pick(out.logits[0, -1], sampling, generator)], target_calls=1)
-    result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+    result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
     while not done:
         out = target(torch.tensor([[result.tokens[-1]]]), cache, with_features=False)
         result.target_calls += 1
         result.tokens.append(_pick(out.logits[0, -1], sampling, generator))
-        result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_id)
+        result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
     result.seconds = time.perf_counter() - start
     return result

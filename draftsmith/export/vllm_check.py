@@ -51,7 +51,7 @@ def eos_free(target: Target, prompts: list[list[int]], max_new_tokens: int) -> l
     keep = []
     for p in prompts:
         out = plain_decode(target, p, max_new_tokens, Sampling(0.0), None)
-        if len(out.tokens) == max_new_tokens and target.eos_token_id not in out.tokens:
+        if len(out.tokens) == max_new_tokens and not set(target.eos_token_ids) & set(out.tokens):
             keep.append(p)
     return keep
 

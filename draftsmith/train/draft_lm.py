@@ -212,16 +212,17 @@ class DraftLMModule(DrafterModule):
                 top_k=None,
                 top_p=None,
                 pad_token_id=pad,
-                eos_token_id=self.target.eos_token_id,
+                eos_token_id=list(self.target.eos_token_ids) or None,
             )
         model.train(was_training)
         continuations = out[:, p:]
-        eos = self.target.eos_token_id
+        eos = self.target.eos_token_ids
         rows = []
         for i, n in enumerate(prompt_lens.tolist()):
             cont = continuations[i, : new[i]].tolist()
-            if eos is not None and eos in cont:
-                cont = cont[: cont.index(eos) + 1]
+            stop = next((j for j, t in enumerate(cont) if t in eos), None)
+            if stop is not None:
+                cont = cont[: stop + 1]
             rows.append((ids[i, :n].tolist(), cont))
         t = max(len(a) + len(b) for a, b in rows)
         result = {k: torch.zeros(len(rows), t, dtype=torch.long, device=ids.device) for k in batch if k in
