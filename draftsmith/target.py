@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from draftsmith.errors import DraftsmithError
@@ -60,6 +61,15 @@ def keep_positions(cache: DynamicCache, keep: list[int]) -> None:
         layer.values = layer.values.index_select(-2, index.to(layer.values.device))
 
 
+def load_causal_lm(path: Path, dtype: str, device: str, what: str) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` with an unreadable weights file reported on one line."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    except SafetensorError as e:
+        files = ", ".join(str(f) for f in sorted(Path(path).glob("*.safetensors"))) or str(path)
+        raise DraftsmithError(f"{what}: cannot read the weights in {files} (truncated or corrupt: {e})") from None
+
+
 class Target:
     """A frozen HF causal LM with its tokenizer.
 
@@ -97,7 +107,7 @@ class Target:
         path = resolve(path)
         if not (path / "config.json").is_file():
             raise DraftsmithError(f"target: {path} is not a model directory (no config.json)")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+        model = load_causal_lm(path, dtype, device, "target")
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, feature_layers, name=str(path))
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from draftsmith.cli import main
@@ -10,7 +13,10 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible
 from draftsmith.models.draft_lm import DraftLM
+from draftsmith.models.medusa import MedusaConfig, MedusaModel
+from draftsmith.models.native import save_native
 from draftsmith.models.ngram import NGramDrafter
+from draftsmith.models.registry import load_drafter
 from draftsmith.target import Target
 
 
@@ -134,3 +140,17 @@ def test_unknown_tree_kind_and_static_tree_without_accuracies_are_one_line_error
     drafter = MedusaModel(MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16)).as_drafter()
     with pytest.raises(DraftsmithError, match="--tree static needs the drafter's measured top-k accuracies"):
         drafter.set_tree(TreePolicy("static"), 4)
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_truncated_drafter_weights_are_one_line_naming_the_file(target, model_dirs, tmp_path, kind):
+    if kind == "native":
+        cfg = MedusaConfig(num_heads=2, hidden_size=target.hidden_size, vocab_size=target.vocab_size)
+        drafter_dir = save_native(MedusaModel(cfg), target, tmp_path / "medusa")
+    else:
+        drafter_dir = Path(shutil.copytree(model_dirs["drafter"], tmp_path / "drafter"))
+    weights = drafter_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(DraftsmithError, match="truncated or corrupt") as err:
+        load_drafter(str(drafter_dir), target)
+    assert str(weights) in str(err.value) and "\n" not in str(err.value)

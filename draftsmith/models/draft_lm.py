@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.sampling import Sampling, probs, sample
 from draftsmith.models.base import Draft, Drafter
-from draftsmith.target import TargetOutput, rollback, tokenizer_hash
+from draftsmith.target import TargetOutput, load_causal_lm, rollback, tokenizer_hash
 
 
 @dataclass
@@ -41,7 +41,7 @@ class DraftLM(Drafter):
         path = Path(path)
         if not (path / "config.json").is_file():
             raise DraftsmithError(f"drafter: {path} is not a model directory (no config.json)")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+        model = load_causal_lm(path, dtype, device, "drafter")
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
         return cls(model, tokenizer)
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import draftsmith
@@ -94,7 +95,12 @@ def _read_native(path: Path) -> tuple[dict, dict]:
         info = json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise DraftsmithError(f"{path / 'config.json'} is not valid JSON ({e.msg})") from None
-    return info, load_file(path / "model.safetensors")
+    try:
+        return info, load_file(path / "model.safetensors")
+    except SafetensorError as e:
+        raise DraftsmithError(
+            f"{path / 'model.safetensors'}: cannot read the weights (truncated or corrupt: {e})"
+        ) from None
 
 
 def _read_checkpoint(path: Path) -> tuple[dict, dict]:
