@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +11,14 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
 from draftsmith.errors import DraftsmithError
+
+# Layer types whose attention draftsmith can express in one additive mask (see ``Target.layer_masks``).
+ATTENTION_TYPES = ("full_attention", "sliding_attention")
+# Attention implementations that apply a custom 4D mask as given (flash attention ignores it).
+MASKED_ATTENTION = ("eager", "sdpa")
 
 
 @dataclass
@@ -43,8 +50,19 @@ def tokenizer_hash(tokenizer) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def new_cache() -> DynamicCache:
+    """A KV cache that keeps every position of every layer, so it can be cropped and re-indexed.
+
+    ``DynamicCache(config=...)`` gives sliding-window layers a cache that forgets what left the
+    window and counts positions in its own ``cumulative_length``: it can be neither rolled back
+    past the window nor re-indexed after a tree round. Keeping full layers costs the memory of
+    the dropped positions; the model's masks still apply each layer's window.
+    """
+    return DynamicCache()
+
+
 def rollback(cache: DynamicCache, length: int) -> None:
-    """Crop ``cache`` back to its first ``length`` positions."""
+    """Crop ``cache`` (from ``new_cache``) back to its first ``length`` positions."""
     excess = cache.get_seq_length() - length
     if excess < 0:
         raise ValueError(f"cannot roll a cache of {cache.get_seq_length()} positions forward to {length}")
@@ -54,11 +72,45 @@ def rollback(cache: DynamicCache, length: int) -> None:
 
 def keep_positions(cache: DynamicCache, keep: list[int]) -> None:
     """Keep only the cache entries at ``keep`` (in that order): after a tree round, the committed
-    context plus the accepted path."""
+    context plus the accepted path. ``cache`` must come from ``new_cache`` (full layers)."""
     index = torch.tensor(keep)
     for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise ValueError(f"keep_positions needs full cache layers (new_cache()), not {type(layer).__name__}")
         layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
         layer.values = layer.values.index_select(-2, index.to(layer.values.device))
+
+
+def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
+    """The model's attention layer types and each one's sliding window (None: full attention).
+
+    Refuses, naming the architecture, a model draftsmith cannot verify drafts on exactly: one with a
+    recurrent state (no KV cache to roll back), one that takes no position ids (draft tokens sit at
+    chosen positions), or one with attention layers other than full and sliding-window ones.
+    """
+    arch = type(model).__name__
+    if getattr(model, "_is_stateful", False):
+        raise DraftsmithError(
+            f"target: {arch} keeps a recurrent state, which cannot be rolled back to before a rejected draft; "
+            f"draftsmith needs a target whose every layer is attention with a KV cache"
+        )
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        raise DraftsmithError(
+            f"target: {arch} takes no position_ids, which draftsmith needs to place draft tokens (tree drafts "
+            f"put siblings at the same position)"
+        )
+    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    windows: dict[str, int | None] = {}
+    for kind, kw in zip(types, kwargs, strict=True):
+        if kind not in ATTENTION_TYPES:
+            raise DraftsmithError(
+                f"target: {arch} has {kind} layers; draftsmith verifies drafts only on full and sliding-window "
+                f"attention layers"
+            )
+        window = kw.get("sliding_window")
+        if windows.setdefault(kind, window) != window:
+            raise DraftsmithError(f"target: {arch} has {kind} layers with different windows; draftsmith needs one")
+    return windows
 
 
 def load_causal_lm(path: Path, dtype: str, device: str, what: str) -> PreTrainedModel:
@@ -79,6 +131,9 @@ class Target:
         feature_layers: indices into HF ``hidden_states`` to return as features;
             negative indices count from the end (-1 = final normed hidden state).
         name: path or hub name recorded in the fingerprint.
+
+    Raises:
+        DraftsmithError: for an architecture whose drafts cannot be verified exactly (``attention_windows``).
     """
 
     def __init__(
@@ -88,6 +143,7 @@ class Target:
         feature_layers: tuple[int, ...] = (-1,),
         name: str = "",
     ) -> None:
+        self.attention_windows = attention_windows(model)
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", ""))
@@ -171,7 +227,37 @@ class Target:
         return self.model.get_input_embeddings()
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+        """An empty KV cache that ``rollback`` and ``keep_positions`` can cut (see ``new_cache``)."""
+        return new_cache()
+
+    def layer_masks(
+        self, mask: torch.Tensor, position_ids: torch.Tensor, past: int
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """A custom additive mask as the model's attention layers need it: each sliding-window layer also
+        masks keys that left its window (a 4D mask reaches the layers as given; the model adds no window).
+
+        Args:
+            mask: (1, 1, T, past + T) additive mask over the cached positions 0..past-1 and the T new ones.
+            position_ids: (1, T) positions of the new tokens.
+            past: positions the cache holds.
+
+        Returns:
+            the mask for every layer when all layers share an attention type, else one mask per layer type
+            (the mapping the models with mixed full/sliding layers accept as ``attention_mask``).
+        """
+        impl = self.config._attn_implementation
+        if impl not in MASKED_ATTENTION:
+            raise DraftsmithError(
+                f"target: tree drafts pass a 4D attention mask, which {impl} attention ignores; load the target "
+                f"with attn_implementation='sdpa' (or 'eager'), or draft chains"
+            )
+        q_pos = position_ids[0].to(mask.device)  # (T,)
+        kv_pos = torch.cat([torch.arange(past, device=mask.device), q_pos])  # (past + T,)
+        distance = q_pos[:, None] - kv_pos[None, :]  # (T, past + T)
+        masks = {}
+        for kind, window in self.attention_windows.items():
+            masks[kind] = mask if window is None else mask.masked_fill(distance >= window, torch.finfo(mask.dtype).min)
+        return next(iter(masks.values())) if len(masks) == 1 else masks
 
     @torch.no_grad()
     def __call__(
@@ -186,7 +272,14 @@ class Target:
         """Forward ``input_ids`` (B, T) after whatever ``past_key_values`` holds.
 
         ``feature_layers`` (resolved, non-negative) overrides ``self.feature_layers`` for this call.
+        A 4D ``attention_mask`` (tree drafts) is a custom mask over the cache and the new tokens; each
+        sliding-window layer gets it with its window applied (``layer_masks``).
         """
+        if attention_mask is not None and attention_mask.dim() == 4:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            if position_ids is None:
+                position_ids = torch.arange(past, past + input_ids.shape[1], device=self.device)[None]
+            attention_mask = self.layer_masks(attention_mask, position_ids, past)
         out = self.model(
             input_ids=input_ids.to(self.device),
             past_key_values=past_key_values,

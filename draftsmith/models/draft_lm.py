@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.sampling import Sampling, probs, sample
 from draftsmith.models.base import Draft, Drafter
-from draftsmith.target import TargetOutput, load_causal_lm, rollback, tokenizer_hash
+from draftsmith.target import TargetOutput, load_causal_lm, new_cache, rollback, tokenizer_hash
 
 
 @dataclass
@@ -46,7 +46,7 @@ class DraftLM(Drafter):
         return cls(model, tokenizer)
 
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> DraftLMState:
-        return DraftLMState(ids=tokens.tolist(), cache=DynamicCache(config=self.model.config))
+        return DraftLMState(ids=tokens.tolist(), cache=new_cache())
 
     @torch.no_grad()
     def _logits(self, state: DraftLMState, new: list[int]) -> torch.Tensor:

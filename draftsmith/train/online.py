@@ -17,14 +17,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import DecodeResult
 from draftsmith.models.base import Draft, Drafter
 from draftsmith.models.draft_lm import DraftLM
-from draftsmith.target import Target, TargetOutput
+from draftsmith.target import Target, TargetOutput, new_cache
 from draftsmith.train.losses import soft_cross_entropy
 
 
@@ -104,7 +103,7 @@ class OnlineDrafter(Drafter):
         if self.pending >= self.cfg.update_every:
             self.update()
             # the draft LM's cache holds keys/values of the old weights: recompute the context
-            state.cache, state.cached = DynamicCache(config=self.base.model.config), []
+            state.cache, state.cached = new_cache(), []
 
     def update(self) -> None:
         """``steps`` AdamW steps of forward KL to the target on random minibatches of the buffer."""
