@@ -18,6 +18,9 @@ from draftsmith.eval import trees
 from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.models.draft_lm import DraftLM
+from draftsmith.models.eagle import EagleConfig, EagleModel
+from draftsmith.models.hydra import HydraConfig, HydraModel
+from draftsmith.models.medusa import MedusaConfig, MedusaModel
 from draftsmith.models.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.target import Target
 
@@ -240,3 +243,36 @@ def test_speculative_sampling_is_distributed_as_the_target(name, draft):
         tokens = decoder.generate(LONG_PROMPT, 3, g).tokens
         counts[tokens[0] * SMALL_V + tokens[1]] += 1
     assert chi_square_pvalue(counts, exact_pair_distribution(target, LONG_PROMPT, sampling)) > 1e-3
+
+
+# ---- feature drafters read a non-Llama target's hidden states (its own norms, embedding scale, layer types) ----
+
+
+def feature_drafter(family: str, target: Target):
+    c = target.config
+    torch.manual_seed(0)
+    if family.startswith("eagle"):
+        version = int(family[-1])
+        layers = target._check_layers((-1,) if version == 1 else (0, 1, 2))
+        model = EagleModel(EagleConfig.from_target(c, version, layers, 0))
+        model.init_from_target(target.embed_tokens.weight, target.lm_head.weight)
+    elif family == "medusa":
+        model = MedusaModel(MedusaConfig(num_heads=3, hidden_size=c.hidden_size, vocab_size=target.vocab_size))
+        model.init_from_target(target.lm_head.weight)
+    else:
+        shape = dict(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads, head_dim=c.head_dim)
+        cfg = HydraConfig(num_heads=3, vocab_size=target.vocab_size, intermediate_size=c.intermediate_size, **shape)
+        model = HydraModel(cfg)
+        model.init_from_target(target.embed_tokens.weight, target.lm_head.weight)
+    drafter = model.as_drafter()
+    drafter.tree = TreePolicy("dynamic", size=8, top_k=3)
+    return drafter
+
+
+@pytest.mark.parametrize("family", ["eagle1", "eagle3", "medusa", "hydra"])
+def test_feature_drafters_decode_a_sliding_window_gemma2_exactly(family):
+    model = build(ARCHITECTURES["gemma2"], seed=1)
+    target = Target(model, name="gemma2")
+    decoder = SpeculativeDecoder(target, feature_drafter(family, target), 3, Sampling())
+    for prompt in PROMPTS:
+        assert decoder.generate(prompt, 20).tokens == hf_generate(model, prompt, 20)
