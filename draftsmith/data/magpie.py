@@ -58,7 +58,10 @@ def write_instructions(
     """
     tok = target.tokenizer
     prefix = user_prefix(tok)
-    stop = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else target.eos_token_id
+    # the turn ends at the target's stop tokens (ChatML's <|im_end|> also when the config does not list it)
+    stop = sorted(
+        {*target.eos_token_ids, *([tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [])}
+    )
     sampling = Sampling(temperature, top_p)
     partial = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +72,7 @@ def write_instructions(
         new = []
         seeds = [row_seed(seed, i + j, 0) for j in range(batch_size)]
         for j, d in enumerate(decode_batch(target.model, [prefix] * batch_size, seeds, sampling, max_new_tokens, stop)):
-            if not d.tokens or d.tokens[-1] != stop:
+            if not d.tokens or d.tokens[-1] not in stop:
                 continue
             text = clean(tok.decode(d.tokens[:-1]))
             if text is None or text.lower() in seen:
