@@ -257,22 +257,59 @@ def feature_drafter(family: str, target: Target):
         model = EagleModel(EagleConfig.from_target(c, version, layers, 0))
         model.init_from_target(target.embed_tokens.weight, target.lm_head.weight)
     elif family == "medusa":
-        model = MedusaModel(MedusaConfig(num_heads=3, hidden_size=c.hidden_size, vocab_size=target.vocab_size))
+        model = MedusaModel(MedusaConfig(num_heads=3, hidden_size=target.hidden_size, vocab_size=target.vocab_size))
         model.init_from_target(target.lm_head.weight)
     else:
-        shape = dict(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads, head_dim=c.head_dim)
-        cfg = HydraConfig(num_heads=3, vocab_size=target.vocab_size, intermediate_size=c.intermediate_size, **shape)
-        model = HydraModel(cfg)
+        model = HydraModel(HydraConfig.from_target(c, target.vocab_size, num_heads=3, prefix_attention=True))
         model.init_from_target(target.embed_tokens.weight, target.lm_head.weight)
     drafter = model.as_drafter()
     drafter.tree = TreePolicy("dynamic", size=8, top_k=3)
     return drafter
 
 
+# families whose norms, layer outputs and config field names differ from Llama's
+FEATURE_TARGETS = ["gemma2", "gpt2", "gpt_neox", "starcoder2_sliding"]
+
+
+@pytest.mark.parametrize("name", FEATURE_TARGETS)
 @pytest.mark.parametrize("family", ["eagle1", "eagle3", "medusa", "hydra"])
-def test_feature_drafters_decode_a_sliding_window_gemma2_exactly(family):
-    model = build(ARCHITECTURES["gemma2"], seed=1)
-    target = Target(model, name="gemma2")
+def test_feature_drafters_decode_non_llama_targets_exactly(family, name):
+    """Gemma-2: sliding window, embedding scale, (1 + w) norms; GPT-2: learned positions, LayerNorm, Conv1D;
+    GPT-NeoX: parallel residual, partial rotary; Starcoder2: sliding window, biased LayerNorm."""
+    model = build(ARCHITECTURES[name], seed=1)
+    target = Target(model, name=name)
     decoder = SpeculativeDecoder(target, feature_drafter(family, target), 3, Sampling())
     for prompt in PROMPTS:
         assert decoder.generate(prompt, 20).tokens == hf_generate(model, prompt, 20)
+
+
+# architecture -> (its fields for the drafter's MLP width and norm epsilon, their values)
+BORROWED = {
+    "gemma2": ("intermediate_size, rms_norm_eps", (128, 1e-6)),
+    "gpt2": ("n_inner: null (4 * n_embd), layer_norm_epsilon", (256, 1e-5)),
+    "gpt_neox": ("intermediate_size, layer_norm_eps", (128, 1e-5)),
+    "starcoder2_sliding": ("intermediate_size, norm_epsilon", (128, 1e-5)),
+}
+
+
+@pytest.mark.parametrize("name", list(BORROWED))
+def test_drafter_layers_read_each_familys_names_for_the_targets_shape(name):
+    config = build(ARCHITECTURES[name], seed=0).config
+    eagle = EagleConfig.from_target(config, 3, (0, 1, 2), 48)
+    hydra = HydraConfig.from_target(config, VOCAB, num_heads=2, prefix_attention=True)
+    expected = BORROWED[name][1]
+    for cfg in (eagle, hydra):
+        assert (cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps) == (64, *expected), BORROWED[name][0]
+    assert (eagle.num_heads, eagle.head_dim, hydra.num_attention_heads, hydra.head_dim) == (4, 16, 4, 16)
+    assert eagle.max_position_embeddings == config.max_position_embeddings  # GPT-2: n_positions
+
+
+def test_a_target_config_without_a_borrowed_field_is_refused_in_one_line():
+    config = tf.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)  # no MLP width: 4 * hidden
+    for make, drafter in [
+        (lambda: EagleConfig.from_target(config, 1, (2,)), "EAGLE-1"),
+        (lambda: HydraConfig.from_target(config, VOCAB, num_heads=2), "Hydra"),
+    ]:
+        with pytest.raises(DraftsmithError, match=f"{drafter}: the target's BloomConfig .* no intermediate_size") as e:
+            make()
+        assert "\n" not in str(e.value)

@@ -30,6 +30,57 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.models.tree_draft import TreeDrafter
 from draftsmith.target import TargetOutput
 
+ROPE_THETA = 10000.0
+"""RoPE base of a drafter layer whose target names none (learned positions, or per-layer-type bases)."""
+
+
+# Llama-style config fields whose value a drafter's own decoder layer borrows from its target, and the names
+# other families give them (GPT-2 / GPT-J, GPT-NeoX, Starcoder2, Falcon, OPT ...)
+BORROWED_FIELDS = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "intermediate_size": ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner"),
+    "rms_norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "max_sequence_length"),
+}
+
+
+def borrowed_shape(target_config, drafter: str) -> dict:
+    """The shape a drafter's Llama-style layer takes from its target, whatever its family calls each field.
+
+    Only sizes and the norm epsilon are borrowed: the drafter's layer is its own (RMSNorm, SwiGLU MLP,
+    RoPE), so a target with LayerNorm, a GELU MLP or learned positions lends the same numbers. GPT-2's
+    ``n_inner: null`` is its default MLP width, 4 * hidden; a target without RoPE lends RoPE's usual base.
+
+    Args:
+        target_config: the target's HF config.
+        drafter: the drafter family, for the error message.
+
+    Returns:
+        ``hidden_size``, ``num_attention_heads``, ``head_dim``, ``intermediate_size``, ``rms_norm_eps``,
+        ``rope_theta`` and ``max_position_embeddings``.
+
+    Raises:
+        DraftsmithError: the config has none of a field's names (one line naming the architecture and field).
+    """
+    config = target_config.get_text_config(decoder=True)
+    shape = {}
+    for name, aliases in BORROWED_FIELDS.items():
+        present = [alias for alias in aliases if hasattr(config, alias)]
+        if not present:
+            raise DraftsmithError(
+                f"{drafter}: the target's {type(config).__name__} ({config.model_type}) has no {name} "
+                f"(looked for {', '.join(aliases)}); the drafter's layer borrows its size from the target"
+            )
+        value = getattr(config, present[0])
+        if value is None and present[0] == "n_inner":  # GPT-2 / GPT-J: null means 4 * hidden
+            value = 4 * shape["hidden_size"]
+        shape[name] = value
+    shape["head_dim"] = getattr(config, "head_dim", None) or shape["hidden_size"] // shape["num_attention_heads"]
+    rope = getattr(config, "rope_parameters", None) or {}
+    shape["rope_theta"] = rope.get("rope_theta", getattr(config, "rope_theta", None) or ROPE_THETA)
+    return shape
+
 
 @dataclass
 class EagleConfig:
@@ -49,33 +100,27 @@ class EagleConfig:
     """EAGLE-3's reduced vocabulary (= vocab_size for no reduction); EAGLE-1 uses the full one."""
     target_hidden_size: int = 0
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope_theta: float = ROPE_THETA
     max_position_embeddings: int = 2048
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_target(cls, target_config, version: int, feature_layers: tuple[int, ...], draft_vocab_size: int = 0):
+        """The EAGLE-``version`` drafter of a target with this HF config (any family: ``borrowed_shape``)."""
         if version not in (1, 3):
             raise DraftsmithError(f"eagle version must be 1 or 3, got {version}")
         if version == 1 and len(feature_layers) != 1:
             raise DraftsmithError(f"EAGLE-1 takes one feature layer, got feature_layers={list(feature_layers)}")
-        h = target_config.hidden_size
-        heads = target_config.num_attention_heads
+        shape = borrowed_shape(target_config, f"EAGLE-{version}")
         vocab = target_config.vocab_size
-        rope = getattr(target_config, "rope_parameters", None) or {}
         return cls(
             version=version,
             feature_layers=tuple(feature_layers),
-            hidden_size=h,
-            num_heads=heads,
-            head_dim=getattr(target_config, "head_dim", None) or h // heads,
-            intermediate_size=target_config.intermediate_size,
+            num_heads=shape.pop("num_attention_heads"),
             vocab_size=vocab,
             draft_vocab_size=(draft_vocab_size or vocab) if version == 3 else vocab,
-            target_hidden_size=h,
-            rms_norm_eps=target_config.rms_norm_eps,
-            rope_theta=rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
-            max_position_embeddings=target_config.max_position_embeddings,
+            target_hidden_size=shape["hidden_size"],
+            **shape,
         )
 
     def llama_config(self) -> LlamaConfig:

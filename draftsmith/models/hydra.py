@@ -21,7 +21,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from draftsmith.models.eagle import EagleAttention, EagleConfig
+from draftsmith.models.eagle import EagleAttention, EagleConfig, borrowed_shape
 from draftsmith.models.medusa import ResidualBlock
 from draftsmith.models.tree_draft import TreeDrafter
 from draftsmith.target import TargetOutput
@@ -44,6 +44,14 @@ class HydraConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
+
+    @classmethod
+    def from_target(
+        cls, target_config, vocab_size: int, num_heads: int, num_layers: int = 1, prefix_attention: bool = False
+    ) -> HydraConfig:
+        """The Hydra drafter of a target with this HF config (any family: ``borrowed_shape``)."""
+        shape = borrowed_shape(target_config, "Hydra++" if prefix_attention else "Hydra")
+        return cls(num_heads, num_layers, prefix_attention, vocab_size=vocab_size, **shape)
 
     def llama_config(self) -> LlamaConfig:
         """The one-layer Llama shape of the prefix layer (the same as an EAGLE layer's)."""

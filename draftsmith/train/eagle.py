@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
+from transformers import AutoConfig
 
 from draftsmith.eval.estimate import acceptance_prob
 from draftsmith.eval.sampling import Sampling, probs
@@ -70,8 +68,8 @@ class EagleModule(DrafterModule):
     def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
         if self.requested_layers:
             return tuple(self.requested_layers)
-        layers = json.loads((Path(target_path) / "config.json").read_text())["num_hidden_layers"]
-        return default_feature_layers(layers, self.version)
+        config = AutoConfig.from_pretrained(target_path)  # its family's name for the depth (GPT-2: n_layer)
+        return default_feature_layers(config.get_text_config(decoder=True).num_hidden_layers, self.version)
 
     def build_drafter(self) -> EagleModel:
         cfg = EagleConfig.from_target(

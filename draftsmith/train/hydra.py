@@ -44,19 +44,8 @@ class HydraModule(HeadsModule):
         self.save_hyperparameters()
 
     def build_drafter(self) -> HydraModel:
-        c = self.target.config
-        cfg = HydraConfig(
-            num_heads=self.num_heads,
-            num_layers=self.num_layers,
-            prefix_attention=self.prefix_attention,
-            hidden_size=c.hidden_size,
-            vocab_size=self.target.vocab_size,
-            num_attention_heads=c.num_attention_heads,
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            intermediate_size=c.intermediate_size,
-            rms_norm_eps=c.rms_norm_eps,
-            rope_theta=(getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0),
-            max_position_embeddings=c.max_position_embeddings,
+        cfg = HydraConfig.from_target(
+            self.target.config, self.target.vocab_size, self.num_heads, self.num_layers, self.prefix_attention
         )
         model = HydraModel(cfg)
         model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
