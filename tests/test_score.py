@@ -64,3 +64,21 @@ def test_sampling_scores_report_no_greedy_exactness(target, tokenizer, prompts):
     )
     # a drafter identical to the target is always accepted under sampling too (p == q)
     assert rows[0]["greedy_exact"] is None and rows[0]["alpha"] == 1.0
+
+
+def test_ideal_speedup_costs_verification_at_the_measured_ratio(target, tokenizer, prompts):
+    drafter = DraftLM(target.model, tokenizer)  # drafts what the target says: every token accepted
+    _, rows = score_drafters(target, {"self": drafter}, prompts, 3, Sampling(0.0), 8, progress=False)
+    row = rows[0]
+    assert row["verify_ratio"] > 0 and row["verify_ratio"] != 1.0  # measured, not assumed
+    expected = row["tau"] / (row["verify_ratio"] + row["mean_drafted"] * row["cost_ratio"])
+    assert row["ideal_speedup"] == pytest.approx(expected)
+
+
+def test_verify_ratio_interpolates_between_measured_token_counts():
+    from draftsmith.eval.metrics import interpolate_ratio
+
+    ratios = {1: 1.0, 5: 2.0, 17: 2.6}
+    assert interpolate_ratio(ratios, 3) == pytest.approx(1.5)
+    assert interpolate_ratio(ratios, 11) == pytest.approx(2.3)
+    assert interpolate_ratio(ratios, 40) == 2.6 and interpolate_ratio(ratios, 0.5) == 1.0

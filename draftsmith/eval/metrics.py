@@ -28,7 +28,10 @@ class DrafterMetrics:
         speedup: tokens_per_s / plain decoding's tokens_per_s, same run.
         cost_ratio: c, the drafter's time per drafted token / the target's time per plain decoding step.
         mean_drafted: mean tokens drafted per round.
-        ideal_speedup: tau / (1 + mean_drafted * c), the bound if verifying k+1 tokens cost one step.
+        verify_ratio: r, the target's time to verify one round's tokens (mean_drafted + 1 of them) / its time for
+            one decode step, measured in the same run (``score_drafters``); 1.0 where it was not measured.
+        ideal_speedup: tau / (r + mean_drafted * c): the speedup this τ and drafter cost allow on this machine,
+            with the verification forward costed as measured.
         greedy_exact: prompts whose output equals plain greedy decoding (greedy only; else None).
     """
 
@@ -47,11 +50,23 @@ class DrafterMetrics:
     speedup: float
     cost_ratio: float
     mean_drafted: float
+    verify_ratio: float
     ideal_speedup: float
     greedy_exact: int | None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def interpolate_ratio(ratios: dict[int, float], tokens: float) -> float:
+    """r at ``tokens`` verified tokens, linear between the measured token counts (``ratios``: count -> r)."""
+    points = sorted(ratios.items())
+    if tokens <= points[0][0]:
+        return points[0][1]
+    for (m0, r0), (m1, r1) in zip(points, points[1:], strict=False):
+        if tokens <= m1:
+            return r0 + (r1 - r0) * (tokens - m0) / (m1 - m0)
+    return points[-1][1]
 
 
 @dataclass
@@ -72,8 +87,15 @@ def plain_metrics(results: list[DecodeResult]) -> PlainMetrics:
 
 
 def drafter_metrics(
-    name: str, k: int, results: list[DecodeResult], plain: list[DecodeResult], greedy: bool
+    name: str,
+    k: int,
+    results: list[DecodeResult],
+    plain: list[DecodeResult],
+    greedy: bool,
+    verify_ratios: dict[int, float] | None = None,
 ) -> DrafterMetrics:
+    """Aggregate one drafter's decodes; ``verify_ratios`` (verified tokens -> r, measured in the same run) costs
+    the verification forward in ``ideal_speedup`` (without it, r = 1: verifying as cheap as one step)."""
     accepted = [a for r in results for a in r.accepted]
     drafted = [d for r in results for d in r.drafted]
     depth = [d for r in results for d in r.depth]
@@ -87,6 +109,7 @@ def drafter_metrics(
     cost = (sum(r.draft_seconds for r in results) / max(1, sum(drafted))) / step_seconds
     tau = (sum(accepted) + rounds) / max(1, rounds)
     mean_drafted = sum(drafted) / max(1, rounds)
+    r = interpolate_ratio(verify_ratios, mean_drafted + 1) if verify_ratios else 1.0
     full_depth = max(depth, default=0)
     full = [a for a, d in zip(accepted, depth, strict=True) if d == full_depth]
     return DrafterMetrics(
@@ -105,6 +128,7 @@ def drafter_metrics(
         speedup=(tokens / seconds) / base.tokens_per_s,
         cost_ratio=cost,
         mean_drafted=mean_drafted,
-        ideal_speedup=tau / (1 + mean_drafted * cost),
+        verify_ratio=r,
+        ideal_speedup=tau / (r + mean_drafted * cost),
         greedy_exact=sum(r.tokens == p.tokens for r, p in zip(results, plain, strict=True)) if greedy else None,
     )

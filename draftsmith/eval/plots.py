@@ -56,11 +56,11 @@ def tau_vs_k(by_k: dict[int, list[dict]], path: Path) -> Path:
 
 
 def speedup_bars(rows: list[dict], plain: dict, path: Path) -> Path:
-    """Measured speedup per drafter beside its ideal bound τ/(1+K̄c)."""
+    """Measured speedup per drafter beside its ideal bound τ/(r+K̄c)."""
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows) + 2), 4))
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r["speedup"] for r in rows], width=0.4, label="measured")
-    ax.bar([i + 0.2 for i in x], [r["ideal_speedup"] for r in rows], width=0.4, alpha=0.5, label="ideal τ/(1+K̄c)")
+    ax.bar([i + 0.2 for i in x], [r["ideal_speedup"] for r in rows], width=0.4, alpha=0.5, label="ideal τ/(r+K̄c)")
     for i, r in enumerate(rows):
         ax.text(i - 0.2, r["speedup"], f"{r['speedup']:.2f}×", ha="center", va="bottom", fontsize=8)
     ax.axhline(1.0, ls=":", color="gray")

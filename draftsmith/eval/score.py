@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import platform
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -18,7 +20,7 @@ from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, plain
 from draftsmith.models.base import Drafter
 from draftsmith.models.registry import load_drafter
 from draftsmith.models.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.target import Target
+from draftsmith.target import Target, rollback
 
 
 def score_drafters(
@@ -49,6 +51,7 @@ def score_drafters(
         plain_decode(t, prompts[0], min(8, max_new_tokens), sampling, torch.Generator().manual_seed(seed))
     for dec in decoders.values():
         dec.generate(prompts[0], min(8, max_new_tokens), torch.Generator().manual_seed(seed))
+    ratios = verify_ratios(target, prompts[0], sorted({k + 1, *(most_verified(d, k) for d in drafters.values())}))
     plain, spec = {key: [] for key in baselines}, {name: [] for name in drafters}
     for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress)):
         for key, t in baselines.items():
@@ -59,7 +62,7 @@ def score_drafters(
             spec[name].append(dec.generate(prompt, max_new_tokens, torch.Generator().manual_seed(seed + i)))
     rows = []
     for name in drafters:
-        m = drafter_metrics(name, k, spec[name], plain[id(targets[name])], sampling.greedy).to_dict()
+        m = drafter_metrics(name, k, spec[name], plain[id(targets[name])], sampling.greedy, ratios).to_dict()
         m["prompts"] = len(prompts)
         if hasattr(drafters[name], "online_report"):  # --online-adapt: α and τ over time
             m["online"] = drafters[name].online_report(spec[name])
@@ -67,6 +70,36 @@ def score_drafters(
             m["target"] = targets[name].name
         rows.append(m)
     return plain_metrics(plain[id(target)]).to_dict(), rows
+
+
+def most_verified(drafter: Drafter, k: int) -> int:
+    """The most tokens one verification forward of ``drafter``'s rounds holds (its drafts + 1)."""
+    from draftsmith.models.ngram import NGramDrafter
+
+    if isinstance(drafter, TreeDrafter) and drafter.tree.kind != "chain":
+        return drafter.tree.size + 1
+    if isinstance(drafter, NGramDrafter):
+        return k * drafter.width + 1
+    return k + 1
+
+
+@torch.no_grad()
+def verify_ratios(target: Target, prompt: list[int], counts: list[int], repeats: int = 7) -> dict[int, float]:
+    """r(m): the median time of a target forward of m new tokens over that of 1 token, on the same cached context
+    (the prompt), interleaved: what verifying a round of m - 1 drafted tokens costs in decode steps."""
+    cache = target.new_cache()
+    target(torch.tensor([prompt]), cache, with_features=False)
+    n = cache.get_seq_length()
+    times: dict[int, list[float]] = {m: [] for m in sorted({1, *counts})}
+    for _ in range(repeats):
+        for m in times:
+            ids = torch.tensor([prompt[-1:] * m])
+            start = time.perf_counter()
+            target(ids, cache, with_features=False)
+            times[m].append(time.perf_counter() - start)
+            rollback(cache, n)
+    step = statistics.median(times[1])
+    return {m: statistics.median(t) / step for m, t in times.items()}
 
 
 def named(spec: str) -> tuple[str, str]:
