@@ -148,6 +148,7 @@ class Target:
         self.tokenizer = tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", ""))
         self.feature_layers = self._check_layers(feature_layers)
+        self._final_logits_checked = False
 
     @classmethod
     def from_pretrained(
@@ -225,6 +226,39 @@ class Target:
     @property
     def embed_tokens(self) -> torch.nn.Module:
         return self.model.get_input_embeddings()
+
+    def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's logits from its final normed hidden state (HF ``hidden_states[-1]``): its LM head, then
+        what its family applies after the head (Gemma-2/3's soft-capping, Cohere's ``logit_scale``, Granite's
+        ``logits_scaling``), as its forward does. Float32, like ``TargetOutput.logits``."""
+        head = self.lm_head
+        logits = head(hidden.to(head.weight.dtype)).float()
+        config = self.config.get_text_config(decoder=True)
+        if getattr(config, "final_logit_softcapping", None) is not None:
+            cap = config.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        if config.model_type.startswith("cohere") and getattr(config, "logit_scale", None) is not None:
+            logits = logits * config.logit_scale
+        if getattr(config, "logits_scaling", None) is not None:
+            logits = logits / config.logits_scaling
+        return logits
+
+    @torch.no_grad()
+    def check_final_logits(self, what: str) -> None:
+        """Refuse in one line a target whose logits are something else than ``final_logits`` of its final state
+        (a family applying another transform after its LM head), for ``what`` recomputes them that way. Runs one
+        4-token forward, the first time only."""
+        if self._final_logits_checked:
+            return
+        ids = torch.arange(4, device=self.device)[None] % self.vocab_size
+        out = self.model(input_ids=ids, output_hidden_states=True)
+        tol = max(1e-4, 4 * torch.finfo(out.logits.dtype).eps)  # bf16 / fp16 targets transform in their precision
+        if not torch.allclose(self.final_logits(out.hidden_states[-1]), out.logits.float(), rtol=tol, atol=tol):
+            raise DraftsmithError(
+                f"{what}: {type(self.model).__name__} transforms its LM head's output in a way draftsmith does "
+                f"not know, so its logits cannot be recomputed from cached hidden states; train online"
+            )
+        self._final_logits_checked = True
 
     def new_cache(self) -> DynamicCache:
         """An empty KV cache that ``rollback`` and ``keep_positions`` can cut (see ``new_cache``)."""

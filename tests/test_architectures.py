@@ -313,3 +313,38 @@ def test_a_target_config_without_a_borrowed_field_is_refused_in_one_line():
         with pytest.raises(DraftsmithError, match=f"{drafter}: the target's BloomConfig .* no intermediate_size") as e:
             make()
         assert "\n" not in str(e.value)
+
+
+# ---- logits recomputed from the final hidden state (the feature cache) are the target's -------------------
+
+# architecture -> (config class, model class, config kwargs): families that transform the LM head's output
+HEAD_TRANSFORMS: dict[str, tuple[type, type, dict]] = {
+    "gemma2_capped": (*ARCHITECTURES["gemma2"][:2], {**ARCHITECTURES["gemma2"][2], "final_logit_softcapping": 2.0}),
+    "gemma3_capped": (*ARCHITECTURES["gemma3"][:2], {**ARCHITECTURES["gemma3"][2], "final_logit_softcapping": 2.0}),
+    "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {**LLAMA_LIKE, "logit_scale": 0.25}),
+    "granite": (tf.GraniteConfig, tf.GraniteForCausalLM, {**LLAMA_LIKE, "logits_scaling": 4.0}),
+    "llama": ARCHITECTURES["llama"],
+    "gpt2": ARCHITECTURES["gpt2"],
+}
+
+
+@pytest.mark.parametrize("name", list(HEAD_TRANSFORMS))
+def test_final_logits_of_the_final_hidden_state_are_the_targets_logits(name):
+    model = build(HEAD_TRANSFORMS[name], seed=0)
+    target = Target(model)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([PROMPTS[0]]), output_hidden_states=True)
+    torch.testing.assert_close(target.final_logits(out.hidden_states[-1]), out.logits.float())
+    target.check_final_logits("data.features")
+
+
+def test_a_target_with_an_unknown_head_transform_is_refused_for_cached_features():
+    model = build(ARCHITECTURES["llama"], seed=0)
+
+    def temper(module, args, kwargs, out):
+        out.logits = out.logits / 3.0
+        return out
+
+    model.register_forward_hook(temper, with_kwargs=True)
+    with pytest.raises(DraftsmithError, match="data.features: LlamaForCausalLM transforms its LM head's output"):
+        Target(model).check_final_logits("data.features")

@@ -97,6 +97,8 @@ class DrafterModule(L.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         if datamodule is not None:
             datamodule.check_target(self.target)
+            if getattr(datamodule, "cache", None) is not None:
+                self.target.check_final_logits("data.features")
             if stage == "fit":
                 self.prepare_from_data(datamodule)
 
@@ -116,8 +118,8 @@ class DrafterModule(L.LightningModule):
             return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
         hidden = batch["hidden"]
         with torch.no_grad():
-            logits = self.target.lm_head(hidden[self.target.num_layers].float())
-        return TargetOutput(logits.float(), tuple(hidden[layer].float() for layer in self.target.feature_layers))
+            logits = self.target.final_logits(hidden[self.target.num_layers].float())
+        return TargetOutput(logits, tuple(hidden[layer].float() for layer in self.target.feature_layers))
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self.losses(batch, self.target_forward(batch))
