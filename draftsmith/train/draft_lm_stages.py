@@ -165,3 +165,32 @@ def train_distilled_draft_lm(
     if init is None:
         init = pretrain(target_dir, data[1], out, budget, force)
     return distill(target_dir, data, init, out, "draft_lm", loss, on_policy, budget, force)
+
+
+def truncated_target(target_dir: Path, layers: int, out: Path) -> Path:
+    """The target's first ``layers`` decoder layers with its embeddings, final norm and LM head, saved as a causal
+    LM dir (reused when present): a draft LM that starts where the target's own computation starts (the
+    draft-model half of Kangaroo / LayerSkip's self-speculation), to be distilled into the full target."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from draftsmith.errors import DraftsmithError
+
+    if (out / "config.json").is_file():
+        return out
+    config = AutoConfig.from_pretrained(target_dir)
+    if not 0 < layers < config.num_hidden_layers:
+        raise DraftsmithError(f"draft_lm_layers: {layers} must be between 1 and {config.num_hidden_layers - 1}")
+    full = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(full.state_dict(), strict=False)
+    if missing:
+        raise DraftsmithError(f"draft_lm_layers: the truncated target misses weights {missing[:3]}")
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
+    tmp.rename(out)
+    return out
