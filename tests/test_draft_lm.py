@@ -328,3 +328,18 @@ def test_corpus_pretraining_lowers_heldout_loss_and_seeds_the_distillation_stage
         assert torch.equal(a, b), name
     with pytest.raises(DraftsmithError, match="data.tokenizer .* is not the tokenizer of target"):
         data.check_target(Target.from_pretrained(setup["target"]))
+
+
+def test_draft_lm_with_tied_embeddings_saves_and_loads_natively(target, tmp_path):
+    from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
+
+    lm = make_llama(seed=3, layers=1)
+    lm.config.tie_word_embeddings = True
+    lm.tie_weights()
+    assert lm.lm_head.weight.data_ptr() == lm.model.embed_tokens.weight.data_ptr()
+    hf_config = json.loads(lm.config.to_json_string(use_diff=False))
+    save_native(DraftLMNetwork(DraftLMConfig(hf_config, None), lm), target, tmp_path / "lm")
+    loaded, _ = load_network(tmp_path / "lm", target)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), lm(input_ids=ids).logits)

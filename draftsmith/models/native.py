@@ -84,7 +84,8 @@ def save_native(model: torch.nn.Module, target: Target, out: str | Path, extra: 
         model = model.for_export()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # a copy per key: tied weights (a draft LM's embeddings and LM head) share storage, which safetensors refuses
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     save_file(state, out / "model.safetensors", metadata={"format": FORMAT})
     (out / "config.json").write_text(json.dumps({**describe(model, target), **(extra or {})}, indent=2) + "\n")
     return out
