@@ -183,7 +183,9 @@ def markdown(result: dict) -> str:
     ]
     for title, b in result["blocks"].items():
         lines += ["", f"## {title}", "", markdown_table(b["drafters"], b["plain"]), ""]
-    hf = result["hf"]
+    hf = result.get("hf")
+    if not hf:
+        return "\n".join([*lines, "", "(HF baselines not measured in this run.)", ""])
     lines += [
         "",
         f"## HF transformers' speculative decoding, same prompts, greedy, K = {hf['k']}",
@@ -208,6 +210,7 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[4], help="chain draft lengths (4 is always scored)")
     parser.add_argument("--trees", nargs="*", default=["eagle3-tree"], choices=list(TREES))
     parser.add_argument("--sampled", nargs="*", default=SAMPLED, help="drafters scored with T = 0.7, top-p 0.9")
+    parser.add_argument("--blocks", nargs="+", default=["greedy", "sampled", "hf"], choices=["greedy", "sampled", "hf"])
     parser.add_argument("--skip-head", action="store_true", help="no SpecDec++ head (no eagle1-adaptive row)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
@@ -228,13 +231,16 @@ def main() -> None:
         blocks[title] = scored(
             scores / f"greedy-k{k}.json", lambda k=k, names=names: block(target, names, drafters, prompts, k, greedy, n)
         )
-    blocks["sampled T = 0.7, top-p 0.9, K = 4"] = scored(
-        scores / "sampled-k4.json", lambda: block(target, args.sampled, drafters, prompts, 4, sampled, n)
-    )
-    assistant = args.out / "export" / "draft_lm-hf"
-    if not (assistant / "config.json").is_file():
-        write_export(drafters / "draft_lm", "hf", assistant, target=str(target_dir), overwrite=True)
-    hf = scored(scores / "hf-k4.json", lambda: hf_baselines(target, assistant, drafters, prompts, 4, n))
+    if "sampled" in args.blocks:
+        blocks["sampled T = 0.7, top-p 0.9, K = 4"] = scored(
+            scores / "sampled-k4.json", lambda: block(target, args.sampled, drafters, prompts, 4, sampled, n)
+        )
+    hf = None
+    if "hf" in args.blocks:
+        assistant = args.out / "export" / "draft_lm-hf"
+        if not (assistant / "config.json").is_file():
+            write_export(drafters / "draft_lm", "hf", assistant, target=str(target_dir), overwrite=True)
+        hf = scored(scores / "hf-k4.json", lambda: hf_baselines(target, assistant, drafters, prompts, 4, n))
     r = scored(scores / "r.json", lambda: cost_ratios(target, prompts[0], [2, 4, 6]))
     result = {
         "machine": machine(),
