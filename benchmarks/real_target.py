@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,12 +35,12 @@ from draftsmith.default_target import resolve
 from draftsmith.eval import plots
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.sampling import Sampling
-from draftsmith.eval.score import score_drafters
+from draftsmith.eval.score import score_drafters, verify_ratios
 from draftsmith.export.registry import write_export
 from draftsmith.models.registry import load_drafter
 from draftsmith.models.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.quickstart import PLANS, make_data, train_all
-from draftsmith.target import Target, rollback
+from draftsmith.target import Target
 
 CHAINS = ["ngram", "eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm", "draft_lm_undistilled", "eagle1-adaptive"]
 SHORT_LIST = ["ngram", "eagle3", "eagle1", "draft_lm"]
@@ -90,22 +89,10 @@ def block(target, names, drafters, prompts, k, sampling, max_new) -> dict:
     return {"k": k, "temperature": sampling.temperature, "top_p": sampling.top_p, "plain": plain, "drafters": rows}
 
 
-@torch.no_grad()
-def cost_ratios(target: Target, prompt: list[int], ks: list[int], repeats: int = 15) -> dict[int, float]:
+def cost_ratios(target: Target, prompt: list[int], ks: list[int], repeats: int = 15) -> dict:
     """r(K): median time of a target forward of K+1 new tokens over one of 1 token, on the same cached context."""
-    cache = target.new_cache()
-    target(torch.tensor([prompt]), cache, with_features=False)
-    n = cache.get_seq_length()
-    times: dict[int, list[float]] = {m: [] for m in [1, *[k + 1 for k in ks]]}
-    for _ in range(repeats):
-        for m in times:  # interleaved
-            ids = torch.tensor([prompt[-1:] * m])
-            start = time.perf_counter()
-            target(ids, cache, with_features=False)
-            times[m].append(time.perf_counter() - start)
-            rollback(cache, n)
-    step = statistics.median(times[1])
-    return {k: round(statistics.median(times[k + 1]) / step, 3) for k in ks} | {"step_ms": round(1e3 * step, 1)}
+    ratios, step = verify_ratios(target, prompt, [k + 1 for k in ks], repeats)
+    return {k: round(ratios[k + 1], 3) for k in ks} | {"step_ms": round(1e3 * step, 1)}
 
 
 @torch.no_grad()

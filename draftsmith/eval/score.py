@@ -51,7 +51,7 @@ def score_drafters(
         plain_decode(t, prompts[0], min(8, max_new_tokens), sampling, torch.Generator().manual_seed(seed))
     for dec in decoders.values():
         dec.generate(prompts[0], min(8, max_new_tokens), torch.Generator().manual_seed(seed))
-    ratios = verify_ratios(target, prompts[0], sorted({k + 1, *(most_verified(d, k) for d in drafters.values())}))
+    ratios, _ = verify_ratios(target, prompts[0], sorted({k + 1, *(most_verified(d, k) for d in drafters.values())}))
     plain, spec = {key: [] for key in baselines}, {name: [] for name in drafters}
     for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress)):
         for key, t in baselines.items():
@@ -84,9 +84,15 @@ def most_verified(drafter: Drafter, k: int) -> int:
 
 
 @torch.no_grad()
-def verify_ratios(target: Target, prompt: list[int], counts: list[int], repeats: int = 7) -> dict[int, float]:
+def verify_ratios(
+    target: Target, prompt: list[int], counts: list[int], repeats: int = 7
+) -> tuple[dict[int, float], float]:
     """r(m): the median time of a target forward of m new tokens over that of 1 token, on the same cached context
-    (the prompt), interleaved: what verifying a round of m - 1 drafted tokens costs in decode steps."""
+    (the prompt), interleaved: what verifying a round of m - 1 drafted tokens costs in decode steps.
+
+    Returns:
+        ({m: r(m)} for m in ``counts`` and 1, the median seconds of the 1-token forward).
+    """
     cache = target.new_cache()
     target(torch.tensor([prompt]), cache, with_features=False)
     n = cache.get_seq_length()
@@ -99,7 +105,7 @@ def verify_ratios(target: Target, prompt: list[int], counts: list[int], repeats:
             times[m].append(time.perf_counter() - start)
             rollback(cache, n)
     step = statistics.median(times[1])
-    return {m: statistics.median(t) / step for m, t in times.items()}
+    return {m: statistics.median(t) / step for m, t in times.items()}, step
 
 
 def named(spec: str) -> tuple[str, str]:
