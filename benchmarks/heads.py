@@ -16,15 +16,16 @@ from pathlib import Path
 
 from common import machine, write
 
-from draftsmith import default_target
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.native import load_trained
-from draftsmith.models.tree_draft import TreePolicy
-from draftsmith.quickstart import Budget, make_data, train_drafter
-from draftsmith.target import Target
+from draftsmith.families.registry import load_trained
+from draftsmith.layers.tree_draft import TreePolicy
+from draftsmith.targets import default as default_target
+from draftsmith.train.fit import FitRun
+from draftsmith.train.suite import Budget, make_data, train_drafter
 
 FAMILIES = ("medusa1", "medusa2", "hydra", "hydrapp", "eagle3")
 
@@ -42,7 +43,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench-heads"))
     parser.add_argument("--retrain", action="store_true", help="train again even if an export exists")
     args = parser.parse_args()
-    budget = Budget(args.train_prompts, args.new_tokens, args.score_prompts, args.steps)
+    budget = Budget(args.train_prompts, args.new_tokens, args.score_prompts)
+    run = FitRun(steps=args.steps, lr=0.002)  # every family at one learning rate, as measured before
 
     target_dir = default_target.build()
     data = make_data(target_dir, args.out, budget)
@@ -50,7 +52,7 @@ def main() -> None:
     exports, fit_seconds = {}, {}
     for name in args.families:
         start = time.perf_counter()
-        exports[name] = train_drafter(name, target_dir, data, args.out, budget, force=args.retrain)
+        exports[name] = train_drafter(name, target_dir, data, args.out, budget, force=args.retrain, run=run)
         fit_seconds[name] = round(time.perf_counter() - start, 1)
     drafters = {}
     for name, path in exports.items():

@@ -30,17 +30,17 @@ from pathlib import Path
 import torch
 from common import RESULTS, machine, write
 
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.default_target import resolve
 from draftsmith.eval import plots
 from draftsmith.eval.report import markdown_table
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters, verify_ratios
 from draftsmith.export.registry import write_export
-from draftsmith.models.registry import load_drafter
-from draftsmith.models.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.quickstart import PLANS, make_data, train_all
-from draftsmith.target import Target
+from draftsmith.families.specs import load_drafter
+from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
+from draftsmith.targets import resolve
+from draftsmith.train.suite import PLANS, make_data, train_all
 
 CHAINS = ["ngram", "eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm", "draft_lm_undistilled", "eagle1-adaptive"]
 SHORT_LIST = ["ngram", "eagle3", "eagle1", "draft_lm"]

@@ -15,14 +15,15 @@ from pathlib import Path
 import torch
 from common import machine, write
 
-from draftsmith import default_target
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.native import load_network
-from draftsmith.quickstart import Budget, make_data, train_drafter
-from draftsmith.target import Target
+from draftsmith.families.registry import load_network
+from draftsmith.targets import default as default_target
+from draftsmith.train.fit import FitRun
+from draftsmith.train.suite import Budget, make_data, train_drafter
 
 
 def main() -> None:
@@ -34,7 +35,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-train"))
     args = parser.parse_args()
-    budget = Budget(args.train_prompts, args.new_tokens, args.score_prompts, args.steps)
+    budget = Budget(args.train_prompts, args.new_tokens, args.score_prompts)
+    run = FitRun(steps=args.steps, lr=0.002)  # every family at one learning rate, as measured before
 
     target_dir = default_target.build()
     data = make_data(target_dir, args.out, budget)
@@ -42,7 +44,7 @@ def main() -> None:
     trained, fits = {}, {}
     for name in ("eagle3", "eagle1"):
         start = time.perf_counter()
-        export = train_drafter(name, target_dir, data, args.out, budget, force=True)
+        export = train_drafter(name, target_dir, data, args.out, budget, force=True, run=run)
         seconds = time.perf_counter() - start
         network, info = load_network(export, target)
         trained[name] = network.as_drafter()

@@ -10,14 +10,14 @@ import argparse
 
 from common import machine, write
 
-from draftsmith import default_target
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.draft_lm import DraftLM
-from draftsmith.models.ngram import NGramDrafter
-from draftsmith.target import Target
+from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.targets import default as default_target
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ def target_build(out: Path | None = None, fast: bool = False, force: bool = Fals
         fast: the seconds-long test build instead of the default.
         force: rebuild even if a build exists.
     """
-    from draftsmith import default_target
+    from draftsmith.targets import default as default_target
 
     config = default_target.FAST if fast else default_target.TargetBuildConfig()
     path = default_target.build(config, out, force)
@@ -31,10 +31,10 @@ def _commands() -> dict:
     from draftsmith.eval.compare import report
     from draftsmith.eval.score import score
     from draftsmith.export.registry import export
-    from draftsmith.quickstart import quickstart
-    from draftsmith.slurm.status import status as slurm_status
-    from draftsmith.slurm.submit import pipeline as slurm_pipeline
-    from draftsmith.slurm.submit import submit as slurm_submit
+    from draftsmith.pipeline.quickstart import quickstart
+    from draftsmith.pipeline.slurm.status import status as slurm_status
+    from draftsmith.pipeline.slurm.submit import pipeline as slurm_pipeline
+    from draftsmith.pipeline.slurm.submit import submit as slurm_submit
 
     return {
         "target": {"build": target_build},

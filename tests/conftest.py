@@ -7,7 +7,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from draftsmith.target import Target
+from draftsmith.core.target import Target
 
 VOCAB = 96
 

@@ -14,19 +14,25 @@ import yaml
 from conftest import VOCAB, make_llama, make_tokenizer
 
 from draftsmith.cli import main
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.acceptance_head import AdaptiveDrafter
-from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
-from draftsmith.models.native import load_network, save_native
-from draftsmith.models.registry import load_drafter
-from draftsmith.target import Target
-from draftsmith.train.acceptance_head import AcceptanceHeadModule, train_head, validation_metrics, weighted_bce
-from draftsmith.train.base import OptimConfig
+from draftsmith.families.acceptance_head.module import (
+    AcceptanceHeadModule,
+    validation_metrics,
+    weighted_bce,
+)
+from draftsmith.families.acceptance_head.network import AdaptiveDrafter
+from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.registry import load_network
+from draftsmith.families.specs import load_drafter
+from draftsmith.layers.module import OptimConfig
+from draftsmith.train.acceptance_head import train_head
 from draftsmith.train.data import GeneratedDataModule
-from draftsmith.train.eagle import EagleModule
 
 ROOT = Path(__file__).parent.parent
 K = 5
@@ -185,7 +191,7 @@ def test_recipe_loads_through_the_fit_parser(setup, capsys):
               f"--model.init_args.target={setup['target']}", f"--model.init_args.drafter={setup['eagle1']}"])  # fmt: skip
     assert exc.value.code == 0
     config = yaml.safe_load(capsys.readouterr().out)
-    assert config["model"]["class_path"] == "draftsmith.train.acceptance_head.AcceptanceHeadModule"
+    assert config["model"]["class_path"] == "draftsmith.families.acceptance_head.module.AcceptanceHeadModule"
     monitors = [c["init_args"].get("monitor") for c in config["trainer"]["callbacks"]]
     assert "val/auroc" in monitors
 

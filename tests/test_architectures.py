@@ -13,16 +13,16 @@ import transformers as tf
 from test_trees import RandomTree
 from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 
+from draftsmith.core import trees
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import trees
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.models.draft_lm import DraftLM
-from draftsmith.models.eagle import EagleConfig, EagleModel
-from draftsmith.models.hydra import HydraConfig, HydraModel
-from draftsmith.models.medusa import MedusaConfig, MedusaModel
-from draftsmith.models.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.target import Target
+from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.hydra.network import HydraConfig, HydraModel
+from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
+from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -20,18 +20,19 @@ from conftest import make_tokenizer
 from test_architectures import ARCHITECTURES, build, hf_generate
 from test_train import trainer, words
 
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.eval.metrics import drafter_metrics
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import DecodeResult, SpeculativeDecoder
-from draftsmith.models.native import load_trained, save_native
-from draftsmith.models.tree_draft import TreePolicy
-from draftsmith.target import Target
-from draftsmith.train.base import DrafterModule, OptimConfig
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.hydra.module import HydraModule
+from draftsmith.families.medusa.module import MedusaModule
+from draftsmith.families.registry import load_trained
+from draftsmith.layers.module import DrafterModule, OptimConfig
+from draftsmith.layers.tree_draft import TreePolicy
 from draftsmith.train.data import GeneratedDataModule
-from draftsmith.train.eagle import EagleModule
-from draftsmith.train.hydra import HydraModule
-from draftsmith.train.medusa import MedusaModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 from draftsmith.cli import main
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.prompts import load_prompts
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible
-from draftsmith.models.draft_lm import DraftLM
-from draftsmith.models.medusa import MedusaConfig, MedusaModel
-from draftsmith.models.native import save_native
-from draftsmith.models.ngram import NGramDrafter
-from draftsmith.models.registry import load_drafter
-from draftsmith.target import Target
+from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
+from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.families.specs import load_drafter
 
 
 def run_cli(capsys, *args) -> str:
@@ -120,7 +120,7 @@ def test_bare_boolean_flags_mean_true():
 
 @pytest.mark.parametrize("spec", ["ngram:x", "ngram:0", "ngram:2:3:4", "ngram:2:0"])
 def test_bad_ngram_spec_is_refused_naming_the_forms(target, spec):
-    from draftsmith.models.registry import load_drafter
+    from draftsmith.families.specs import load_drafter
 
     with pytest.raises(DraftsmithError, match="ngram:N:W"):
         load_drafter(spec, target)
@@ -134,8 +134,8 @@ def test_unknown_tree_kind_and_static_tree_without_accuracies_are_one_line_error
     assert "--tree must be one of chain, static, dynamic, got 'bushy'" in err
     err = run_cli(capsys, *args, "--tree", "dynamic", "--tree-size", "0", "--out", str(tmp_path / "b"))
     assert "--tree-size and top-k must be positive" in err
-    from draftsmith.models.medusa import MedusaConfig, MedusaModel
-    from draftsmith.models.tree_draft import TreePolicy
+    from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
+    from draftsmith.layers.tree_draft import TreePolicy
 
     drafter = MedusaModel(MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16)).as_drafter()
     with pytest.raises(DraftsmithError, match="--tree static needs the drafter's measured top-k accuracies"):

@@ -13,16 +13,17 @@ import torch
 from conftest import VOCAB, make_llama, make_tokenizer
 
 from draftsmith.cli import main
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.native import load_network, save_native
-from draftsmith.target import Target
-from draftsmith.train import losses
-from draftsmith.train.base import OptimConfig
+from draftsmith.families.draft_lm.module import DraftLMModule, LoraSettings, StudentShape
+from draftsmith.families.registry import load_network
+from draftsmith.layers import losses
+from draftsmith.layers.module import OptimConfig
 from draftsmith.train.data import GeneratedDataModule
-from draftsmith.train.draft_lm import DraftLMModule, LoraSettings, StudentShape
 
 ROOT = Path(__file__).parent.parent
 P = [0.6, 0.3, 0.1]  # teacher
@@ -306,8 +307,8 @@ def test_student_with_another_vocabulary_is_refused(setup, tmp_path):
 
 @pytest.mark.slow
 def test_corpus_pretraining_lowers_heldout_loss_and_seeds_the_distillation_stage(tmp_path, setup):
-    from draftsmith import default_target
-    from draftsmith.data import corpus
+    from draftsmith.targets import corpus
+    from draftsmith.targets import default as default_target
     from draftsmith.train.corpus_data import CorpusDataModule
 
     tokenizer = default_target.train_tokenizer(corpus.split(5)[0][:40], vocab_size=300)
@@ -331,7 +332,7 @@ def test_corpus_pretraining_lowers_heldout_loss_and_seeds_the_distillation_stage
 
 
 def test_draft_lm_with_tied_embeddings_saves_and_loads_natively(target, tmp_path):
-    from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
+    from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 
     lm = make_llama(seed=3, layers=1)
     lm.config.tie_word_embeddings = True

@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import make_llama
 
-from draftsmith.eval.sampling import Sampling
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.models.eagle import EagleConfig, EagleDrafter, EagleModel, ttt_mask
-from draftsmith.target import Target
+from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleModel, ttt_mask
 
 VERSIONS = [(1, (-1,), 0), (3, (1, 1, 2), 40)]
 

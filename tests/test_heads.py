@@ -7,16 +7,17 @@ import pytest
 import torch
 from test_train import setup, trainer  # noqa: F401 - the module-scoped tiny target + generated data
 
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.native import load_trained, save_native
-from draftsmith.models.tree_draft import TreePolicy, static_tree
-from draftsmith.target import Target
-from draftsmith.train.base import OptimConfig
+from draftsmith.families.hydra.module import HydraModule
+from draftsmith.families.medusa.module import LoraSpec, MedusaModule
+from draftsmith.families.registry import load_trained
+from draftsmith.layers.module import OptimConfig
+from draftsmith.layers.tree_draft import TreePolicy, static_tree
 from draftsmith.train.data import GeneratedDataModule
-from draftsmith.train.hydra import HydraModule
-from draftsmith.train.medusa import LoraSpec, MedusaModule
 
 OPTIM = OptimConfig(lr=3e-3, warmup_steps=5)
 FAMILIES = {

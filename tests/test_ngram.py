@@ -2,9 +2,9 @@
 
 import torch
 
-from draftsmith.eval.sampling import Sampling
-from draftsmith.models.ngram import NGramDrafter
-from draftsmith.target import TargetOutput
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import TargetOutput
+from draftsmith.families.ngram.drafter import NGramDrafter
 
 NO_TARGET = TargetOutput(torch.zeros(0, 1), ())
 

@@ -9,11 +9,11 @@ import torch
 from conftest import VOCAB, make_llama
 
 from draftsmith.cli import main
-from draftsmith.eval.sampling import Sampling
+from draftsmith.core.sampling import Sampling
 from draftsmith.eval.score import score_drafters
 from draftsmith.eval.verifier import DecodeResult
-from draftsmith.models.draft_lm import DraftLM
-from draftsmith.train.online import OnlineConfig, OnlineDrafter, windows
+from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,9 +7,10 @@ import json
 import pytest
 from transformers import AutoModelForCausalLM
 
-from draftsmith import default_target
 from draftsmith.cli import main
-from draftsmith.quickstart import QUICKSTART_DRAFTERS, serving_format
+from draftsmith.pipeline.quickstart import serving_format
+from draftsmith.targets import default as default_target
+from draftsmith.train.suite import PLANS
 
 
 @pytest.mark.slow
@@ -25,11 +26,11 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     for name, temperature in [("train", 1.0), ("val", 0.0), ("head", 0.0)]:
         meta = json.loads((run / "data" / name / "draftsmith.json").read_text())
         assert meta["status"] == "complete" and meta["settings"]["temperature"] == temperature
-    for name in QUICKSTART_DRAFTERS:
+    for name in PLANS["default"].drafters:
         saved = json.loads((run / "drafters" / name / "config.json").read_text())
         assert saved["method"] == name and saved["val_tau_est"] >= 1.0
-    trained = [*QUICKSTART_DRAFTERS, "draft_lm"]
-    names = ["ngram", "sibling", *QUICKSTART_DRAFTERS, "draft_lm", "eagle1-adaptive"]
+    trained = [*PLANS["default"].drafters, "draft_lm"]
+    names = ["ngram", "sibling", *PLANS["default"].drafters, "draft_lm", "eagle1-adaptive"]
     for k in (2, 4, 6):
         report = json.loads((run / "score" / f"k{k}" / "report.json").read_text())
         assert [r["name"] for r in report["drafters"]] == names

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from draftsmith.cli import main
-from draftsmith.eval.sampling import Sampling
+from draftsmith.core.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.draft_lm import DraftLM
+from draftsmith.families.draft_lm.network import DraftLM
 
 
 def test_score_cli_writes_report_with_greedy_exactness(model_dirs, prompt_file, tmp_path, capsys):

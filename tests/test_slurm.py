@@ -20,9 +20,9 @@ from conftest import VOCAB, make_llama, make_tokenizer
 from draftsmith.cli import main
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
-from draftsmith.slurm.requeue import RequeueOnSignal
-from draftsmith.slurm.resources import time_seconds
-from draftsmith.slurm.sbatch import job_info
+from draftsmith.pipeline.slurm.requeue import RequeueOnSignal
+from draftsmith.pipeline.slurm.resources import time_seconds
+from draftsmith.pipeline.slurm.sbatch import job_info
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -95,7 +95,7 @@ def test_dry_run_prints_a_requeueing_script_and_submits_nothing(tmp_path, capsys
         "--trainer.accelerator=gpu",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
         "--trainer.max_steps=7",
-        "--trainer.callbacks+=draftsmith.slurm.requeue.RequeueOnSignal",
+        "--trainer.callbacks+=draftsmith.pipeline.slurm.requeue.RequeueOnSignal",
     ]:
         assert arg in srun.split()
     assert not (tmp_path / "run").exists()

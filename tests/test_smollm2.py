@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from draftsmith import smollm2
+from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import Target
+from draftsmith.targets import smollm2
 
 gguf = pytest.importorskip("gguf", reason="the smollm2 extra (gguf) is not installed: make setup installs it")
 pytest.importorskip("accelerate", reason="the smollm2 extra (accelerate) is not installed: make setup installs it")

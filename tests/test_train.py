@@ -18,16 +18,16 @@ import yaml
 from conftest import VOCAB, make_llama, make_tokenizer
 
 from draftsmith.cli import main
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.score import score_drafters
-from draftsmith.models.native import load_network
-from draftsmith.models.registry import load_drafter
-from draftsmith.target import Target
-from draftsmith.train.base import OptimConfig
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.registry import load_network
+from draftsmith.families.specs import load_drafter
+from draftsmith.layers.module import OptimConfig
 from draftsmith.train.data import GeneratedDataModule, LengthBucketSampler
-from draftsmith.train.eagle import EagleModule
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

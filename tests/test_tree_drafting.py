@@ -7,11 +7,11 @@ import torch
 from test_trees import soft_target  # noqa: F401 - module fixture: a soft 8-token target
 from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 
-from draftsmith.eval.sampling import Sampling
+from draftsmith.core.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.models.eagle import EagleConfig, EagleModel
-from draftsmith.models.medusa import MedusaConfig, MedusaModel
-from draftsmith.models.tree_draft import TreePolicy
+from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
+from draftsmith.layers.tree_draft import TreePolicy
 
 PATHS = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0))
 

@@ -7,12 +7,12 @@ import torch
 from conftest import make_llama
 from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 
-from draftsmith.eval import trees
-from draftsmith.eval.sampling import Sampling
+from draftsmith.core import trees
+from draftsmith.core.draft import Draft, Drafter
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.models.base import Draft, Drafter
-from draftsmith.models.ngram import NGramDrafter
-from draftsmith.target import Target
+from draftsmith.families.ngram.drafter import NGramDrafter
 
 PARENTS = torch.tensor([-1, -1, 0, 0, 2])  # two root children; node 0 has two children; node 2 one
 

@@ -7,12 +7,12 @@ import torch
 from conftest import VOCAB, make_llama
 from scipy import stats
 
+from draftsmith.core.sampling import Sampling, probs, residual, verify_chain_sampling
+from draftsmith.core.target import Target, rollback
 from draftsmith.eval import verifier as verifier_module
-from draftsmith.eval.sampling import Sampling, probs, residual, verify_chain_sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.models.draft_lm import DraftLM
-from draftsmith.models.ngram import NGramDrafter
-from draftsmith.target import Target, rollback
+from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.ngram.drafter import NGramDrafter
 
 
 def hf_greedy(target: Target, prompt: list[int], n: int) -> list[int]:

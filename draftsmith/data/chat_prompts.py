@@ -19,7 +19,7 @@ from importlib import resources
 from itertools import zip_longest
 from pathlib import Path
 
-from draftsmith.data.prompts import Prompt, read_jsonl
+from draftsmith.data.records import Prompt, read_jsonl
 
 SPLITS = ("train", "heldout")
 HELDOUT_PERCENT = 10

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from draftsmith.eval.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling, probs
 
 
 @dataclass

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.targets import load_target
 
 FORMAT = "draftsmith.features/1"
 META = "features.json"
@@ -68,12 +69,11 @@ def cache_features(
         overwrite: replace a cache of other settings at ``out`` instead of refusing it.
     """
     from draftsmith.data.shards import check_dataset_target, load_generated
-    from draftsmith.target import Target
 
     if dtype not in DTYPES:
         raise DraftsmithError(f"features: dtype must be float16 or bfloat16, got {dtype!r}")
     ds, metadata = load_generated(data)
-    t = Target.from_pretrained(target)
+    t = load_target(target)
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
     out = Path(out or f"{str(data).rstrip('/')}-features")
@@ -157,7 +157,7 @@ class FeatureCache:
 
     def check(self, target, metadata: dict, layers: tuple[int, ...], max_length: int) -> None:
         """Refuse a cache made for another target, other data, without ``layers``, or shorter than ``max_length``."""
-        from draftsmith.target import check_fingerprint
+        from draftsmith.core.target import check_fingerprint
 
         check_fingerprint(self.meta["target"], target.fingerprint, f"feature cache {self.path}")
         if self.meta["data_identity"] != data_identity(metadata):

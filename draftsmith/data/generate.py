@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -21,14 +20,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-import draftsmith
+from draftsmith.core.manifest import git_sha, versions
+from draftsmith.core.sampling import Sampling
 from draftsmith.data import shards
 from draftsmith.data.decode import Decoded, decode_batch, row_seed
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling
-from draftsmith.target import Target
+from draftsmith.targets import load_target
 
 __all__ = ["GenerateSettings", "check_dataset_target", "generate", "load_generated"]
 
@@ -86,32 +85,6 @@ def _validate(s: GenerateSettings, batch_size: int) -> Sampling:
         return Sampling(s.temperature, s.top_p)
     except ValueError as e:
         raise DraftsmithError(f"sampling: {e}") from None
-
-
-def _git_sha() -> str | None:
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(Path(draftsmith.__file__).parent), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout.strip() or None
-
-
-def _versions() -> dict:
-    import datasets
-    import transformers
-
-    return {
-        "draftsmith": draftsmith.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "datasets": datasets.__version__,
-        "git": _git_sha(),
-    }
 
 
 def _shard_columns(rows: list[tuple[int, int]], encoded: list[list[int]], results: dict, topk: int) -> dict:
@@ -185,7 +158,7 @@ def generate(
         overwrite: delete an earlier ``generate`` run in ``out`` first.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ...
         dtype: the target's weights: float32, bfloat16 or float16.
-        rank: this process's index among ``world_size`` (``$SLURM_PROCID`` in ``slurm/generate.sbatch``).
+        rank: this process's index among ``world_size`` (``$SLURM_PROCID`` in ``pipeline/slurm/templates/generate.sbatch``).
         world_size: with N > 1, this process generates only shards ``s`` with ``s % N == rank``, into
             ``out/ranks/rank-<R>``; the same command without rank/world size and with ``--resume`` then
             merges them (the data is the same as one process would write: rows are seeded per prompt).
@@ -219,7 +192,7 @@ def generate(
     loaded = load_prompts(prompts, prompt_field, num_prompts)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    t = Target.from_pretrained(target, dtype=dtype, device=device)
+    t = load_target(target, dtype=dtype, device=device)
     if store_topk > t.vocab_size:
         raise DraftsmithError(f"--store-topk {store_topk} exceeds the target's vocabulary size {t.vocab_size}")
     encoded = [encode(p, t.tokenizer, chat_template) for p in loaded]
@@ -240,7 +213,7 @@ def generate(
         "prompts_sha": hashlib.sha256(json.dumps(encoded).encode()).hexdigest()[:16],
         "context": context,
         "command": shlex.join(sys.argv),
-        "versions": _versions(),
+        "versions": versions() | {"git": git_sha()},
     }
     if previous is not None:
         shards.check_resumable(previous, metadata, out)

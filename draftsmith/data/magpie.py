@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data.decode import decode_batch, row_seed
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.sampling import Sampling
-from draftsmith.target import Target
+from draftsmith.targets import load_target
 
 SENTINEL = "\x00MAGPIE\x00"
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
-    target = Target.from_pretrained(args.target)
+    target = load_target(args.target)
     count = write_instructions(target, args.n, args.out, seed=args.seed, batch_size=args.batch_size)
     print(f"wrote {count} instructions to {args.out}")
 

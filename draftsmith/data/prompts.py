@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from draftsmith.data.records import Prompt, parse_record, read_jsonl
 from draftsmith.errors import DraftsmithError
 
 BUILTIN = ("builtin:train", "builtin:heldout")
@@ -14,50 +13,6 @@ BUILTIN = ("builtin:train", "builtin:heldout")
 BUILTIN_CHAT = ("builtin:chat-train", "builtin:chat-heldout")
 """Chat prompt sets for instruction-tuned targets (``smollm2``): code, documentation and self-written
 instructions (``data/chat_prompts.py``)."""
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt: plain text, or chat messages ([{"role": ..., "content": ...}])."""
-
-    text: str | None = None
-    messages: tuple[dict, ...] | None = None
-    source: str | None = None
-    """Where the prompt comes from (the record's ``source`` field), when known."""
-
-
-def _parse_record(record, where: str, field: str) -> Prompt:
-    if not isinstance(record, dict):
-        raise DraftsmithError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if field in record:
-        text = record[field]
-        if not isinstance(text, str):
-            raise DraftsmithError(f"{where}: field {field!r} must be a string")
-        return Prompt(text=text, source=record.get("source"))
-    if "messages" in record:
-        msgs = record["messages"]
-        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
-            raise DraftsmithError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-        return Prompt(messages=tuple(msgs), source=record.get("source"))
-    raise DraftsmithError(f"{where}: no {field!r} or 'messages' field (keys: {sorted(record)})")
-
-
-def read_jsonl(path: Path, field: str = "prompt") -> list[Prompt]:
-    """Read a JSONL prompt file; a bad line is an error naming file and line number."""
-    if not path.is_file():
-        raise DraftsmithError(f"prompts: file not found: {path}")
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DraftsmithError(f"{where}: malformed JSON ({e.msg})") from None
-            prompts.append(_parse_record(record, where, field))
-    return prompts
 
 
 def builtin_path(name: str) -> Path:
@@ -113,7 +68,7 @@ def _read_dataset(path: Path, field: str) -> list[Prompt]:
     cols = ds.column_names
     if field not in cols and "messages" not in cols:
         raise DraftsmithError(f"prompts: {path} has no column {field!r} or 'messages' (columns: {cols})")
-    return [_parse_record(row, f"{path}[{i}]", field) for i, row in enumerate(ds)]
+    return [parse_record(row, f"{path}[{i}]", field) for i, row in enumerate(ds)]
 
 
 def encode(prompt: Prompt, tokenizer, chat_template: bool = True) -> list[int]:

@@ -19,8 +19,8 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from draftsmith.core.target import Target, check_fingerprint
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import Target, check_fingerprint
 
 META = "draftsmith.json"
 """Metadata file beside the dataset."""

@@ -11,16 +11,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.core.draft import Drafter
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target, rollback
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.metrics import drafter_metrics, plain_metrics
 from draftsmith.eval.report import markdown_table, write_report
-from draftsmith.eval.sampling import Sampling
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, plain_decode
-from draftsmith.models.base import Drafter
-from draftsmith.models.registry import load_drafter
-from draftsmith.models.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.target import Target, rollback
+from draftsmith.families.specs import load_drafter
+from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
+from draftsmith.targets import load_target
 
 
 def score_drafters(
@@ -74,7 +75,7 @@ def score_drafters(
 
 def most_verified(drafter: Drafter, k: int) -> int:
     """The most tokens one verification forward of ``drafter``'s rounds holds (its drafts + 1)."""
-    from draftsmith.models.ngram import NGramDrafter
+    from draftsmith.families.ngram.drafter import NGramDrafter
 
     if isinstance(drafter, TreeDrafter) and drafter.tree.kind != "chain":
         return drafter.tree.size + 1
@@ -163,10 +164,10 @@ def score(
         sampling = Sampling(temperature, top_p)
     except ValueError as e:
         raise DraftsmithError(str(e)) from None
-    t = Target.from_pretrained(target)
+    t = load_target(target)
     loaded = {name: load_drafter(spec, t) for name, spec in map(named, drafter)}
     if online_adapt:
-        from draftsmith.train.online import adapt_online
+        from draftsmith.families.online.drafter import adapt_online
 
         loaded = adapt_online(loaded, t)
     policy = TreePolicy(tree, tree_size, tree_top_k)

@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
+from draftsmith.core import trees
+from draftsmith.core.draft import DecodeResult, Draft, Drafter
+from draftsmith.core.sampling import Sampling, one_hot, probs, sample, verify_chain_greedy, verify_chain_sampling
+from draftsmith.core.target import Target, TargetOutput, keep_positions, rollback
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import trees
-from draftsmith.eval.sampling import Sampling, one_hot, probs, sample, verify_chain_greedy, verify_chain_sampling
-from draftsmith.models.base import Draft, Drafter
-from draftsmith.target import Target, TargetOutput, keep_positions, rollback
-
-
-@dataclass
-class DecodeResult:
-    """One prompt's decoding.
-
-    Attributes:
-        tokens: the generated tokens (prompt excluded).
-        accepted: per verification round, how many draft tokens were accepted.
-        drafted: per verification round, how many tokens were drafted (tree nodes for trees).
-        depth: per verification round, the draft's depth (its length for chains).
-        target_calls: target forwards, prefill included.
-        seconds: wall-clock time of the whole decode.
-        draft_seconds: of which spent in the drafter (propose + advance).
-    """
-
-    tokens: list[int]
-    accepted: list[int] = field(default_factory=list)
-    drafted: list[int] = field(default_factory=list)
-    depth: list[int] = field(default_factory=list)
-    target_calls: int = 0
-    seconds: float = 0.0
-    draft_seconds: float = 0.0
 
 
 def check_compatible(target: Target, drafter: Drafter, drafter_name: str) -> None:

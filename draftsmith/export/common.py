@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from draftsmith.core.target import Target, check_fingerprint
 from draftsmith.errors import DraftsmithError
-from draftsmith.target import Target, check_fingerprint
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -60,8 +60,9 @@ def target_fingerprint(path: Path) -> dict:
 def load_source(path: str | Path, target: str | Path | None = None) -> Source:
     """Load a drafter from a ``.ckpt`` or native dir; check it against ``target`` (default: the target
     it records, when that directory exists)."""
-    from draftsmith.default_target import resolve
-    from draftsmith.models.native import is_native, load_network
+    from draftsmith.core.native import is_native
+    from draftsmith.families.registry import load_network
+    from draftsmith.targets import resolve
 
     path = Path(path)
     if not path.exists():

@@ -15,16 +15,16 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from draftsmith.core.target import tokenizer_hash
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.common import DTYPES, Source, target_fingerprint
-from draftsmith.target import tokenizer_hash
 
 METHODS = ("draft_lm",)
 
 
 def is_hf_dir(path: Path) -> bool:
     """A Hugging Face model or peft adapter directory (not a draftsmith native one)."""
-    from draftsmith.models.native import is_native
+    from draftsmith.core.native import is_native
 
     return (
         path.is_dir()

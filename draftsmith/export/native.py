@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import torch
 
+from draftsmith.core.native import save_native
+from draftsmith.core.target import IDENTITY_KEYS
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.report import markdown_table
 from draftsmith.export.common import DTYPES, Source
-from draftsmith.models.native import save_native
-from draftsmith.target import IDENTITY_KEYS
 
 RECORD = ("format", "method", "config", "target", "draftsmith_version")
 """Keys ``describe()`` writes afresh; every other key of the source's record is carried over."""

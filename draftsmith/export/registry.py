@@ -20,9 +20,9 @@ WHY_NOT = {
 def methods(fmt: str) -> tuple[str, ...]:
     """Drafter methods ``fmt`` can hold (native: every family draftsmith trains)."""
     if fmt == "native":
-        from draftsmith.models.native import _families
+        from draftsmith.families import methods as family_methods
 
-        return tuple(_families())
+        return tuple(family_methods())
     return FORMATS[fmt].METHODS
 
 
@@ -53,7 +53,7 @@ def write_export(
             raise DraftsmithError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
         shutil.rmtree(out)
     if to == "hf" and hf.is_hf_dir(src):
-        from draftsmith.default_target import resolve
+        from draftsmith.targets import resolve
 
         command = hf.export_dir(src, out, dtype, resolve(target) if target else None)
     else:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftsmith.core.target import Target
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import DTYPES, Source, cast, dtype_name, write
-from draftsmith.target import Target
 
 METHODS = ("eagle1", "eagle3", "medusa1", "medusa2")
 

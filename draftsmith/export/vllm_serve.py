@@ -1,6 +1,6 @@
 """Serve a target in vLLM plainly and with speculative configs; report outputs and acceptance counters.
 
-Runs in the vLLM venv (``scripts/vllm_venv.sh``) and imports nothing of draftsmith:
+Runs in the vLLM venv (``export/vllm_venv.sh``) and imports nothing of draftsmith:
 ``python vllm_serve.py IN.json OUT.json``.
 IN: {"target": DIR, "prompts": [[ids]], "max_tokens": N, "runs": [{"name": ..., "speculative_config": {...} | null}]}.
 OUT: per run, greedy output ids per prompt and the change of vLLM's spec-decode counters over that generate.

@@ -8,7 +8,8 @@ import warnings
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
-from draftsmith.train.base import DrafterModule
+from draftsmith.core.manifest import write_manifest
+from draftsmith.layers.module import DrafterModule
 
 ROOT = "${trainer.default_root_dir}"
 """A logger ``save_dir`` of this value is replaced by the trainer's ``default_root_dir``."""
@@ -31,6 +32,10 @@ class DraftsmithCLI(LightningCLI):
     """LightningCLI with draftsmith's trainer defaults: best-by-``val/tau_est`` and last checkpoints,
     CSV + wandb (offline unless ``WANDB_MODE`` says otherwise) logs under ``default_root_dir``,
     gradient clipping 1.0."""
+
+    def __init__(self, *args, recipe: str | None = None, **kwargs) -> None:
+        self.recipe = recipe
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.set_defaults(
@@ -56,6 +61,17 @@ class DraftsmithCLI(LightningCLI):
         if root != ".":
             os.makedirs(root, exist_ok=True)
 
+    def before_fit(self) -> None:
+        """The run's manifest (command, git SHA, versions, target fingerprint, seed) beside its checkpoints."""
+        if self.trainer.is_global_zero:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            write_manifest(
+                self.trainer.default_root_dir,
+                target=self.model.target.fingerprint,
+                seed=config.get("seed_everything"),
+                recipe=self.recipe,
+            )
+
     def after_fit(self) -> None:
         """Close the wandb run so a later fit in this process starts its own."""
         import wandb
@@ -64,8 +80,9 @@ class DraftsmithCLI(LightningCLI):
             wandb.finish()
 
 
-def fit_main(args: list[str]) -> DraftsmithCLI:
-    """Run ``fit`` through ``DraftsmithCLI``; returns it (``.trainer``, ``.model``) for callers in Python."""
+def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI:
+    """Run ``fit`` through ``DraftsmithCLI`` on command-line ``args`` (the CLI edge) or a config dict
+    (``train.fit.fit``); returns it (``.trainer``, ``.model``). ``recipe``: recorded in the manifest."""
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
@@ -76,5 +93,6 @@ def fit_main(args: list[str]) -> DraftsmithCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        args=["fit", *args],
+        args=["fit", *args] if isinstance(args, list) else {"subcommand": "fit", "fit": args},
+        recipe=recipe,
     )

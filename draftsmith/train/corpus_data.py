@@ -63,9 +63,9 @@ class CorpusDataModule(L.LightningDataModule):
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            from draftsmith import default_target
+            from draftsmith import targets
 
-            path = default_target.resolve(self.hparams.tokenizer)
+            path = targets.resolve(self.hparams.tokenizer)
             if not (path / "tokenizer_config.json").is_file():
                 raise DraftsmithError(f"data.tokenizer: {path} has no tokenizer (tokenizer_config.json)")
             self._tokenizer = AutoTokenizer.from_pretrained(path)
@@ -74,8 +74,8 @@ class CorpusDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_ds is not None:
             return
-        from draftsmith.data import corpus
-        from draftsmith.default_target import token_blocks
+        from draftsmith.targets import corpus
+        from draftsmith.targets.default import token_blocks
 
         hp = self.hparams
         train_files, heldout_files = corpus.split(hp.heldout_percent)
@@ -91,8 +91,8 @@ class CorpusDataModule(L.LightningDataModule):
     def check_target(self, target) -> None:
         """Refuse a target whose tokenizer is not the one the corpus is encoded with (or another target's
         validation data)."""
+        from draftsmith.core.target import tokenizer_hash
         from draftsmith.data.generate import check_dataset_target
-        from draftsmith.target import tokenizer_hash
 
         self.setup()
         mine, theirs = tokenizer_hash(self.tokenizer), target.fingerprint["tokenizer_hash"]

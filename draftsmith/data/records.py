@@ -1,0 +1,53 @@
+"""One prompt record (plain text or chat messages) and reading them from JSONL."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: plain text, or chat messages ([{"role": ..., "content": ...}])."""
+
+    text: str | None = None
+    messages: tuple[dict, ...] | None = None
+    source: str | None = None
+    """Where the prompt comes from (the record's ``source`` field), when known."""
+
+
+def parse_record(record, where: str, field: str) -> Prompt:
+    if not isinstance(record, dict):
+        raise DraftsmithError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if field in record:
+        text = record[field]
+        if not isinstance(text, str):
+            raise DraftsmithError(f"{where}: field {field!r} must be a string")
+        return Prompt(text=text, source=record.get("source"))
+    if "messages" in record:
+        msgs = record["messages"]
+        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
+            raise DraftsmithError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+        return Prompt(messages=tuple(msgs), source=record.get("source"))
+    raise DraftsmithError(f"{where}: no {field!r} or 'messages' field (keys: {sorted(record)})")
+
+
+def read_jsonl(path: Path, field: str = "prompt") -> list[Prompt]:
+    """Read a JSONL prompt file; a bad line is an error naming file and line number."""
+    if not path.is_file():
+        raise DraftsmithError(f"prompts: file not found: {path}")
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DraftsmithError(f"{where}: malformed JSON ({e.msg})") from None
+            prompts.append(parse_record(record, where, field))
+    return prompts

@@ -1,0 +1,15 @@
+"""Drafter families, one subpackage each: ``network.py`` (config dataclass, network, the verifier's drafter),
+``module.py`` (its LightningModule, named by the family's recipes). Networks register with
+``registry.register``; importing this package imports every family, so the registry knows them all.
+
+Adding a family: a new subpackage here (``__init__.py`` importing its network, ``network.py`` with a
+``@register("name", config=...)`` ``DrafterNetwork``, ``module.py`` with a ``DrafterModule``), its line below,
+and a recipe in ``configs/``. Exporters name the methods they hold in ``export/<format>.py``.
+"""
+
+from draftsmith.families import registry  # noqa: I001  (the registry first: the families register into it)
+from draftsmith.families import acceptance_head, draft_lm, eagle, hydra, medusa, ngram, online  # noqa: F401
+from draftsmith.families.registry import build_network, load_network, load_trained, methods
+from draftsmith.families.specs import load_drafter
+
+__all__ = ["build_network", "load_drafter", "load_network", "load_trained", "methods", "registry"]

@@ -1,0 +1,133 @@
+"""DraftLM: any HF causal LM that shares the target's tokenizer, drafting with its own KV cache."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+from draftsmith.core.draft import Draft, Drafter, DrafterNetwork
+from draftsmith.core.sampling import Sampling, probs, sample
+from draftsmith.core.target import TargetOutput, load_causal_lm, new_cache, rollback, tokenizer_hash
+from draftsmith.errors import DraftsmithError
+from draftsmith.families.registry import register
+
+
+@dataclass
+class DraftLMState:
+    ids: list[int]
+    cache: DynamicCache
+    cached: list[int] = field(default_factory=list)
+    """The tokens whose keys/values the cache holds (a prefix of ids + the last draft)."""
+
+
+class DraftLM(Drafter):
+    """Autoregressive drafting with a small causal LM.
+
+    Args:
+        model: the draft model; its output vocabulary must equal the target's.
+        tokenizer: its tokenizer, used to check it matches the target's.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer=None) -> None:
+        self.model = model.eval()
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.tokenizer_hash = tokenizer_hash(tokenizer) if tokenizer is not None else None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str = "float32", device: str = "cpu") -> DraftLM:
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise DraftsmithError(f"drafter: {path} is not a model directory (no config.json)")
+        model = load_causal_lm(path, dtype, device, "drafter")
+        tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
+        return cls(model, tokenizer)
+
+    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> DraftLMState:
+        return DraftLMState(ids=tokens.tolist(), cache=new_cache())
+
+    @torch.no_grad()
+    def _logits(self, state: DraftLMState, new: list[int]) -> torch.Tensor:
+        ids = torch.tensor([new], device=self.model.device)
+        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True)
+        state.cached.extend(new)
+        return out.logits[0, -1].float()
+
+    def propose(self, state: DraftLMState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
+        logits = self._logits(state, state.ids[len(state.cached) :])
+        tokens, qs = [], []
+        for i in range(k):
+            q = probs(logits, sampling)
+            token = int(q.argmax()) if sampling.greedy else sample(q, generator)
+            tokens.append(token)
+            qs.append(q)
+            if i < k - 1:
+                logits = self._logits(state, [token])
+        return Draft.chain(tokens, torch.stack(qs) if qs else None)
+
+    def advance(self, state: DraftLMState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+        state.ids.extend(tokens.tolist())
+        keep = 0
+        limit = min(len(state.cached), len(state.ids) - 1)  # never cache the last id: propose needs its logits
+        while keep < limit and state.cached[keep] == state.ids[keep]:
+            keep += 1
+        rollback(state.cache, keep)
+        del state.cached[keep:]
+
+
+@dataclass
+class DraftLMConfig:
+    """A trained draft LM: its Hugging Face config and, for a LoRA-trained one, the adapter's settings."""
+
+    hf_config: dict = field(default_factory=dict)
+    """``PretrainedConfig.to_dict()`` of the causal LM (``model_type`` selects the architecture)."""
+    lora: dict | None = None
+    """``peft.LoraConfig`` arguments when the weights hold an unmerged LoRA adapter; None for plain weights."""
+
+
+@register("draft_lm", config=DraftLMConfig)
+class DraftLMNetwork(DrafterNetwork):
+    """The trainable draft LM: an HF causal LM (optionally wrapped by a peft LoRA adapter), in the shape
+    ``models/native.py`` saves and rebuilds (``method``, ``cfg``, ``as_drafter``).
+
+    Args:
+        cfg: the HF config (and LoRA settings) to build.
+        model: an already built model for ``cfg.hf_config`` (e.g. loaded with ``from_pretrained``);
+            None builds a freshly initialised one.
+    """
+
+    method = "draft_lm"
+
+    def __init__(self, cfg: DraftLMConfig, model: PreTrainedModel | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        if model is None:
+            hf = AutoConfig.for_model(**cfg.hf_config)
+            model = AutoModelForCausalLM.from_config(hf)
+        if cfg.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **cfg.lora))
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, V) next-token logits."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    def merged(self) -> DraftLMNetwork:
+        """This network with any LoRA adapter merged into the base weights (peft ``merge_and_unload``)."""
+        if self.cfg.lora is None:
+            return self
+        base = copy.deepcopy(self.model).merge_and_unload()
+        return DraftLMNetwork(DraftLMConfig(self.cfg.hf_config, None), base)
+
+    def for_export(self) -> DraftLMNetwork:
+        """What ``save_native`` writes: plain (merged) weights."""
+        return self.merged()
+
+    def as_drafter(self, topk_accuracy: list | None = None) -> DraftLM:
+        """The verifier's drafter (LoRA merged first). ``topk_accuracy`` is unused: a draft LM drafts chains."""
+        return DraftLM(self.merged().model)

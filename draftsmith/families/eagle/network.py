@@ -1,0 +1,408 @@
+"""EAGLE-1 and EAGLE-3 feature drafters: one decoder layer autoregressing over the target's features.
+
+EAGLE-1 (Li et al. 2024): input fc(concat(embed(x_{t+1}), f_t)) with f the target's
+final hidden state; one decoder layer (no input norm) predicts f_{t+1}; the
+target's frozen LM head turns it into tokens.
+
+EAGLE-3 (Li et al. 2025): f_t = fc(concat(low, mid, high target layers)); the
+layer attends over concat(norm(embed(x_{t+1})), norm(f_t)) (q/k/v take 2H);
+its own LM head over a reduced draft vocabulary (``d2t``: target_id = i +
+d2t[i]; ``t2d``: which target ids are in it). Trained with *training-time
+test*: step j feeds the layer's own output of step j-1 instead of the target's
+feature, attending to the real context and to its own earlier steps, exactly as
+it drafts.
+
+Positions: anchor i pairs token x_{i+1} with feature f_i and predicts x_{i+2};
+TTT step j at anchor i predicts x_{i+j+2} at RoPE position i+j.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from draftsmith.core.draft import DrafterNetwork
+from draftsmith.core.target import TargetOutput
+from draftsmith.errors import DraftsmithError
+from draftsmith.families.registry import register
+from draftsmith.layers.tree_draft import TreeDrafter
+
+ROPE_THETA = 10000.0
+"""RoPE base of a drafter layer whose target names none (learned positions, or per-layer-type bases)."""
+
+
+# Llama-style config fields whose value a drafter's own decoder layer borrows from its target, and the names
+# other families give them (GPT-2 / GPT-J, GPT-NeoX, Starcoder2, Falcon, OPT ...)
+BORROWED_FIELDS = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "intermediate_size": ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner"),
+    "rms_norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "max_sequence_length"),
+}
+
+
+def borrowed_shape(target_config, drafter: str) -> dict:
+    """The shape a drafter's Llama-style layer takes from its target, whatever its family calls each field.
+
+    Only sizes and the norm epsilon are borrowed: the drafter's layer is its own (RMSNorm, SwiGLU MLP,
+    RoPE), so a target with LayerNorm, a GELU MLP or learned positions lends the same numbers. GPT-2's
+    ``n_inner: null`` is its default MLP width, 4 * hidden; a target without RoPE lends RoPE's usual base.
+
+    Args:
+        target_config: the target's HF config.
+        drafter: the drafter family, for the error message.
+
+    Returns:
+        ``hidden_size``, ``num_attention_heads``, ``head_dim``, ``intermediate_size``, ``rms_norm_eps``,
+        ``rope_theta`` and ``max_position_embeddings``.
+
+    Raises:
+        DraftsmithError: the config has none of a field's names (one line naming the architecture and field).
+    """
+    config = target_config.get_text_config(decoder=True)
+    shape = {}
+    for name, aliases in BORROWED_FIELDS.items():
+        present = [alias for alias in aliases if hasattr(config, alias)]
+        if not present:
+            raise DraftsmithError(
+                f"{drafter}: the target's {type(config).__name__} ({config.model_type}) has no {name} "
+                f"(looked for {', '.join(aliases)}); the drafter's layer borrows its size from the target"
+            )
+        value = getattr(config, present[0])
+        if value is None and present[0] == "n_inner":  # GPT-2 / GPT-J: null means 4 * hidden
+            value = 4 * shape["hidden_size"]
+        shape[name] = value
+    shape["head_dim"] = getattr(config, "head_dim", None) or shape["hidden_size"] // shape["num_attention_heads"]
+    rope = getattr(config, "rope_parameters", None) or {}
+    shape["rope_theta"] = rope.get("rope_theta", getattr(config, "rope_theta", None) or ROPE_THETA)
+    return shape
+
+
+@dataclass
+class EagleConfig:
+    """Shape of an EAGLE drafter. Target-derived fields are filled by ``from_target``."""
+
+    version: int = 3
+    """1 for EAGLE-1, 3 for EAGLE-3."""
+    feature_layers: tuple[int, ...] = (-1,)
+    """Target hidden_states indices fed to the drafter (EAGLE-1: final; EAGLE-3: low, mid, high)."""
+    hidden_size: int = 0
+    num_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    """The target's vocabulary."""
+    draft_vocab_size: int = 0
+    """EAGLE-3's reduced vocabulary (= vocab_size for no reduction); EAGLE-1 uses the full one."""
+    target_hidden_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = ROPE_THETA
+    max_position_embeddings: int = 2048
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_target(cls, target_config, version: int, feature_layers: tuple[int, ...], draft_vocab_size: int = 0):
+        """The EAGLE-``version`` drafter of a target with this HF config (any family: ``borrowed_shape``)."""
+        if version not in (1, 3):
+            raise DraftsmithError(f"eagle version must be 1 or 3, got {version}")
+        if version == 1 and len(feature_layers) != 1:
+            raise DraftsmithError(f"EAGLE-1 takes one feature layer, got feature_layers={list(feature_layers)}")
+        shape = borrowed_shape(target_config, f"EAGLE-{version}")
+        vocab = target_config.vocab_size
+        return cls(
+            version=version,
+            feature_layers=tuple(feature_layers),
+            num_heads=shape.pop("num_attention_heads"),
+            vocab_size=vocab,
+            draft_vocab_size=(draft_vocab_size or vocab) if version == 3 else vocab,
+            target_hidden_size=shape["hidden_size"],
+            **shape,
+        )
+
+    def llama_config(self) -> LlamaConfig:
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            max_position_embeddings=self.max_position_embeddings,
+            vocab_size=self.vocab_size,
+            num_hidden_layers=1,
+        )
+
+
+class EagleAttention(nn.Module):
+    """Multi-head attention whose keys/values of earlier steps are passed in (TTT and drafting)."""
+
+    def __init__(self, cfg: EagleConfig, in_features: int) -> None:
+        super().__init__()
+        inner = cfg.num_heads * cfg.head_dim
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.q_proj = nn.Linear(in_features, inner, bias=False)
+        self.k_proj = nn.Linear(in_features, inner, bias=False)
+        self.v_proj = nn.Linear(in_features, inner, bias=False)
+        self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, past_k, past_v, mask):
+        """x (B, T, in); past_k/v (B, nh, S, hd) or None; mask (T, S+T) bool, True = attend."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+        values = v if past_v is None else torch.cat([past_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
+
+
+class EagleLayer(nn.Module):
+    """The drafter's decoder layer; EAGLE-3 norms token and feature inputs separately and attends over both."""
+
+    def __init__(self, cfg: EagleConfig) -> None:
+        super().__init__()
+        self.version = cfg.version
+        h = cfg.hidden_size
+        if cfg.version == 3:
+            self.input_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+            self.hidden_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        self.self_attn = EagleAttention(cfg, 2 * h if cfg.version == 3 else h)
+        self.post_attention_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.llama_config())
+
+    def forward(self, embeds, hidden, cos, sin, past_k, past_v, mask):
+        """EAGLE-1: ``hidden`` is fc's output and ``embeds`` is None. Returns (output (B,T,H), k, v)."""
+        if self.version == 3:
+            residual = hidden
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        else:
+            residual = x = hidden
+        attn, k, v = self.self_attn(x, cos, sin, past_k, past_v, mask)
+        h = residual + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+
+
+def ttt_mask(t: int, step: int, valid: torch.Tensor | None, device) -> torch.Tensor:
+    """Attention mask of TTT step ``step`` over keys of steps 0..step: (B or 1, 1, T, (step+1)T) bool.
+
+    Step-0 keys are causal (anchor <= query anchor) and valid; keys of steps >= 1
+    are visible only on the query's own anchor (its own chain of drafts).
+    """
+    idx = torch.arange(t, device=device)
+    causal = idx[None, :] <= idx[:, None]  # (T, T)
+    diag = torch.eye(t, dtype=torch.bool, device=device)
+    mask = torch.cat([causal] + [diag] * step, dim=1)[None, None]  # (1, 1, T, (step+1)T)
+    if valid is not None:
+        keys_valid = torch.cat([valid] * (step + 1), dim=1)[:, None, None, :].bool()  # (B, 1, 1, (step+1)T)
+        mask = mask & keys_valid
+    return mask
+
+
+@register("eagle1", "eagle3", config=EagleConfig)
+class EagleModel(DrafterNetwork):
+    """The trainable EAGLE network plus frozen copies of the target's embedding (and LM head for EAGLE-1)."""
+
+    def __init__(self, cfg: EagleConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h).requires_grad_(False)
+        if cfg.version == 3:
+            self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden_size, h, bias=False)
+            self.norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+            self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+        else:
+            self.fc = nn.Linear(2 * h, h, bias=True)
+            self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False).requires_grad_(False)
+        self.layer = EagleLayer(cfg)
+        self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
+
+    @property
+    def method(self) -> str:
+        return f"eagle{self.cfg.version}"
+
+    def as_drafter(self, topk_accuracy: list[list[float]] | None = None) -> EagleDrafter:
+        return EagleDrafter(self, topk_accuracy)
+
+    def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+        """Copy the target's embedding (and LM head rows of the draft vocabulary)."""
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(embed)
+            head = lm_head[self.draft_ids] if self.cfg.version == 3 else lm_head
+            self.lm_head.weight.copy_(head)
+
+    def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
+        """Keep the ``draft_vocab_size`` most frequent target tokens (ids ascending)."""
+        keep = token_counts.topk(self.cfg.draft_vocab_size).indices.sort().values  # (Vd,)
+        self.d2t.copy_(keep - torch.arange(len(keep), device=keep.device))
+        self.t2d.zero_()
+        self.t2d[keep] = True
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """(Vd,) target id of each draft-vocabulary entry."""
+        if self.cfg.version == 1:
+            return torch.arange(self.cfg.vocab_size, device=self.lm_head.weight.device)
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def fuse(self, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Target features -> the drafter's feature input: (.., H). EAGLE-1 keeps f; EAGLE-3 applies fc."""
+        dtype = self.fc.weight.dtype  # the target may run in another precision than the drafter
+        if self.cfg.version == 3:
+            return self.fc(torch.cat(features, dim=-1).to(dtype))
+        return features[0].to(dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(.., H) -> (.., Vd) draft-vocabulary logits."""
+        return self.lm_head(self.norm(hidden) if self.cfg.version == 3 else hidden)
+
+    def step(self, tokens, hidden, positions, past_k, past_v, mask):
+        """One layer application: tokens (B,T) paired with hidden (B,T,H) at positions (B,T)."""
+        embeds = self.embed_tokens(tokens)
+        if self.cfg.version == 1:
+            x, embeds = self.fc(torch.cat([embeds, hidden], dim=-1)), None
+        else:
+            x = hidden
+        cos, sin = self.rotary(x, positions)
+        return self.layer(embeds, x, cos, sin, past_k, past_v, mask)
+
+    def forward(
+        self, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], steps: int, valid: torch.Tensor | None
+    ) -> list[torch.Tensor]:
+        """Training-time test unrolled for ``steps`` steps.
+
+        Args:
+            input_ids: (B, T) the sequence x.
+            features: target features at each position, each (B, T, Ht).
+            steps: TTT steps (1 = plain teacher forcing, as EAGLE-1 trains).
+            valid: (B, T) 1 on real (non-pad) positions.
+
+        Returns:
+            per step j, the output hidden states (B, T, H); anchor i of step j predicts x_{i+j+2}.
+        """
+        b, t = input_ids.shape
+        hidden = self.fuse(features)
+        padded = F.pad(input_ids, (0, steps), value=0)
+        past_k = past_v = None
+        outs = []
+        for j in range(steps):
+            positions = (torch.arange(t, device=input_ids.device) + j).expand(b, t)
+            mask = ttt_mask(t, j, valid, input_ids.device)
+            hidden, k, v = self.step(padded[:, j + 1 : j + 1 + t], hidden, positions, past_k, past_v, mask)
+            past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
+            past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
+            outs.append(hidden)
+        return outs
+
+
+@dataclass
+class EagleState:
+    tokens: list[int]
+    features: torch.Tensor
+    """(len(tokens) - 1, H) fused target features; row i predicted tokens[i + 1]."""
+    past_k: torch.Tensor | None = None
+    past_v: torch.Tensor | None = None
+    """Keys/values of the anchors processed with real target features."""
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.past_k is None else self.past_k.shape[2]
+
+
+@dataclass
+class EagleScratch:
+    """One round's drafted nodes: their output hidden states and keys/values (discarded after the round)."""
+
+    hidden: dict[int, torch.Tensor]
+    """node (-1 = root) -> (1, 1, H) layer output, the input feature of its children."""
+    slot: dict[int, int] = field(default_factory=dict)
+    """node -> its index in keys/values."""
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+class EagleDrafter(TreeDrafter):
+    """The verifier's view of an ``EagleModel``: chain or tree drafting with its own KV cache."""
+
+    needs_features = True
+
+    def __init__(self, model: EagleModel, topk_accuracy: list[list[float]] | None = None) -> None:
+        self.model = model.eval()
+        self.vocab_size = model.cfg.vocab_size
+        self.feature_layers = model.cfg.feature_layers
+        self.topk_accuracy = topk_accuracy
+
+    @torch.no_grad()
+    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> EagleState:
+        return EagleState(tokens.tolist(), self.model.fuse(target_out.features))
+
+    @torch.no_grad()
+    def advance(self, state: EagleState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+        state.tokens.extend(tokens.tolist())
+        state.features = torch.cat([state.features, self.model.fuse(target_out.features)])
+
+    def _full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, H) -> (n, V) logits over the target vocabulary (-inf outside the draft vocabulary)."""
+        draft = self.model.logits(hidden).float()
+        if self.model.cfg.version == 1:
+            return draft
+        full = torch.full((len(draft), self.vocab_size), float("-inf"), device=draft.device)
+        return full.index_copy_(1, self.model.draft_ids, draft)
+
+    def root(self, state: EagleState) -> tuple[EagleScratch, torch.Tensor]:
+        """Run the anchors committed since the last round with their real features (cached for good)."""
+        model, device = self.model, state.features.device
+        start, end = state.cached, len(state.tokens) - 1  # anchors start..end-1 are pending
+        m = end - start
+        tokens = torch.tensor([state.tokens[start + 1 : end + 1]], device=device)
+        positions = torch.arange(start, end, device=device)[None]
+        mask = torch.arange(start + m, device=device)[None, :] <= (start + torch.arange(m, device=device))[:, None]
+        out, k_new, v_new = model.step(
+            tokens, state.features[None, start:end], positions, state.past_k, state.past_v, mask[None, None]
+        )
+        state.past_k = k_new if state.past_k is None else torch.cat([state.past_k, k_new], dim=2)
+        state.past_v = v_new if state.past_v is None else torch.cat([state.past_v, v_new], dim=2)
+        hidden = out[:, -1:]  # (1, 1, H)
+        return EagleScratch({-1: hidden}), self._full_logits(hidden[0])[0]
+
+    def grow(self, state: EagleState, scratch: EagleScratch, tokens, parents, new) -> torch.Tensor:
+        """Run the new nodes in one step: each attends to the context, its drafted ancestors and itself."""
+        model, device = self.model, state.features.device
+        end, context, drafted = len(state.tokens) - 1, state.cached, len(scratch.slot)
+        depth, rows = [], []
+        for n in new:
+            ancestors, p = [], parents[n]
+            while p >= 0:
+                ancestors.append(p)
+                p = parents[p]
+            depth.append(len(ancestors) + 1)
+            row = torch.zeros(drafted, dtype=torch.bool)
+            row[[scratch.slot[a] for a in ancestors]] = True
+            rows.append(row)
+        mask = torch.cat(
+            [torch.ones(len(new), context, dtype=torch.bool), torch.stack(rows), torch.eye(len(new), dtype=torch.bool)],
+            dim=1,
+        ).to(device)
+        past_k = state.past_k if scratch.keys is None else torch.cat([state.past_k, scratch.keys], dim=2)
+        past_v = state.past_v if scratch.values is None else torch.cat([state.past_v, scratch.values], dim=2)
+        hidden_in = torch.cat([scratch.hidden[parents[n]] for n in new], dim=1)  # (1, F, H)
+        ids = torch.tensor([[tokens[n] for n in new]], device=device)
+        pos = (end - 1 + torch.tensor(depth, device=device))[None]
+        out, k, v = model.step(ids, hidden_in, pos, past_k, past_v, mask[None, None])
+        scratch.keys = k if scratch.keys is None else torch.cat([scratch.keys, k], dim=2)
+        scratch.values = v if scratch.values is None else torch.cat([scratch.values, v], dim=2)
+        for i, n in enumerate(new):
+            scratch.slot[n] = drafted + i
+            scratch.hidden[n] = out[:, i : i + 1]
+        return self._full_logits(out[0])

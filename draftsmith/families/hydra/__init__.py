@@ -1,0 +1,1 @@
+from draftsmith.families.hydra import network  # noqa: F401  (registers the family)

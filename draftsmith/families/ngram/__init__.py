@@ -1,0 +1,1 @@
+"""The n-gram (prompt lookup) drafter: no network, nothing to train."""

@@ -1,0 +1,1 @@
+"""Online speculative decoding: a draft LM that learns while it serves."""

@@ -1,0 +1,93 @@
+"""The one registry of drafter families: ``method`` name -> (config dataclass, network class).
+
+A family registers its network with ``@register("method", ..., config=ConfigClass)`` in its own subpackage;
+``draftsmith.families`` imports every subpackage, so a lookup sees them all. Nothing outside this module asks a
+family's name: the record of a trained drafter (``core.native``) names its method, and the registry rebuilds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from draftsmith.core import native
+from draftsmith.core.draft import Drafter
+from draftsmith.core.target import Target, check_fingerprint
+from draftsmith.errors import DraftsmithError
+
+
+@dataclass(frozen=True)
+class Family:
+    """One registered method: its config dataclass and the network class built from it."""
+
+    method: str
+    config: type
+    network: type
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(*methods: str, config: type):
+    """Class decorator: the network class serves ``methods`` (e.g. ``"eagle1", "eagle3"``), built from ``config``."""
+
+    def wrap(network: type) -> type:
+        for method in methods:
+            if method in _FAMILIES:
+                raise DraftsmithError(f"drafter method {method!r} is registered twice")
+            _FAMILIES[method] = Family(method, config, network)
+        return network
+
+    return wrap
+
+
+def family(method: str, where: str = "drafter") -> Family:
+    if method not in _FAMILIES:
+        raise DraftsmithError(f"{where}: unknown drafter method {method!r} (known: {', '.join(sorted(_FAMILIES))})")
+    return _FAMILIES[method]
+
+
+def methods() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def build_network(method: str, config: dict, where: str = "drafter") -> torch.nn.Module:
+    """An untrained network of ``method`` from a JSON config record (lists become tuples)."""
+    fam = family(method, where)
+    unknown = sorted(set(config) - {f.name for f in fields(fam.config)})
+    if unknown:
+        raise DraftsmithError(f"{where}: config has fields {unknown} that {fam.config.__name__} does not know")
+    return fam.network(fam.config(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}))
+
+
+def build(info: dict, state: dict[str, torch.Tensor], where: str) -> torch.nn.Module:
+    """Rebuild a drafter network from ``core.native.describe()``'s record and its weights."""
+    model = build_network(info.get("method"), info["config"], where)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DraftsmithError(
+            f"{where}: weights do not match the {info['method']} config (missing {missing}, unexpected {unexpected})"
+        )
+    return model.eval()
+
+
+def load_network(path: str | Path, target: Target | None = None) -> tuple[torch.nn.Module, dict]:
+    """A trained drafter network and its record, from a native dir or a ``.ckpt``; checked against ``target``."""
+    info, state = native.read(path)
+    if target is not None:
+        check_fingerprint(info["target"], target.fingerprint, f"drafter {str(path)!r}")
+    return build(info, state, str(path)).to(target.device if target is not None else "cpu"), info
+
+
+def load_trained(path: str | Path, target: Target) -> Drafter:
+    """The verifier's drafter for a trained network (with the top-k accuracies static trees need).
+
+    A drafter that fine-tuned its target (Medusa-2) carries the adapted target as ``own_target``:
+    it drafts for that target, and is scored against plain decoding of it.
+    """
+    model, info = load_network(path, target)
+    drafter = model.as_drafter(info.get("topk_accuracy"))
+    drafter.own_target = model.adapted_target(target)
+    return drafter

@@ -1,0 +1,180 @@
+"""``DrafterModule``: the LightningModule every drafter family extends.
+
+It holds a frozen ``Target`` (a plain attribute, so it is neither trained nor
+saved in checkpoints) and a trainable drafter ``nn.Module``. Target logits and
+features are computed online, under ``no_grad``, in each step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+
+from draftsmith import targets
+from draftsmith.core.native import describe
+from draftsmith.core.target import Target, TargetOutput
+from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
+
+TOPK = 10
+"""Ranks whose held-out accuracy validation records, per depth (for static trees)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay to ``min_lr_ratio``."""
+
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    warmup_steps: int = 20
+    """Linear warmup steps."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of ``lr``."""
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    """The teacher-forced τ estimate logged as ``val/tau_est``."""
+
+    k: int = 4
+    """Chain length K the estimate is for (match the verifier's -k)."""
+    temperature: float = 0.0
+    """0: greedy acceptance (argmax match); > 0: sum(min(p, q)) at this temperature."""
+
+
+class DrafterModule(L.LightningModule):
+    """Base of the drafter LightningModules: frozen target, trainable ``self.drafter``.
+
+    Subclasses implement ``feature_layers()``, ``build_drafter()``, ``losses()`` and
+    ``step_acceptance()``.
+    """
+
+    def __init__(self, target: str, optim: OptimConfig | None = None, estimate: EstimateConfig | None = None):
+        super().__init__()
+        self.optim = optim or OptimConfig()
+        self.estimate = estimate or EstimateConfig()
+        target = str(targets.resolve(target))
+        self.target = Target.from_pretrained(target, feature_layers=self.feature_layers_for(target))
+        self.drafter = self.build_drafter()
+
+    # -- hooks for families ------------------------------------------------------------
+    def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
+        return (-1,)
+
+    def build_drafter(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def losses(self, batch: dict, out: TargetOutput) -> dict[str, torch.Tensor]:
+        """Named scalar losses; ``loss`` is the one optimised."""
+        raise NotImplementedError
+
+    def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, B, T) acceptance probability of draft step j from anchor t (the drafter unrolled as it
+        drafts; see ``eval/estimate.py``) and whether that step has a generated token to check."""
+        raise NotImplementedError
+
+    def step_ranks(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(D, B, T) rank of the target's token among the drafter's choices at depth d+1 from anchor t
+        (0 = its top choice) and whether it is checkable; None if the family does not draft trees.
+        Validation turns them into the per-depth top-k accuracies static trees are built from."""
+        return None
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.drafter.parameters() if p.requires_grad]
+
+    def prepare_from_data(self, datamodule) -> None:
+        """Family-specific set-up that needs the training data (e.g. EAGLE-3's draft vocabulary)."""
+
+    # -- Lightning -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        self.target.model.to(self.device)
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        if datamodule is not None:
+            datamodule.check_target(self.target)
+            if getattr(datamodule, "cache", None) is not None:
+                self.target.check_final_logits("data.features")
+            if stage == "fit":
+                self.prepare_from_data(datamodule)
+
+    def on_fit_start(self) -> None:
+        self.target.model.to(self.device)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Record what ``draftsmith score`` / ``export`` need to rebuild the drafter from this checkpoint alone."""
+        checkpoint["draftsmith"] = describe(self.drafter, self.target)
+        if self.topk_accuracy is not None:
+            checkpoint["draftsmith"]["topk_accuracy"] = self.topk_accuracy
+
+    def target_forward(self, batch: dict) -> TargetOutput:
+        """The target's logits and features on ``batch``: run online, or read from the feature cache (``hidden``:
+        the feature layers and the final normed state, whose LM head output is the target's logits)."""
+        if "hidden" not in batch:
+            return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
+        hidden = batch["hidden"]
+        with torch.no_grad():
+            logits = self.target.final_logits(hidden[self.target.num_layers].float())
+        return TargetOutput(logits, tuple(hidden[layer].float() for layer in self.target.feature_layers))
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        losses = self.losses(batch, self.target_forward(batch))
+        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"]))
+        return losses["loss"]
+
+    topk_accuracy: list[list[float]] | None = None
+    """Per depth, the held-out accuracy of each rank (< ``TOPK``), from the last validation."""
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_rounds = torch.zeros(2, device=self.device)  # (tokens, rounds) of replayed verifier rounds
+        self._val_ranks: torch.Tensor | None = None  # (D, TOPK + 1): hits per rank, checkable count last
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        out = self.target_forward(batch)
+        n = len(batch["input_ids"])
+        self.log_dict({f"val/{k}": v for k, v in self.losses(batch, out).items()}, batch_size=n, sync_dist=True)
+        accept, valid = self.step_acceptance(batch, out)
+        rounds = replay_rounds(accept.cpu(), valid.cpu(), torch.Generator().manual_seed(batch_idx))
+        self._val_rounds += torch.tensor(tau_from_rounds(rounds), device=self.device, dtype=torch.float)
+        ranked = self.step_ranks(batch, out)
+        if ranked is not None:
+            ranks, checkable = ranked
+            hits = torch.stack([((ranks == r) & checkable).sum((1, 2)) for r in range(TOPK)], dim=1)
+            counts = torch.cat([hits, checkable.sum((1, 2))[:, None]], dim=1).float()
+            self._val_ranks = counts if self._val_ranks is None else self._val_ranks + counts
+
+    def on_validation_epoch_end(self) -> None:
+        tokens, rounds = self.trainer.strategy.reduce(self._val_rounds, reduce_op="sum").tolist()
+        if rounds:
+            self.log("val/tau_est", tokens / rounds, prog_bar=True)
+        if self._val_ranks is not None:
+            counts = self.trainer.strategy.reduce(self._val_ranks, reduce_op="sum")
+            accuracy = counts[:, :TOPK] / counts[:, TOPK:].clamp_min(1)
+            self.topk_accuracy = [[round(a, 6) for a in row] for row in accuracy.tolist()]
+            for d, row in enumerate(self.topk_accuracy):
+                self.log(f"val/top1_acc_{d + 1}", row[0])
+
+    def configure_optimizers(self):
+        params = self.trainable_parameters()
+        opt = torch.optim.AdamW(params, lr=self.optim.lr, betas=self.optim.betas, weight_decay=self.optim.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, floor = self.optim.warmup_steps, self.optim.min_lr_ratio
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """x[:, s:] right-padded with zeros back to length T (so index i holds x[i + s])."""
+    pad = torch.zeros_like(x[:, :s])
+    return torch.cat([x[:, s:], pad], dim=1)

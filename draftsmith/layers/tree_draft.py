@@ -1,0 +1,207 @@
+"""Drafting token trees: chains, static trees (Medusa) and dynamic trees (EAGLE-2) over one primitive.
+
+A ``TreeDrafter`` says two things: the distribution of the first drafted token (``root``) and,
+for freshly added nodes (all at one depth), the distribution of each one's child (``grow``).
+From these, ``propose`` builds:
+
+- a **chain** (no policy): draw or take the argmax at each depth, recording q (lossless with
+  any sampling rule);
+- a **static tree**: a fixed set of rank paths, e.g. (0,), (1,), (0, 0): "the top-1 token, the
+  top-2 token, the top-1 child of the top-1 token" (Medusa's sparse trees), built by
+  ``static_tree`` from per-depth top-k accuracies measured on held-out data;
+- a **dynamic tree** (EAGLE-2): at each depth expand the ``top_k`` nodes with the highest
+  cumulative draft confidence (product of the drafter's probabilities along the path) into
+  their ``top_k`` children, then keep the ``size`` most confident nodes overall.
+
+Tree tokens are chosen deterministically (top ranks), so their q is a point mass (``q=None``):
+the verifier's multi-candidate rule then stays lossless under sampling.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftsmith.core.draft import Draft, Drafter
+from draftsmith.core.sampling import Sampling, probs, sample
+from draftsmith.errors import DraftsmithError
+
+TREE_KINDS = ("chain", "static", "dynamic")
+
+
+@dataclass(frozen=True)
+class TreePolicy:
+    """How a ``TreeDrafter`` shapes its drafts.
+
+    Attributes:
+        kind: ``chain``, ``static`` or ``dynamic``.
+        size: tree nodes (drafted tokens) per round, for trees.
+        top_k: dynamic trees: nodes expanded per depth and children per expanded node.
+        paths: static trees: rank paths, parents before children (see ``static_tree``).
+    """
+
+    kind: str = "chain"
+    size: int = 16
+    top_k: int = 4
+    paths: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in TREE_KINDS:
+            raise DraftsmithError(f"--tree must be one of {', '.join(TREE_KINDS)}, got {self.kind!r}")
+        if self.size <= 0 or self.top_k <= 0:
+            raise DraftsmithError(f"--tree-size and top-k must be positive, got {self.size} and {self.top_k}")
+
+
+def static_tree(accuracy: list[list[float]], size: int, max_depth: int) -> tuple[tuple[int, ...], ...]:
+    """The ``size`` rank paths of highest expected acceptance, prefix-closed (Medusa's sparse tree).
+
+    A path (r_1, .., r_d) means "the rank-r_1 token at depth 1, then its rank-r_2 child, ...";
+    its value is prod_j accuracy[j][r_j], the chance the target's token at every depth j is the
+    drafter's rank-r_j choice (treating depths as independent, as Medusa does). A child is never
+    worth more than its parent, so taking paths best-first keeps the set prefix-closed.
+
+    Args:
+        accuracy: accuracy[d][r] = P(the target's token at depth d+1 is the drafter's rank r),
+            measured on held-out data.
+        size: number of paths (tree nodes).
+        max_depth: deepest depth allowed.
+    """
+    depth = min(max_depth, len(accuracy))
+    if depth == 0 or not accuracy[0]:
+        raise DraftsmithError("a static tree needs measured top-k accuracies, and none were recorded")
+    heap = [(-accuracy[0][r], (r,)) for r in range(len(accuracy[0]))]
+    heapq.heapify(heap)
+    paths = []
+    while heap and len(paths) < size:
+        neg, path = heapq.heappop(heap)
+        paths.append(path)
+        if len(path) < depth:
+            for r, acc in enumerate(accuracy[len(path)]):
+                heapq.heappush(heap, (neg * acc, (*path, r)))
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
+class TreeDrafter(Drafter):
+    """A drafter that can grow token trees. Subclasses implement ``root`` and ``grow``.
+
+    Attributes:
+        tree: the drafting policy (chain by default); ``draftsmith score --tree`` sets it.
+        max_depth: deepest draft the drafter can make (Medusa/Hydra: its head count), or None.
+        topk_accuracy: per depth, the accuracy of each rank, measured on held-out data when it
+            was trained (what static trees are built from), or None.
+    """
+
+    tree: TreePolicy = TreePolicy()
+    max_depth: int | None = None
+    topk_accuracy: list[list[float]] | None = None
+
+    @abstractmethod
+    def root(self, state: Any) -> tuple[Any, torch.Tensor]:
+        """Begin a round: (scratch for ``grow``, (V,) logits of the first drafted token)."""
+
+    @abstractmethod
+    def grow(self, state: Any, scratch: Any, tokens: list[int], parents: list[int], new: list[int]) -> torch.Tensor:
+        """(len(new), V) logits of the child of each node in ``new`` (node indices, all at one depth)."""
+
+    def set_tree(self, policy: TreePolicy, k: int) -> None:
+        """Use ``policy`` for drafts of depth <= k; a static tree is built from ``topk_accuracy``."""
+        if policy.kind == "static" and not policy.paths:
+            if not self.topk_accuracy:
+                raise DraftsmithError(
+                    "--tree static needs the drafter's measured top-k accuracies (recorded by `draftsmith fit` "
+                    "for head and EAGLE drafters); this drafter has none: use --tree dynamic"
+                )
+            depth = min(k, self.max_depth or k)
+            paths = static_tree(self.topk_accuracy, policy.size, depth)
+            policy = TreePolicy("static", len(paths), policy.top_k, paths)
+        self.tree = policy
+
+    def _depth(self, k: int) -> int:
+        return min(k, self.max_depth) if self.max_depth else k
+
+    @torch.no_grad()
+    def propose(self, state: Any, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
+        k = self._depth(k)
+        if k <= 0:
+            return Draft.empty()
+        if self.tree.kind == "chain":
+            return self._chain(state, k, sampling, generator)
+        if self.tree.kind == "static":
+            return self._static(state, k)
+        return self._dynamic(state, k)
+
+    def _chain(self, state, k: int, sampling: Sampling, generator) -> Draft:
+        scratch, logits = self.root(state)
+        tokens, parents, qs = [], [], []
+        for i in range(k):
+            q = probs(logits.float(), sampling)
+            tokens.append(int(q.argmax()) if sampling.greedy else sample(q, generator))
+            parents.append(i - 1)
+            qs.append(q)
+            if i < k - 1:
+                logits = self.grow(state, scratch, tokens, parents, [i])[0]
+        return Draft.chain(tokens, torch.stack(qs))
+
+    def _static(self, state, k: int) -> Draft:
+        paths = [p for p in self.tree.paths if len(p) <= k]
+        scratch, logits = self.root(state)
+        index: dict[tuple[int, ...], int] = {}
+        tokens, parents = [], []
+        frontier_logits = {(): logits}
+        for depth in range(1, k + 1):
+            level = [p for p in paths if len(p) == depth]
+            if not level:
+                break
+            for p in level:
+                parent_logits = frontier_logits.get(p[:-1])
+                if parent_logits is None:  # its parent did not make the cut at this k
+                    continue
+                ranks = parent_logits.topk(p[-1] + 1).indices
+                index[p] = len(tokens)
+                tokens.append(int(ranks[p[-1]]))
+                parents.append(index[p[:-1]] if depth > 1 else -1)
+            grow = [p for p in index if len(p) == depth and any(c[:-1] == p for c in paths if len(c) == depth + 1)]
+            if grow and depth < k:
+                out = self.grow(state, scratch, tokens, parents, [index[p] for p in grow])
+                frontier_logits = dict(zip(grow, out, strict=True))
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), None)
+
+    def _dynamic(self, state, k: int) -> Draft:
+        top_k, size = self.tree.top_k, self.tree.size
+        scratch, logits = self.root(state)
+        tokens, parents, scores = [], [], []  # scores: cumulative log-confidence of each node
+        frontier = [(-1, 0.0, logits)]  # (node, its score, logits of its child)
+        for depth in range(1, k + 1):
+            candidates = []
+            for node, score, node_logits in frontier:
+                logp = torch.log_softmax(node_logits.float(), -1)
+                top = logp.topk(min(top_k, len(logp)))
+                candidates += [(score + float(v), node, int(t)) for v, t in zip(top.values, top.indices, strict=True)]
+            new = []
+            for score, parent, token in candidates:
+                new.append(len(tokens))
+                tokens.append(token)
+                parents.append(parent)
+                scores.append(score)
+            if depth == k:
+                break
+            expand = sorted(new, key=lambda i: -scores[i])[:top_k]
+            out = self.grow(state, scratch, tokens, parents, expand)
+            frontier = [(i, scores[i], row) for i, row in zip(expand, out, strict=True)]
+        return _rerank(tokens, parents, scores, size)
+
+
+def _rerank(tokens: list[int], parents: list[int], scores: list[float], size: int) -> Draft:
+    """Keep the ``size`` highest-scoring nodes (scores fall along every path, so the kept set is a
+    tree), renumbered with parents first."""
+    keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:size]
+    keep.sort()  # original order is parents-first
+    new_index = {old: new for new, old in enumerate(keep)}
+    kept_parents = [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+    return Draft(
+        torch.tensor([tokens[i] for i in keep], dtype=torch.long), torch.tensor(kept_parents, dtype=torch.long), None
+    )

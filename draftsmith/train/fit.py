@@ -1,0 +1,159 @@
+"""``fit(recipe, run) -> FitResult``: the one training API.
+
+A recipe is a YAML file of ``draftsmith/configs/`` (the one recipe registry: ``eagle3``, ``smollm2/eagle3``, ...)
+or any path; ``FitRun`` sets what a run changes on top of it (target, data, output dir, steps, batch size, learning
+rate, and any other field by section), as typed values, never argv strings. ``draftsmith fit --config`` (the CLI
+edge), the quickstart, the draft-LM stages, SLURM jobs, benchmarks and tests all train through the same
+``DraftsmithCLI``, which writes the run's manifest.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from draftsmith.core.native import save_native
+from draftsmith.errors import DraftsmithError
+from draftsmith.families.registry import load_network
+from draftsmith.targets import load_target
+
+RECIPES = Path(__file__).resolve().parents[1] / "configs"
+"""The shipped recipes (package data; the checkout's top-level ``configs`` links here)."""
+
+
+def recipe_path(recipe: str | Path) -> Path:
+    """A recipe file: an existing path, or a shipped recipe's name (``eagle3``, ``smollm2/eagle3``)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    shipped = RECIPES / f"{recipe}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(str(p.relative_to(RECIPES).with_suffix("")) for p in RECIPES.rglob("*.yaml"))
+    raise DraftsmithError(
+        f"recipe {str(recipe)!r}: no such file, and no shipped recipe of that name ({', '.join(names)})"
+    )
+
+
+def load_recipe(recipe: str | Path) -> dict:
+    path = recipe_path(recipe)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise DraftsmithError(f"recipe {path}: not valid YAML ({e})") from None
+    if not isinstance(config, dict) or "model" not in config:
+        raise DraftsmithError(f"recipe {path}: expected a mapping with a 'model' section")
+    return config
+
+
+@dataclass(frozen=True)
+class FitRun:
+    """What one run sets on top of its recipe; None keeps the recipe's value."""
+
+    target: str | None = None
+    """``model.init_args.target``: a built-in target name or a model dir."""
+    train: str | None = None
+    """Training data dir (``data.train``)."""
+    val: str | None = None
+    """Validation data dir (``data.val``)."""
+    features: str | None = None
+    """A feature cache of the training data to train from (``data.features``)."""
+    out: str | Path | None = None
+    """Run directory (``trainer.default_root_dir``); emptied first unless ``resume``."""
+    steps: int | None = None
+    """Optimizer steps; also sets warmup to a tenth of them and validation to every quarter."""
+    batch_size: int | None = None
+    """Sequences per step (``data.batch_size``)."""
+    lr: float | None = None
+    """Peak learning rate (``model.init_args.optim.lr``)."""
+    model: dict = field(default_factory=dict)
+    """Further ``model.init_args`` values (nested dicts merge)."""
+    data: dict = field(default_factory=dict)
+    """Further data-module arguments."""
+    trainer: dict = field(default_factory=dict)
+    """Further ``trainer`` values."""
+    resume: bool = False
+    """Keep an existing run directory (Lightning resumes only from an explicit ``ckpt_path``)."""
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Where a fit left its checkpoints."""
+
+    root: Path
+    """The run directory (logs, checkpoints, ``manifest.json``, ``config.yaml``)."""
+    best: Path
+    """The best checkpoint by the monitored metric (``val/tau_est`` unless the recipe says otherwise)."""
+    score: float | None
+    """Its monitored metric."""
+    last: Path | None
+    """The last checkpoint (for resuming)."""
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _given(values: dict) -> dict:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _init_args(section: dict) -> dict:
+    """The arguments of a ``{class_path, init_args}`` section, or the section itself when it is plain."""
+    return section.setdefault("init_args", {}) if "class_path" in section else section
+
+
+def configure(recipe: str | Path | dict, run: FitRun = FitRun()) -> dict:
+    """The recipe's config with ``run`` applied (what ``fit`` hands to Lightning)."""
+    config = copy.deepcopy(recipe) if isinstance(recipe, dict) else load_recipe(recipe)
+    model = _init_args(config["model"])
+    data = _init_args(config.setdefault("data", {}))
+    trainer = config.setdefault("trainer", {})
+    set_model = {"target": run.target} | ({"optim": {"lr": run.lr}} if run.lr is not None else {})
+    set_data = {"train": run.train, "val": run.val, "features": run.features, "batch_size": run.batch_size}
+    set_trainer = {"default_root_dir": str(run.out) if run.out is not None else None}
+    if run.steps is not None:
+        set_model["optim"] = set_model.get("optim", {}) | {"warmup_steps": max(1, run.steps // 10)}
+        set_trainer |= {"max_steps": run.steps, "max_epochs": -1, "val_check_interval": max(1, run.steps // 4)}
+    model.update(_merge(model, _given(set_model) | run.model))
+    data.update(_merge(data, _given(set_data) | run.data))
+    trainer.update(_merge(trainer, _given(set_trainer) | run.trainer))
+    if run.steps is not None:  # validate by steps, not epochs (None is the value here)
+        trainer["check_val_every_n_epoch"] = None
+    return config
+
+
+def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
+    """Train the recipe's drafter with ``run`` applied; returns where its checkpoints are."""
+    from draftsmith.train.cli import fit_main
+
+    config = configure(recipe, run)
+    root = Path(config["trainer"].get("default_root_dir") or ".")
+    if not run.resume and root != Path("."):
+        shutil.rmtree(root, ignore_errors=True)
+    cli = fit_main(config, recipe=None if isinstance(recipe, dict) else str(recipe_path(recipe)))
+    best = cli.trainer.checkpoint_callback
+    if best is None or not best.best_model_path:
+        raise DraftsmithError(f"fit {root}: no checkpoint was saved (does the recipe validate before it stops?)")
+    score = float(best.best_model_score) if best.best_model_score is not None else None
+    return FitResult(
+        root, Path(best.best_model_path), score, Path(best.last_model_path) if best.last_model_path else None
+    )
+
+
+def export_native(result: FitResult, target: str | Path, out: str | Path) -> Path:
+    """The fit's best checkpoint as a native drafter dir, recording the checkpoint, its ``val_tau_est`` and the
+    top-k accuracies static trees are built from."""
+    target_obj = load_target(target)
+    network, info = load_network(result.best, target_obj)
+    extra = {"checkpoint": str(result.best), "val_tau_est": result.score}
+    if info.get("topk_accuracy"):
+        extra["topk_accuracy"] = info["topk_accuracy"]
+    return save_native(network, target_obj, out, extra)

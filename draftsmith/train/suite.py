@@ -1,0 +1,211 @@
+"""Train every family on one target: on-policy data, the feature cache, each family from its recipe, the
+distilled draft LM and the acceptance head. The quickstart and the real-target benchmark run it.
+
+Recipes are the one recipe registry: a ``Plan`` names the recipe directory of its target (``configs/`` for the
+embedded default target, ``configs/smollm2/`` for SmolLM2); their ``trainer.max_steps`` are the budgets, scaled by
+``Budget.fit_scale``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.data import shards
+from draftsmith.data.generate import generate
+from draftsmith.train import draft_lm
+from draftsmith.train.fit import FitRun, export_native, fit, load_recipe
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much work each stage does."""
+
+    train_prompts: int = 600
+    """Built-in training prompts the target continues (sampled)."""
+    new_tokens: int = 48
+    """Tokens the target generates per prompt, for data and for scoring."""
+    score_prompts: int = 10
+    """Held-out prompts: greedy validation data and the verifier's scoring set (the same prompts)."""
+    fit_scale: float = 1.0
+    """Each recipe's ``trainer.max_steps`` times this (at least 2)."""
+    batch_size: int = 8
+    """Training sequences per step."""
+    head_prompts: int = 200
+    """Built-in training prompts the target continues greedily for the acceptance head."""
+    head_steps: int = 50
+    """Acceptance head optimizer steps."""
+
+
+FULL = Budget()
+FAST = Budget(train_prompts=48, new_tokens=24, score_prompts=4, fit_scale=0.12, batch_size=4, head_prompts=16)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What is trained on one target, from which prompts and recipes."""
+
+    budget: Budget
+    """Work per stage."""
+    recipes: str = ""
+    """Recipe directory under ``configs/`` (``""``: the default target's, ``"smollm2"``)."""
+    drafters: tuple[str, ...] = ("eagle3", "eagle1", "medusa1", "hydrapp")
+    """The families trained from their recipes, in order (Hydra and Medusa-2 are in ``benchmarks/heads.py``)."""
+    prompts: tuple[str, str] = ("builtin:train", "builtin:heldout")
+    """Training and held-out (scoring) prompt sets."""
+    temperature: float = 1.0
+    """Sampling temperature of the training data (validation data is greedy)."""
+    top_p: float = 1.0
+    """Nucleus mass of the training data."""
+    ks: tuple[int, ...] = (2, 4, 6)
+    """Draft lengths scored (the main table's K is always among them)."""
+    features: bool = False
+    """Cache the target's hidden states over the training data once (``data/train-features``) and train the
+    feature drafters from it instead of running the target in every step."""
+    acceptance_head: bool = True
+    """Train a SpecDec++ acceptance head on EAGLE-1 (scored as ``eagle1-adaptive``)."""
+    draft_lm_layers: int = 0
+    """> 0: the draft LM starts as the target's first N layers with its own embeddings, norm and head
+    (``truncated_target``); 0: the target's sibling when it has one, else a fresh student pre-trained on the corpus."""
+
+    def recipe(self, name: str) -> str:
+        return f"{self.recipes}/{name}" if self.recipes else name
+
+
+SMOLLM2 = Plan(
+    # 30-layer target at ~12 tokens/s greedy on 2 CPU cores: data ~5 min, training ~35 min, scoring ~7 min
+    budget=Budget(train_prompts=400, new_tokens=64, score_prompts=8, batch_size=8, head_prompts=96),
+    recipes="smollm2",
+    prompts=("builtin:chat-train", "builtin:chat-heldout"),
+    temperature=0.7,
+    top_p=0.9,
+    ks=(4,),
+    features=True,
+    draft_lm_layers=2,
+)
+PLANS = {"default": Plan(FULL), "smollm2": SMOLLM2}
+"""The built-in targets' plans."""
+
+
+def _generated(target_dir: Path, path: Path, settings: dict) -> Path:
+    """Generate ``path`` with ``settings`` unless a complete run of the same settings and target is there."""
+    meta = shards.read_metadata(path) or {}
+    made = meta.get("settings", {})
+    reusable = meta.get("status") == "complete" and all(made.get(k) == v for k, v in settings.items())
+    if not (reusable and meta.get("target", {}).get("name") == str(target_dir)):
+        generate(str(target_dir), out=path, overwrite=True, **settings)
+    return path
+
+
+def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> tuple[Path, Path]:
+    """Sampled training data on built-in prompts, greedy validation data on the held-out scoring prompts."""
+    sampled = {"temperature": plan.temperature} | ({"top_p": plan.top_p} if plan.top_p < 1 else {})
+    runs = {
+        "train": {"prompts": plan.prompts[0], **sampled, "num_prompts": budget.train_prompts},
+        "val": {"prompts": plan.prompts[1], "temperature": 0.0, "num_prompts": budget.score_prompts},
+    }
+    return tuple(
+        _generated(target_dir, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
+        for name, settings in runs.items()
+    )
+
+
+def make_head_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> Path:
+    """Greedy continuations of built-in training prompts (``data/head``) for the acceptance head: greedy
+    verification runs along the target's greedy text, so that is the text whose acceptances it must predict."""
+    settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts}
+    return _generated(target_dir, out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens})
+
+
+def recipe_steps(recipe: str, budget: Budget) -> int:
+    """The recipe's ``trainer.max_steps`` scaled by the budget."""
+    return max(2, round(load_recipe(recipe)["trainer"]["max_steps"] * budget.fit_scale))
+
+
+def train_drafter(
+    recipe: str,
+    target_dir: Path,
+    data: tuple[Path, Path],
+    out: Path,
+    budget: Budget,
+    name: str | None = None,
+    force: bool = False,
+    features: Path | None = None,
+    run: FitRun | None = None,
+) -> Path:
+    """Fit ``recipe`` (its steps scaled by ``budget``) on ``data`` (train, val) and export its best checkpoint by
+    ``val/tau_est`` to ``out/drafters/<name>`` (default: the recipe's name); an earlier export is reused unless
+    ``force``. ``features``: a feature cache of the training data to train from; ``run``: further settings."""
+    name, run = name or Path(recipe).stem, run or FitRun()
+    export = out / "drafters" / name
+    if (export / "model.safetensors").exists() and not force:
+        return export
+    steps = run.steps or recipe_steps(recipe, budget)
+    result = fit(
+        recipe,
+        FitRun(
+            target=str(target_dir),
+            train=str(data[0]),
+            val=str(data[1]),
+            features=str(features) if features else None,
+            out=out / "fit" / name,
+            steps=steps,
+            batch_size=budget.batch_size,
+            lr=run.lr,
+            model=run.model,
+            data=run.data,
+            trainer={"enable_model_summary": False} | run.trainer,
+        ),
+    )
+    return export_native(result, target_dir, export)
+
+
+def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget) -> Path:
+    """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``), trained on ``data`` (train,
+    val); reused when present.
+
+    Scored as ``adaptive:0.5:HEAD``: K is the most it drafts; it stops once a rejection among the tokens
+    drafted so far is predicted more likely than not (``benchmarks/adaptive.py``: 0.3 and 0.5 within 1%).
+    """
+    from draftsmith.train.acceptance_head import train_head
+
+    export = out / "drafters" / f"{drafter.name}-head"
+    if (export / "model.safetensors").exists():
+        return export
+    steps = max(10, round(budget.head_steps * budget.fit_scale))
+    path, _ = train_head(str(target_dir), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps)
+    return path
+
+
+def train_all(
+    target_dir: Path, data: tuple[Path, Path], out: Path, budget: Budget, plan: Plan, fast: bool = False
+) -> dict[str, Path]:
+    """Train every family of ``plan`` (each reused when exported already); returns name -> native dir,
+    the acceptance head as ``eagle1-head``."""
+    trained, features = {}, None
+    if plan.features:
+        from draftsmith.data.feature_cache import cache_features
+        from draftsmith.families.eagle.module import default_feature_layers
+
+        layers = json.loads((target_dir / "config.json").read_text())["num_hidden_layers"]
+        print("  the target's hidden states over the training data (feature cache)")
+        features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+    for name in plan.drafters:
+        recipe = plan.recipe(name)
+        print(f"  {name} ({recipe_steps(recipe, budget)} steps, recipe {recipe})")
+        trained[name] = train_drafter(recipe, target_dir, data, out, budget, name=name, features=features)
+    if plan.draft_lm_layers:
+        init = draft_lm.truncated_target(target_dir, plan.draft_lm_layers, out / "drafters" / "draft_lm_init")
+        what = f"the target's first {plan.draft_lm_layers} layers with its embeddings, norm and head"
+    else:
+        init = target_dir / "sibling" if (target_dir / "sibling").is_dir() else None
+        what = "the target's sibling, pre-trained on its corpus" if init else "a student pre-trained on the corpus"
+    print(f"  draft_lm (DistillSpec on-policy distillation of {what})")
+    lm_budget = draft_lm.FAST if fast else draft_lm.QUICK
+    trained["draft_lm"] = draft_lm.train_distilled_draft_lm(target_dir, data, out, lm_budget, init=init)
+    if plan.acceptance_head:
+        print("  eagle1 acceptance head (SpecDec++)")
+        head_data = (make_head_data(target_dir, out, budget, plan), data[1])
+        trained["eagle1-head"] = train_acceptance_head(target_dir, trained["eagle1"], head_data, out, budget)
+    return trained

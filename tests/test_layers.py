@@ -1,0 +1,154 @@
+"""The layer order of DESIGN.md, read from the package's imports (lazy ones inside functions included):
+
+    cli  <-  pipeline  <-  data · train · eval · export  <-  families  <-  layers  <-  targets  <-  core
+
+No package imports one of a higher layer, no package cycle, no circle of files, no import of another
+module's private name; benchmarks use only the public library API (no pipeline, no private names).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "draftsmith"
+RANK = {
+    "__init__": 0,
+    "errors": 0,
+    "core": 0,
+    "targets": 1,
+    "layers": 2,
+    "families": 3,
+    "data": 4,
+    "train": 4,
+    "eval": 4,
+    "export": 4,
+    "pipeline": 5,
+    "cli": 6,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path) -> list[tuple[str, str | None]]:
+    """(module, name) pairs of every draftsmith import in ``path``; ``name`` is None for ``import x``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "draftsmith":
+            for alias in node.names:
+                out.append((node.module, alias.name))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name.split(".")[0] == "draftsmith"]
+    return out
+
+
+def imported_module(module: str, name: str | None) -> str:
+    """``from a.b import c`` imports the module ``a.b.c`` when there is one, else a name of ``a.b``."""
+    return f"{module}.{name}" if name and f"{module}.{name}" in MODULES else module
+
+
+def top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def edges() -> dict[str, set[str]]:
+    graph = {m: set() for m in MODULES}
+    for m, path in MODULES.items():
+        for module, name in imports(path):
+            graph[m].add(imported_module(module, name))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_package_has_a_layer():
+    assert {top(m) for m in MODULES} <= set(RANK), {top(m) for m in MODULES} - set(RANK)
+
+
+def test_imports_never_reach_a_higher_layer():
+    bad = [
+        f"{m} ({top(m)}) imports {t} ({top(t)})"
+        for m, targets in edges().items()
+        for t in targets
+        if RANK[top(t)] > RANK[top(m)]
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_package_cycle():
+    graph: dict[str, set[str]] = {}
+    for m, targets in edges().items():
+        graph.setdefault(top(m), set()).update(top(t) for t in targets if top(t) != top(m))
+    assert not cycles(graph)
+
+
+def test_no_circle_of_files():
+    # a package's __init__ runs before its modules: an edge into a package is an edge into its __init__ only
+    assert not cycles(edges())
+
+
+def test_no_module_imports_a_private_name_of_another():
+    bad = [
+        f"{m}: from {module} import {name}"
+        for m, path in MODULES.items()
+        for module, name in imports(path)
+        if name and name.startswith("_") and module != m
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: p.name)
+def test_benchmarks_use_only_the_public_library_api(script):
+    bad = [
+        f"from {module} import {name}"
+        for module, name in imports(script)
+        if top(module) in {"pipeline", "cli"} or (name or "").startswith("_") or "._" in module
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_a_violation():
+    """The graph code finds what it looks for: a made-up upward edge and a made-up circle."""
+    graph = edges()
+    graph["draftsmith.core.target"] = graph["draftsmith.core.target"] | {"draftsmith.eval.verifier"}
+    assert any("draftsmith.core.target" in c for c in cycles(graph))
+    assert RANK[top("draftsmith.eval.verifier")] > RANK[top("draftsmith.core.target")]
