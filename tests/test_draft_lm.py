@@ -19,14 +19,16 @@ from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.draft_lm.module import DraftLMModule, LoraSettings, StudentShape
+from draftsmith.families.draft_lm.module import DraftLMModule, StudentShape
 from draftsmith.families.registry import load_network
 from draftsmith.layers import losses
+from draftsmith.layers.lora import Lora
 from draftsmith.layers.module import OptimConfig
 from draftsmith.train.data import GeneratedDataModule
 
 ROOT = Path(__file__).parent.parent
 P = [0.6, 0.3, 0.1]  # teacher
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 Q = [0.2, 0.4, 0.4]  # student
 
 
@@ -240,7 +242,7 @@ def test_stored_topk_teacher_trains_without_the_target_in_the_step(setup, tmp_pa
 
 
 def test_lora_student_merged_equals_unmerged_and_exports_plain_weights(setup, tmp_path):
-    model = module(setup, init=str(setup["student"]), lora=LoraSettings(r=4, alpha=8))
+    model = module(setup, init=str(setup["student"]), lora=Lora(r=4, alpha=8, target_modules=ALL_LINEAR))
     network = model.drafter
     trainable = {n for n, p in network.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)

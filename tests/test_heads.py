@@ -13,8 +13,9 @@ from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.hydra.module import HydraModule
-from draftsmith.families.medusa.module import LoraSpec, MedusaModule
+from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.families.registry import load_trained
+from draftsmith.layers.lora import Lora
 from draftsmith.layers.module import OptimConfig
 from draftsmith.layers.tree_draft import TreePolicy, static_tree
 from draftsmith.train.data import GeneratedDataModule
@@ -24,7 +25,7 @@ FAMILIES = {
     "medusa1": lambda t: MedusaModule(t, num_heads=3, distill=True, optim=OPTIM),
     "hydra": lambda t: HydraModule(t, num_heads=3, optim=OPTIM),
     "hydrapp": lambda t: HydraModule(t, num_heads=3, num_layers=2, prefix_attention=True, distill=True, optim=OPTIM),
-    "medusa2": lambda t: MedusaModule(t, num_heads=3, lora=LoraSpec(r=4), head_warmup_steps=10, optim=OPTIM),
+    "medusa2": lambda t: MedusaModule(t, num_heads=3, lora=Lora(r=4), head_warmup_steps=10, optim=OPTIM),
 }
 
 

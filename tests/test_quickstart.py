@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from draftsmith.cli import main
-from draftsmith.pipeline.quickstart import serving_format
+from draftsmith.export.registry import serving_format
 from draftsmith.targets import default as default_target
 from draftsmith.train.suite import PLANS
 

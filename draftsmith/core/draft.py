@@ -108,6 +108,11 @@ class Drafter(ABC):
     def propose(self, state: Any, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
         """Propose up to ``k`` tokens after the committed ones (a chain of depth <= k)."""
 
+    def extra_metrics(self, results: list[DecodeResult]) -> dict:
+        """What this drafter adds to its score row, given its decodes of the scored prompts (online adaptation:
+        α and τ over time)."""
+        return {}
+
     @abstractmethod
     def advance(self, state: Any, tokens: torch.Tensor, target_out: TargetOutput) -> None:
         """Commit (n,) verified tokens; ``target_out`` row i predicted tokens[i]."""
@@ -126,6 +131,16 @@ class DrafterNetwork(torch.nn.Module):
 
     def as_drafter(self, topk_accuracy: list | None = None) -> Drafter:
         """The verifier's drafter over this network (``topk_accuracy``: what static trees are built from)."""
+        raise NotImplementedError
+
+    @property
+    def reads_layers(self) -> tuple[int, ...]:
+        """The target hidden_states indices the network reads (a draft LM reads none: the final one by default)."""
+        return (-1,)
+
+    @property
+    def output_size(self) -> int:
+        """Width of the hidden state it drafts from (what an acceptance head reads)."""
         raise NotImplementedError
 
     def for_export(self) -> DrafterNetwork:

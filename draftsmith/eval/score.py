@@ -6,12 +6,14 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from draftsmith.core.draft import Drafter
+from draftsmith.core.manifest import write_manifest
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, rollback
 from draftsmith.data.prompts import encode, load_prompts
@@ -19,7 +21,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.metrics import drafter_metrics, plain_metrics
 from draftsmith.eval.report import markdown_table, write_report
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, plain_decode
-from draftsmith.families.specs import load_drafter
+from draftsmith.families.specs import Named, build_drafter, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import load_target
 
@@ -65,8 +67,7 @@ def score_drafters(
     for name in drafters:
         m = drafter_metrics(name, k, spec[name], plain[id(targets[name])], sampling.greedy, ratios).to_dict()
         m["prompts"] = len(prompts)
-        if hasattr(drafters[name], "online_report"):  # --online-adapt: α and τ over time
-            m["online"] = drafters[name].online_report(spec[name])
+        m |= drafters[name].extra_metrics(spec[name])  # --online-adapt: α and τ over time
         if targets[name] is not target:
             m["target"] = targets[name].name
         rows.append(m)
@@ -109,10 +110,34 @@ def verify_ratios(
     return {m: statistics.median(t) / step for m, t in times.items()}, step
 
 
-def named(spec: str) -> tuple[str, str]:
-    """``NAME=SPEC`` -> (NAME, SPEC); a bare SPEC names itself."""
-    name, eq, rest = spec.partition("=")
-    return (name, rest) if eq and name and "/" not in name else (spec, spec)
+@dataclass(frozen=True)
+class ScoreConfig:
+    """How drafters are scored (``draftsmith score``'s flags)."""
+
+    prompts: str = "builtin:heldout"
+    """``builtin:heldout``, a JSONL file or a local dataset."""
+    prompt_field: str = "prompt"
+    """The prompt's field name in JSONL / dataset sources."""
+    num_prompts: int = 20
+    """How many prompts to use (the first N)."""
+    k: int = 4
+    """Tokens drafted per round."""
+    sampling: Sampling = Sampling(0.0)
+    """Greedy (temperature 0) or lossless speculative sampling at this temperature / top-p."""
+    max_new_tokens: int = 64
+    """Tokens generated per prompt."""
+    seed: int = 0
+    """Seed of the per-prompt random generators."""
+    online_adapt: bool = False
+    """Online speculative decoding: each draft LM learns from its rejected positions while it decodes."""
+    tree: TreePolicy = TreePolicy("chain", 16, 4)
+    """How EAGLE, Medusa and Hydra drafters draft (chain, static or dynamic tree)."""
+
+    def __post_init__(self) -> None:
+        if self.k <= 0:
+            raise DraftsmithError(f"-k must be a positive integer, got {self.k}")
+        if self.max_new_tokens <= 0:
+            raise DraftsmithError(f"--max-new-tokens must be positive, got {self.max_new_tokens}")
 
 
 def score(
@@ -156,38 +181,44 @@ def score(
         tree_size: tree nodes (drafted tokens) per round.
         tree_top_k: dynamic trees: nodes expanded per depth, children per expanded node.
     """
-    if k <= 0:
-        raise DraftsmithError(f"-k must be a positive integer, got {k}")
-    if max_new_tokens <= 0:
-        raise DraftsmithError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     try:
         sampling = Sampling(temperature, top_p)
     except ValueError as e:
         raise DraftsmithError(str(e)) from None
+    config = ScoreConfig(
+        prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
+        TreePolicy(tree, tree_size, tree_top_k),
+    )  # fmt: skip
+    return score_specs(target, [parse_spec(d) for d in drafter], config, Path(out))
+
+
+def score_specs(target: str | Path, drafters: list[Named], config: ScoreConfig, out: Path) -> dict:
+    """Score ``drafters`` on ``target`` (a built-in name or model dir) as ``config`` says; writes
+    ``out/report.{json,md}`` and returns the report."""
+    cfg = config
     t = load_target(target)
-    loaded = {name: load_drafter(spec, t) for name, spec in map(named, drafter)}
-    if online_adapt:
+    loaded = {d.name: build_drafter(d.spec, t) for d in drafters}
+    if cfg.online_adapt:
         from draftsmith.families.online.drafter import adapt_online
 
         loaded = adapt_online(loaded, t)
-    policy = TreePolicy(tree, tree_size, tree_top_k)
     for d in loaded.values():
         if isinstance(d, TreeDrafter):
-            d.set_tree(policy, k)
-    ids = [encode(p, t.tokenizer) for p in load_prompts(prompts, prompt_field, num_prompts)]
-    plain, rows = score_drafters(t, loaded, ids, k, sampling, max_new_tokens, seed)
+            d.set_tree(cfg.tree, cfg.k)
+    ids = [encode(p, t.tokenizer) for p in load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)]
+    plain, rows = score_drafters(t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed)
     report = {
         "config": {
-            "prompts": prompts,
+            "prompts": cfg.prompts,
             "num_prompts": len(ids),
-            "k": k,
-            "temperature": temperature,
-            "top_p": top_p,
-            "max_new_tokens": max_new_tokens,
-            "seed": seed,
-            "online_adapt": online_adapt,
-            "tree": tree,
-            "tree_size": tree_size if tree != "chain" else None,
+            "k": cfg.k,
+            "temperature": cfg.sampling.temperature,
+            "top_p": cfg.sampling.top_p,
+            "max_new_tokens": cfg.max_new_tokens,
+            "seed": cfg.seed,
+            "online_adapt": cfg.online_adapt,
+            "tree": cfg.tree.kind,
+            "tree_size": cfg.tree.size if cfg.tree.kind != "chain" else None,
             "command": " ".join(sys.argv),
         },
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
@@ -195,7 +226,8 @@ def score(
         "plain": plain,
         "drafters": rows,
     }
-    write_report(Path(out), report)
+    write_report(out, report)
+    write_manifest(out, target=t.fingerprint, seed=cfg.seed)
     print(markdown_table(rows, plain))
-    print(f"wrote {Path(out) / 'report.json'} and report.md")
+    print(f"wrote {out / 'report.json'} and report.md")
     return report

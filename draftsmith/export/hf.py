@@ -62,7 +62,7 @@ def _save(model: PreTrainedModel, tokenizer, out: Path, dtype: str | None, targe
 
 def export(src: Source, out: Path, dtype: str | None) -> str:
     """A trained draft LM (its tokenizer is the target's)."""
-    network = src.network.for_export() if hasattr(src.network, "for_export") else src.network
+    network = src.network.for_export()
     if src.target_dir is None:
         raise DraftsmithError("--to hf needs the target's tokenizer: pass --target DIR")
     return _save(network.model, AutoTokenizer.from_pretrained(src.target_dir), out, dtype, src.target_dir)

@@ -26,6 +26,12 @@ def methods(fmt: str) -> tuple[str, ...]:
     return FORMATS[fmt].METHODS
 
 
+def serving_format(method: str) -> str:
+    """The format a drafter of ``method`` is served in: vLLM's where vLLM serves the family, plain HF for draft
+    LMs (a ``transformers`` assistant model or vLLM ``draft_model``), else draftsmith's own."""
+    return next((fmt for fmt in ("vllm", "hf") if method in methods(fmt)), "native")
+
+
 def check_supported(fmt: str, method: str) -> None:
     if method in methods(fmt):
         return

@@ -120,9 +120,13 @@ def _medusa(src: Source, out: Path, dtype: str | None) -> dict:
     return {"method": "medusa", "model": str(out), "num_speculative_tokens": cfg.num_heads}
 
 
+def _served_target(src: Source, out: Path) -> Path | str | None:
+    """What ``vllm serve`` runs: the LoRA-adapted target written beside a Medusa-2 export, else the target."""
+    return out / "target" if (out / "target" / "config.json").is_file() else src.target_dir
+
+
 def export(src: Source, out: Path, dtype: str | None) -> str:
     """Write the vLLM drafter dir; return the ``vllm serve`` command."""
     writers = {"eagle3": _eagle3, "eagle1": _eagle1, "medusa1": _medusa, "medusa2": _medusa}
     spec = writers[src.method](src, out, dtype)
-    target = out / "target" if src.method == "medusa2" else src.target_dir
-    return f"vllm serve {target} --speculative-config '{json.dumps(spec)}'"
+    return f"vllm serve {_served_target(src, out)} --speculative-config '{json.dumps(spec)}'"

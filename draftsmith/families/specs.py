@@ -1,57 +1,134 @@
-"""Turn a ``--drafter`` spec into a Drafter: ``ngram[:N]``, ``target`` (self-drafting), or a model dir."""
+"""Drafter specs: a typed union of what can draft for a target, and the one place shorthand strings are read.
+
+Python code names drafters with these dataclasses (``NGram(3)``, ``Trained("runs/x/drafters/eagle3")``,
+``Adaptive(head, 0.5)``, ...); ``parse_spec`` reads the command line's shorthand (``ngram:N:W``, ``target``,
+``adaptive:T:HEAD``, a path, each optionally ``NAME=``) into them, and ``build_drafter`` makes the verifier's
+drafter from a spec.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.core.draft import Drafter
 from draftsmith.core.native import is_native
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLM
-from draftsmith.families.ngram.drafter import NGramDrafter
-from draftsmith.families.registry import load_trained
 
 
-def load_drafter(spec: str, target: Target) -> Drafter:
-    """Build the drafter named by ``spec`` for ``target``.
+@dataclass(frozen=True)
+class NGram:
+    """Prompt lookup: continue the latest earlier occurrence of the context's last n-gram."""
 
-    Specs: ``ngram``, ``ngram:N`` or ``ngram:N:W`` (prompt lookup up to N-grams; W > 1 proposes
-    a tree of the W latest distinct continuations), ``target``
-    (the target drafting for itself: every draft accepted under greedy), a trained
-    drafter (a ``DrafterModule`` Lightning ``.ckpt`` or a native export dir), or a
-    directory holding a Hugging Face causal LM sharing the target's tokenizer.
-    ``adaptive:THRESHOLD:HEAD`` is a trained acceptance head's drafter stopping at THRESHOLD
-    (a bare HEAD path uses the threshold recorded with it).
-    """
-    if spec.startswith("adaptive:"):
-        threshold, _, head = spec.removeprefix("adaptive:").partition(":")
+    max_ngram: int = 3
+    """Longest suffix looked up (shorter ones are tried next)."""
+    width: int = 1
+    """> 1: a tree of the ``width`` latest distinct continuations."""
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A drafter draftsmith trained: a ``DrafterModule`` Lightning ``.ckpt`` or a native export dir."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """A Hugging Face causal LM directory sharing the target's tokenizer."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class SelfDraft:
+    """The target drafting for itself (every draft accepted under greedy: the verifier's upper bound)."""
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """A trained acceptance head's drafter (SpecDec++): drafts until a rejection is predicted likely."""
+
+    head: str
+    """The head's ``.ckpt`` or native dir."""
+    threshold: float | None = None
+    """Stop once P(some drafted token is rejected) exceeds it (None: the threshold trained with the head)."""
+
+
+DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive
+
+
+@dataclass(frozen=True)
+class Named:
+    """A drafter spec with the name reports give it."""
+
+    name: str
+    spec: DrafterSpec
+
+
+def parse_spec(text: str) -> Named:
+    """Shorthand -> spec: ``[NAME=]SPEC`` with SPEC ``ngram``, ``ngram:N``, ``ngram:N:W``, ``target``,
+    ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), a trained drafter (``.ckpt`` or native dir) or a HF
+    draft-model dir. A bare SPEC names itself."""
+    name, eq, rest = text.partition("=")
+    name, body = (name, rest) if eq and name and "/" not in name else (text, text)
+    return Named(name, _parse(body))
+
+
+def _parse(text: str) -> DrafterSpec:
+    if text.startswith("adaptive:"):
+        threshold, _, head = text.removeprefix("adaptive:").partition(":")
+        if not head:
+            return Adaptive(threshold)
         try:
-            value = float(threshold)
+            return Adaptive(head, float(threshold))
         except ValueError:
-            raise DraftsmithError(f"drafter {spec!r}: expected adaptive:THRESHOLD:HEAD, THRESHOLD in [0, 1]") from None
-        from draftsmith.families.acceptance_head.network import load_adaptive
-
-        return load_adaptive(head, target, value)
-    if spec == "ngram" or spec.startswith("ngram:"):
-        parts = spec.split(":")[1:]
+            raise DraftsmithError(f"drafter {text!r}: expected adaptive:THRESHOLD:HEAD, THRESHOLD in [0, 1]") from None
+    if text == "ngram" or text.startswith("ngram:"):
+        parts = text.split(":")[1:]
         if len(parts) > 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
-            raise DraftsmithError(f"drafter {spec!r}: expected ngram, ngram:N or ngram:N:W with positive integers")
-        n, width = [int(x) for x in parts] + [3, 1][len(parts) :]
-        return NGramDrafter(max_ngram=n, width=width)
-    if spec == "target":
-        return DraftLM(target.model, target.tokenizer)
-    path = Path(spec)
+            raise DraftsmithError(f"drafter {text!r}: expected ngram, ngram:N or ngram:N:W with positive integers")
+        return NGram(*[int(x) for x in parts])
+    if text == "target":
+        return SelfDraft()
+    path = Path(text)
     if path.suffix == ".ckpt" or is_native(path):
-        if not path.exists():
-            raise DraftsmithError(f"drafter {spec!r}: no such checkpoint")
-        return load_trained(path, target)
-    config = path / "config.json"
-    if not config.is_file():
-        raise DraftsmithError(f"drafter {spec!r}: not 'ngram', 'target' or a model directory with config.json")
-    try:
-        json.loads(config.read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"drafter {spec!r}: {config} is not valid JSON ({e.msg})") from None
-    return DraftLM.from_pretrained(path, device=str(target.device))
+        return Trained(text)
+    return DraftModel(text)
+
+
+def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
+    """The verifier's drafter for ``spec``, checked against ``target``."""
+    from draftsmith.families.acceptance_head.network import load_adaptive
+    from draftsmith.families.draft_lm.network import DraftLM
+    from draftsmith.families.ngram.drafter import NGramDrafter
+    from draftsmith.families.registry import load_trained
+
+    match spec:
+        case NGram(max_ngram, width):
+            return NGramDrafter(max_ngram=max_ngram, width=width)
+        case SelfDraft():
+            return DraftLM(target.model, target.tokenizer)
+        case Adaptive(head, threshold):
+            return load_adaptive(head, target, threshold)
+        case Trained(path):
+            if not Path(path).exists():
+                raise DraftsmithError(f"drafter {path!r}: no such checkpoint")
+            return load_trained(path, target)
+        case DraftModel(path):
+            config = Path(path) / "config.json"
+            if not config.is_file():
+                raise DraftsmithError(f"drafter {path!r}: not 'ngram', 'target' or a model directory with config.json")
+            try:
+                json.loads(config.read_text())
+            except json.JSONDecodeError as e:
+                raise DraftsmithError(f"drafter {path!r}: {config} is not valid JSON ({e.msg})") from None
+            return DraftLM.from_pretrained(path, device=str(target.device))
+    raise DraftsmithError(f"not a drafter spec: {spec!r}")
+
+
+def load_drafter(spec: str | DrafterSpec, target: Target) -> Drafter:
+    """``build_drafter`` on a spec or its shorthand (see ``parse_spec``)."""
+    return build_drafter(parse_spec(spec).spec if isinstance(spec, str) else spec, target)

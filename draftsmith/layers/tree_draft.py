@@ -85,6 +85,23 @@ def static_tree(accuracy: list[list[float]], size: int, max_depth: int) -> tuple
     return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
+@dataclass
+class FeatureState:
+    """A feature drafter's state over one sequence (EAGLE, Hydra): the committed tokens, the target's features
+    for them, and the keys/values of the rows its own attention layer has processed."""
+
+    tokens: list[int]
+    features: torch.Tensor
+    """(len(tokens) - 1, H) target features (EAGLE: fused); row i predicted tokens[i + 1]."""
+    past_k: torch.Tensor | None = None
+    past_v: torch.Tensor | None = None
+    """Keys/values of the rows processed with real target features (EAGLE's layer, Hydra++'s prefix layer)."""
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.past_k is None else self.past_k.shape[2]
+
+
 class TreeDrafter(Drafter):
     """A drafter that can grow token trees. Subclasses implement ``root`` and ``grow``.
 

@@ -27,24 +27,17 @@ from draftsmith.core.manifest import write_manifest
 from draftsmith.data import shards
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.compare import report
-from draftsmith.eval.score import named, score
+from draftsmith.eval.score import ScoreConfig, score_specs
+from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
 from draftsmith.targets import default as default_target
 from draftsmith.train.suite import FAST, PLANS, Budget, make_data, train_all
-
-
-def serving_format(method: str) -> str:
-    """The format the quickstart exports a drafter of ``method`` to: vLLM where vLLM serves the family, plain HF
-    for draft LMs (a ``transformers`` assistant model or vLLM ``draft_model``), else draftsmith's own."""
-    from draftsmith.export import vllm
-
-    return "vllm" if method in vllm.METHODS else "hf" if method == "draft_lm" else "native"
 
 
 def export_best(out: Path, trained: dict[str, Path], k: int) -> dict:
     """Export the trained drafter with the highest measured speedup at ``k`` to ``out/export/<name>``
     and record it in ``out/export/best.json`` (returned). Exporting takes a second, so it is redone every run
     and can never be stale."""
-    from draftsmith.export.registry import write_export
+    from draftsmith.export.registry import serving_format, write_export
 
     rows = json.loads((out / "score" / f"k{k}" / "report.json").read_text())["drafters"]
     best = max((r for r in rows if r["name"] in trained), key=lambda r: (r["speedup"], r["tau"]))
@@ -153,26 +146,20 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
     stages.start("train drafters")
     trained = train_all(target_dir, data, out, budget, plan, fast)
     stages.start("score drafters with the verifier")
-    specs = ["ngram"] + [f"{name}={path}" for name, path in trained.items() if not name.endswith("-head")]
+    specs = [Named("ngram", NGram())]
+    specs += [Named(name, Trained(str(path))) for name, path in trained.items() if not name.endswith("-head")]
     if "eagle1-head" in trained:
-        specs.append(f"eagle1-adaptive=adaptive:0.5:{trained['eagle1-head']}")
+        specs.append(Named("eagle1-adaptive", Adaptive(str(trained["eagle1-head"]), 0.5)))
     if (target_dir / "sibling").is_dir():
-        specs.insert(1, f"sibling={target_dir / 'sibling'}")
+        specs.insert(1, Named("sibling", DraftModel(str(target_dir / "sibling"))))
     if (out / "drafters" / "draft_lm_init").is_dir():
-        specs.append(f"draft_lm_undistilled={out / 'drafters' / 'draft_lm_init'}")
+        specs.append(Named("draft_lm_undistilled", DraftModel(str(out / "drafters" / "draft_lm_init"))))
     for kk in sorted({*plan.ks, k}):
         path = out / "score" / f"k{kk}"
         if _score_is_current(path / "report.json", specs, budget):
             continue
-        score(
-            target=str(target_dir),
-            drafter=specs,
-            prompts=plan.prompts[1],
-            k=kk,
-            num_prompts=budget.score_prompts,
-            max_new_tokens=budget.new_tokens,
-            out=path,
-        )
+        config = ScoreConfig(plan.prompts[1], num_prompts=budget.score_prompts, k=kk, max_new_tokens=budget.new_tokens)
+        score_specs(target_dir, specs, config, path)
     stages.start("export the fastest drafter for serving")
     best = export_best(out, {n: p for n, p in trained.items() if not n.endswith("-head")}, k)
     print(
@@ -188,12 +175,12 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
     return path
 
 
-def _score_is_current(path: Path, specs: list[str], budget: Budget) -> bool:
+def _score_is_current(path: Path, specs: list[Named], budget: Budget) -> bool:
     """Whether a saved score report covers these drafters with this budget (then it is reused)."""
     if not path.is_file():
         return False
     saved = json.loads(path.read_text())
-    names = [named(s)[0] for s in specs]
+    names = [s.name for s in specs]
     config = saved["config"]
     return (
         [r["name"] for r in saved["drafters"]] == names

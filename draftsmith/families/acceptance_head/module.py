@@ -27,6 +27,7 @@ from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import TargetOutput, check_fingerprint
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.acceptance_head.network import HEADED, AcceptanceHead, AcceptanceHeadConfig, weights_hash
+from draftsmith.families.draft_lm.network import DraftLMNetwork
 from draftsmith.families.registry import load_network
 from draftsmith.layers.estimate import acceptance_prob
 from draftsmith.layers.module import DrafterModule, OptimConfig, shift
@@ -77,7 +78,7 @@ class AcceptanceHeadModule(DrafterModule):
             raise DraftsmithError(
                 f"acceptance head: drafter {drafter!r} is a {info['method']} drafter; heads need one of {HEADED}"
             )
-        self._base = (network.for_export() if hasattr(network, "for_export") else network, info, drafter)
+        self._base = (network.for_export(), info, drafter)
         self.head_args = {"inner_size": inner_size, "layers": layers, "threshold": threshold}
         self.steps, self.reject_weight, self.sampling = steps, reject_weight, Sampling(temperature)
         super().__init__(target, optim, None)
@@ -86,16 +87,15 @@ class AcceptanceHeadModule(DrafterModule):
 
     def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
         network = self._base[0]
-        return tuple(network.cfg.feature_layers) if network.method.startswith("eagle") else (-1,)
+        return network.reads_layers
 
     def build_drafter(self) -> AcceptanceHead:
         network, info, _ = self._base
-        hidden = network.cfg.hidden_size if network.method.startswith("eagle") else network.cfg.hf_config["hidden_size"]
         cfg = AcceptanceHeadConfig(
             drafter_method=network.method,
             drafter_config=asdict(network.cfg),
             drafter_hash=weights_hash(network.as_drafter().model),
-            hidden_size=hidden,
+            hidden_size=network.output_size,
             temperature=self.sampling.temperature,
             **self.head_args,
         )
@@ -117,7 +117,7 @@ class AcceptanceHeadModule(DrafterModule):
         """Per draft step: (hidden (B,T,H), drafter logits (B,T,Vd), acceptance label (B,T), mask (B,T))."""
         base, ids = self.drafter.base, batch["input_ids"]
         p = out.logits if self.sampling.greedy else probs(out.logits, self.sampling)  # row t predicts x_{t+1}
-        if base.method == "draft_lm":
+        if isinstance(base, DraftLMNetwork):
             res = base.model(input_ids=ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
             logits = res.logits.float()
             label = self._label(p, logits, torch.arange(logits.shape[-1], device=ids.device))

@@ -26,6 +26,7 @@ from draftsmith.core.target import TargetOutput, tokenizer_hash
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.lora import Lora
 from draftsmith.layers.losses import DIVERGENCES, distillation_loss, masked_mean, topk_teacher_logprobs
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
 
@@ -47,24 +48,6 @@ class StudentShape:
     """MLP width."""
     tie_embeddings: bool = False
     """Share the input embedding and the LM head."""
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """A peft LoRA adapter trained in place of the student's weights (merged on export)."""
-
-    r: int = 8
-    """Adapter rank."""
-    alpha: int = 16
-    """LoRA scaling numerator (``lora_alpha``)."""
-    dropout: float = 0.0
-    """Dropout on the adapter input."""
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Names of the linear layers that get adapters."""
-
-    def peft_kwargs(self) -> dict:
-        return {"r": self.r, "lora_alpha": self.alpha, "lora_dropout": self.dropout,
-                "target_modules": list(self.target_modules)}  # fmt: skip
 
 
 class DraftLMModule(DrafterModule):
@@ -101,7 +84,7 @@ class DraftLMModule(DrafterModule):
         teacher: str = "online",
         on_policy: float = 0.0,
         student_temperature: float = 1.0,
-        lora: LoraSettings | None = None,
+        lora: Lora | None = None,
         seed: int = 0,
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,

@@ -124,6 +124,10 @@ class DraftLMNetwork(DrafterNetwork):
         base = copy.deepcopy(self.model).merge_and_unload()
         return DraftLMNetwork(DraftLMConfig(self.cfg.hf_config, None), base)
 
+    @property
+    def output_size(self) -> int:
+        return self.cfg.hf_config["hidden_size"]
+
     def for_export(self) -> DraftLMNetwork:
         """What ``save_native`` writes: plain (merged) weights."""
         return self.merged()

@@ -7,27 +7,15 @@ from transformers import AutoConfig
 
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import TargetOutput
-from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
 from draftsmith.layers.estimate import acceptance_prob
 from draftsmith.layers.losses import feature_regression, masked_mean, soft_cross_entropy
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
 
 
 def default_feature_layers(num_layers: int, version: int) -> tuple[int, ...]:
-    """EAGLE-1: the final hidden state. EAGLE-3: low, middle, high layers (HF hidden_states indices).
-
-    Targets of 8+ layers get EAGLE-3's (2, L/2, L-3). Shallower ones get the top three states that
-    serving engines can capture, HF ``hidden_states[L-3..L-1]`` (clamped to 1). The final state
-    ``hidden_states[L]`` is the *normed* one, which neither vLLM nor SGLang exposes to EAGLE-3, so a
-    drafter trained on it could not be exported. It carries more next-token information on shallow
-    targets (on the 4-layer default target (2, 3, 4) reached val/tau_est 2.57 where (1, 2, 3) reached
-    2.17 after the same 180 steps); pass ``feature_layers`` to trade servability for that.
-    """
-    if version == 1:
-        return (-1,)
-    if num_layers >= 8:
-        return (2, num_layers // 2, num_layers - 3)
-    return tuple(max(1, num_layers - i) for i in (3, 2, 1))
+    """The target layers an EAGLE-``version`` drafter reads by default (see each config's ``default_feature_layers``)."""
+    return config_class(version).default_feature_layers(num_layers)
 
 
 class EagleModule(DrafterModule):
@@ -62,7 +50,7 @@ class EagleModule(DrafterModule):
         self.version, self.requested_layers, self.draft_vocab_size = version, feature_layers, draft_vocab_size
         super().__init__(target, optim, estimate)
         self.save_hyperparameters()
-        self.ttt_steps = ttt_steps if version == 3 else 1
+        self.ttt_steps = ttt_steps if config_class(version).ttt else 1
         self.step_decay, self.reg_weight, self.cls_weight = step_decay, reg_weight, cls_weight
 
     def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
@@ -81,7 +69,7 @@ class EagleModule(DrafterModule):
 
     def prepare_from_data(self, datamodule) -> None:
         cfg = self.drafter.cfg
-        if cfg.version == 3 and cfg.draft_vocab_size < cfg.vocab_size:
+        if cfg.own_head and cfg.draft_vocab_size < cfg.vocab_size:
             self.drafter.set_draft_vocab(datamodule.token_counts(cfg.vocab_size).to(self.device))
             self.drafter.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
 
@@ -101,7 +89,7 @@ class EagleModule(DrafterModule):
             p_draft = p_draft / p_draft.sum(-1, keepdim=True).clamp_min(1e-8)
             ce = masked_mean(soft_cross_entropy(self.drafter.logits(hidden), p_draft), mask)
             logs[f"ce_{j}"] = ce
-            if self.version == 1:
+            if not self.drafter.cfg.own_head:  # EAGLE-1: the target's head reads the output: regress the feature
                 reg = masked_mean(feature_regression(hidden, shift(out.features[0], 1)), mask)
                 logs["reg"] = reg
                 total = total + self.reg_weight * reg + self.cls_weight * ce

@@ -19,6 +19,7 @@ TTT step j at anchor i predicts x_{i+j+2} at RoPE position i+j.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,7 @@ from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
-from draftsmith.layers.tree_draft import TreeDrafter
+from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
 ROPE_THETA = 10000.0
 """RoPE base of a drafter layer whose target names none (learned positions, or per-layer-type bases)."""
@@ -86,10 +87,11 @@ def borrowed_shape(target_config, drafter: str) -> dict:
 
 @dataclass
 class EagleConfig:
-    """Shape of an EAGLE drafter. Target-derived fields are filled by ``from_target``."""
+    """Shape of an EAGLE drafter, shared by ``Eagle1Config`` and ``Eagle3Config`` (which say how the one
+    implementation is wired). Target-derived fields are filled by ``from_target``."""
 
     version: int = 3
-    """1 for EAGLE-1, 3 for EAGLE-3."""
+    """1 for EAGLE-1, 3 for EAGLE-3 (recorded with the weights; ``config_class`` maps it to its class)."""
     feature_layers: tuple[int, ...] = (-1,)
     """Target hidden_states indices fed to the drafter (EAGLE-1: final; EAGLE-3: low, mid, high)."""
     hidden_size: int = 0
@@ -106,21 +108,21 @@ class EagleConfig:
     max_position_embeddings: int = 2048
     extra: dict = field(default_factory=dict)
 
-    @classmethod
-    def from_target(cls, target_config, version: int, feature_layers: tuple[int, ...], draft_vocab_size: int = 0):
-        """The EAGLE-``version`` drafter of a target with this HF config (any family: ``borrowed_shape``)."""
-        if version not in (1, 3):
-            raise DraftsmithError(f"eagle version must be 1 or 3, got {version}")
-        if version == 1 and len(feature_layers) != 1:
-            raise DraftsmithError(f"EAGLE-1 takes one feature layer, got feature_layers={list(feature_layers)}")
+    @staticmethod
+    def from_target(target_config, version: int, feature_layers: tuple[int, ...], draft_vocab_size: int = 0):
+        """The EAGLE-``version`` drafter's config for a target with this HF config (any family: ``borrowed_shape``)."""
+        cls = config_class(version)
+        if cls.max_feature_layers and len(feature_layers) > cls.max_feature_layers:
+            raise DraftsmithError(
+                f"EAGLE-{version} takes {cls.max_feature_layers} feature layer, got feature_layers={list(feature_layers)}"
+            )
         shape = borrowed_shape(target_config, f"EAGLE-{version}")
         vocab = target_config.vocab_size
         return cls(
-            version=version,
             feature_layers=tuple(feature_layers),
             num_heads=shape.pop("num_attention_heads"),
             vocab_size=vocab,
-            draft_vocab_size=(draft_vocab_size or vocab) if version == 3 else vocab,
+            draft_vocab_size=(draft_vocab_size or vocab) if cls.own_head else vocab,
             target_hidden_size=shape["hidden_size"],
             **shape,
         )
@@ -138,6 +140,65 @@ class EagleConfig:
             vocab_size=self.vocab_size,
             num_hidden_layers=1,
         )
+
+
+@dataclass
+class Eagle1Config(EagleConfig):
+    """EAGLE-1: fc(concat(embed(x), f)) into one decoder layer; the target's own (frozen) LM head reads its output,
+    which is also regressed onto the target's next feature; trained with teacher forcing."""
+
+    version: int = 1
+    separate_inputs: ClassVar[bool] = False
+    """Whether the layer takes norm(embed) and norm(feature) side by side (2H into q/k/v), the feature fused
+    from several target layers by fc, instead of fc(concat(embed, feature))."""
+    own_head: ClassVar[bool] = False
+    """Whether the drafter has its own normed LM head over a reduced draft vocabulary (d2t / t2d) instead of the
+    target's head; without one, its output is regressed onto the target's feature."""
+    ttt: ClassVar[bool] = False
+    """Trained with training-time test (its own earlier outputs as later steps' inputs)."""
+    max_feature_layers: ClassVar[int] = 1
+    """Most target layers it reads (0: any number)."""
+
+    @staticmethod
+    def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+        """The final hidden state."""
+        return (-1,)
+
+
+@dataclass
+class Eagle3Config(EagleConfig):
+    """EAGLE-3: low, middle and high target layers fused by fc; the layer attends over norm(embed) and
+    norm(feature); its own head over a reduced draft vocabulary; trained with training-time test."""
+
+    version: int = 3
+    separate_inputs: ClassVar[bool] = True
+    own_head: ClassVar[bool] = True
+    ttt: ClassVar[bool] = True
+    max_feature_layers: ClassVar[int] = 0
+
+    @staticmethod
+    def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+        """Low, middle, high layers (HF hidden_states indices).
+
+        Targets of 8+ layers get EAGLE-3's (2, L/2, L-3). Shallower ones get the top three states that
+        serving engines can capture, HF ``hidden_states[L-3..L-1]`` (clamped to 1). The final state
+        ``hidden_states[L]`` is the *normed* one, which neither vLLM nor SGLang exposes to EAGLE-3, so a
+        drafter trained on it could not be exported. It carries more next-token information on shallow
+        targets (on the 4-layer default target (2, 3, 4) reached val/tau_est 2.57 where (1, 2, 3) reached
+        2.17 after the same 180 steps); pass ``feature_layers`` to trade servability for that.
+        """
+        if num_layers >= 8:
+            return (2, num_layers // 2, num_layers - 3)
+        return tuple(max(1, num_layers - i) for i in (3, 2, 1))
+
+
+EAGLE_CONFIGS = {1: Eagle1Config, 3: Eagle3Config}
+
+
+def config_class(version: int) -> type[Eagle1Config] | type[Eagle3Config]:
+    if version not in EAGLE_CONFIGS:
+        raise DraftsmithError(f"eagle version must be 1 or 3, got {version}")
+    return EAGLE_CONFIGS[version]
 
 
 class EagleAttention(nn.Module):
@@ -168,20 +229,20 @@ class EagleAttention(nn.Module):
 class EagleLayer(nn.Module):
     """The drafter's decoder layer; EAGLE-3 norms token and feature inputs separately and attends over both."""
 
-    def __init__(self, cfg: EagleConfig) -> None:
+    def __init__(self, cfg: Eagle1Config | Eagle3Config) -> None:
         super().__init__()
-        self.version = cfg.version
+        self.separate_inputs = cfg.separate_inputs
         h = cfg.hidden_size
-        if cfg.version == 3:
+        if cfg.separate_inputs:
             self.input_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
             self.hidden_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = EagleAttention(cfg, 2 * h if cfg.version == 3 else h)
+        self.self_attn = EagleAttention(cfg, 2 * h if cfg.separate_inputs else h)
         self.post_attention_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
     def forward(self, embeds, hidden, cos, sin, past_k, past_v, mask):
         """EAGLE-1: ``hidden`` is fc's output and ``embeds`` is None. Returns (output (B,T,H), k, v)."""
-        if self.version == 3:
+        if self.separate_inputs:
             residual = hidden
             x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         else:
@@ -207,23 +268,26 @@ def ttt_mask(t: int, step: int, valid: torch.Tensor | None, device) -> torch.Ten
     return mask
 
 
-@register("eagle1", "eagle3", config=EagleConfig)
+@register("eagle1", config=Eagle1Config)
+@register("eagle3", config=Eagle3Config)
 class EagleModel(DrafterNetwork):
     """The trainable EAGLE network plus frozen copies of the target's embedding (and LM head for EAGLE-1)."""
 
-    def __init__(self, cfg: EagleConfig) -> None:
+    def __init__(self, cfg: Eagle1Config | Eagle3Config) -> None:
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h).requires_grad_(False)
-        if cfg.version == 3:
+        if cfg.separate_inputs:
             self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden_size, h, bias=False)
+        else:
+            self.fc = nn.Linear(2 * h, h, bias=True)
+        if cfg.own_head:
             self.norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
             self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
         else:
-            self.fc = nn.Linear(2 * h, h, bias=True)
             self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False).requires_grad_(False)
         self.layer = EagleLayer(cfg)
         self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
@@ -235,11 +299,19 @@ class EagleModel(DrafterNetwork):
     def as_drafter(self, topk_accuracy: list[list[float]] | None = None) -> EagleDrafter:
         return EagleDrafter(self, topk_accuracy)
 
+    @property
+    def reads_layers(self) -> tuple[int, ...]:
+        return tuple(self.cfg.feature_layers)
+
+    @property
+    def output_size(self) -> int:
+        return self.cfg.hidden_size
+
     def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         """Copy the target's embedding (and LM head rows of the draft vocabulary)."""
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed)
-            head = lm_head[self.draft_ids] if self.cfg.version == 3 else lm_head
+            head = lm_head[self.draft_ids] if self.cfg.own_head else lm_head
             self.lm_head.weight.copy_(head)
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
@@ -252,25 +324,25 @@ class EagleModel(DrafterNetwork):
     @property
     def draft_ids(self) -> torch.Tensor:
         """(Vd,) target id of each draft-vocabulary entry."""
-        if self.cfg.version == 1:
+        if not self.cfg.own_head:
             return torch.arange(self.cfg.vocab_size, device=self.lm_head.weight.device)
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
 
     def fuse(self, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Target features -> the drafter's feature input: (.., H). EAGLE-1 keeps f; EAGLE-3 applies fc."""
         dtype = self.fc.weight.dtype  # the target may run in another precision than the drafter
-        if self.cfg.version == 3:
+        if self.cfg.separate_inputs:
             return self.fc(torch.cat(features, dim=-1).to(dtype))
         return features[0].to(dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(.., H) -> (.., Vd) draft-vocabulary logits."""
-        return self.lm_head(self.norm(hidden) if self.cfg.version == 3 else hidden)
+        return self.lm_head(self.norm(hidden) if self.cfg.own_head else hidden)
 
     def step(self, tokens, hidden, positions, past_k, past_v, mask):
         """One layer application: tokens (B,T) paired with hidden (B,T,H) at positions (B,T)."""
         embeds = self.embed_tokens(tokens)
-        if self.cfg.version == 1:
+        if not self.cfg.separate_inputs:
             x, embeds = self.fc(torch.cat([embeds, hidden], dim=-1)), None
         else:
             x = hidden
@@ -307,20 +379,6 @@ class EagleModel(DrafterNetwork):
 
 
 @dataclass
-class EagleState:
-    tokens: list[int]
-    features: torch.Tensor
-    """(len(tokens) - 1, H) fused target features; row i predicted tokens[i + 1]."""
-    past_k: torch.Tensor | None = None
-    past_v: torch.Tensor | None = None
-    """Keys/values of the anchors processed with real target features."""
-
-    @property
-    def cached(self) -> int:
-        return 0 if self.past_k is None else self.past_k.shape[2]
-
-
-@dataclass
 class EagleScratch:
     """One round's drafted nodes: their output hidden states and keys/values (discarded after the round)."""
 
@@ -344,23 +402,23 @@ class EagleDrafter(TreeDrafter):
         self.topk_accuracy = topk_accuracy
 
     @torch.no_grad()
-    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> EagleState:
-        return EagleState(tokens.tolist(), self.model.fuse(target_out.features))
+    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> FeatureState:
+        return FeatureState(tokens.tolist(), self.model.fuse(target_out.features))
 
     @torch.no_grad()
-    def advance(self, state: EagleState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+    def advance(self, state: FeatureState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
         state.tokens.extend(tokens.tolist())
         state.features = torch.cat([state.features, self.model.fuse(target_out.features)])
 
     def _full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) -> (n, V) logits over the target vocabulary (-inf outside the draft vocabulary)."""
         draft = self.model.logits(hidden).float()
-        if self.model.cfg.version == 1:
+        if not self.model.cfg.own_head:
             return draft
         full = torch.full((len(draft), self.vocab_size), float("-inf"), device=draft.device)
         return full.index_copy_(1, self.model.draft_ids, draft)
 
-    def root(self, state: EagleState) -> tuple[EagleScratch, torch.Tensor]:
+    def root(self, state: FeatureState) -> tuple[EagleScratch, torch.Tensor]:
         """Run the anchors committed since the last round with their real features (cached for good)."""
         model, device = self.model, state.features.device
         start, end = state.cached, len(state.tokens) - 1  # anchors start..end-1 are pending
@@ -376,7 +434,7 @@ class EagleDrafter(TreeDrafter):
         hidden = out[:, -1:]  # (1, 1, H)
         return EagleScratch({-1: hidden}), self._full_logits(hidden[0])[0]
 
-    def grow(self, state: EagleState, scratch: EagleScratch, tokens, parents, new) -> torch.Tensor:
+    def grow(self, state: FeatureState, scratch: EagleScratch, tokens, parents, new) -> torch.Tensor:
         """Run the new nodes in one step: each attends to the context, its drafted ancestors and itself."""
         model, device = self.model, state.features.device
         end, context, drafted = len(state.tokens) - 1, state.cached, len(scratch.slot)

@@ -11,7 +11,7 @@ import torch
 from draftsmith.core.target import TargetOutput
 from draftsmith.families.hydra.network import HydraConfig, HydraModel
 from draftsmith.layers.heads import HeadsModule
-from draftsmith.layers.module import EstimateConfig, OptimConfig, shift
+from draftsmith.layers.module import shift
 
 
 class HydraModule(HeadsModule):
@@ -19,28 +19,14 @@ class HydraModule(HeadsModule):
 
     Args:
         target: local HF model directory of the target (``default``: the embedded one).
-        num_heads: heads, i.e. the deepest draft.
-        num_layers: residual blocks per head (Hydra++: 4).
         prefix_attention: Hydra++'s decoder layer over the target's hidden states.
-        head_decay: weight of head i's loss is head_decay**i.
-        distill: soft labels (the target's distribution) instead of the data's tokens (Hydra++).
-        optim: optimizer and schedule.
-        estimate: the ``val/tau_est`` estimate.
+        heads: ``HeadsModule``'s arguments (num_heads, num_layers (Hydra++: 4), head_decay, distill (Hydra++: true),
+            optim, estimate).
     """
 
-    def __init__(
-        self,
-        target: str,
-        num_heads: int = 4,
-        num_layers: int = 1,
-        prefix_attention: bool = False,
-        head_decay: float = 0.8,
-        distill: bool = False,
-        optim: OptimConfig | None = None,
-        estimate: EstimateConfig | None = None,
-    ) -> None:
+    def __init__(self, target: str, prefix_attention: bool = False, **heads) -> None:
         self.prefix_attention = prefix_attention
-        super().__init__(target, num_heads, num_layers, head_decay, distill, optim, estimate)
+        super().__init__(target, **heads)
         self.save_hyperparameters()
 
     def build_drafter(self) -> HydraModel:

@@ -26,7 +26,7 @@ from draftsmith.core.target import TargetOutput
 from draftsmith.families.eagle.network import EagleAttention, EagleConfig, borrowed_shape
 from draftsmith.families.medusa.network import ResidualBlock
 from draftsmith.families.registry import register
-from draftsmith.layers.tree_draft import TreeDrafter
+from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
 
 @dataclass
@@ -152,20 +152,6 @@ class HydraModel(DrafterNetwork):
         return HydraDrafter(self, topk_accuracy)
 
 
-@dataclass
-class HydraState:
-    tokens: list[int]
-    features: torch.Tensor
-    """(len(tokens) - 1, H) target final hidden states; row i predicted tokens[i + 1]."""
-    past_k: torch.Tensor | None = None
-    past_v: torch.Tensor | None = None
-    """Hydra++: the prefix layer's keys/values of the rows processed so far."""
-
-    @property
-    def cached(self) -> int:
-        return 0 if self.past_k is None else self.past_k.shape[2]
-
-
 class HydraDrafter(TreeDrafter):
     """Drafting with Hydra heads: each depth's head reads the path drafted so far."""
 
@@ -178,14 +164,14 @@ class HydraDrafter(TreeDrafter):
         self.max_depth = model.cfg.num_heads
         self.topk_accuracy = topk_accuracy
 
-    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> HydraState:
-        return HydraState(tokens.tolist(), target_out.features[0])
+    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> FeatureState:
+        return FeatureState(tokens.tolist(), target_out.features[0])
 
-    def advance(self, state: HydraState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+    def advance(self, state: FeatureState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
         state.tokens.extend(tokens.tolist())
         state.features = torch.cat([state.features, target_out.features[0]])
 
-    def _base(self, state: HydraState) -> torch.Tensor:
+    def _base(self, state: FeatureState) -> torch.Tensor:
         """(H,) the heads' base state at the last row; Hydra++ runs the pending rows through its prefix layer."""
         model = self.model
         if model.prefix is None:
@@ -201,13 +187,13 @@ class HydraDrafter(TreeDrafter):
         return out[0, -1]
 
     @torch.no_grad()
-    def root(self, state: HydraState) -> tuple[torch.Tensor, torch.Tensor]:
+    def root(self, state: FeatureState) -> tuple[torch.Tensor, torch.Tensor]:
         base = self._base(state)
         last = self.model.embed_tokens(torch.tensor([state.tokens[-1]], device=base.device))  # (1, H)
         return base, self.model.head(0, base, last).float()
 
     @torch.no_grad()
-    def grow(self, state: HydraState, base: torch.Tensor, tokens, parents, new) -> torch.Tensor:
+    def grow(self, state: FeatureState, base: torch.Tensor, tokens, parents, new) -> torch.Tensor:
         paths = []
         for n in new:
             path, p = [], n

@@ -12,33 +12,13 @@ report what the fine-tuning cost; at step 0 they are the original target's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from draftsmith.core.target import TargetOutput
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.layers.heads import HeadsModule
-from draftsmith.layers.losses import masked_mean
-from draftsmith.layers.module import EstimateConfig, OptimConfig
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """A peft LoRA adapter on the target (Medusa-2)."""
-
-    r: int = 8
-    """Rank."""
-    alpha: int = 16
-    """Scale numerator (the update is alpha / r * B A)."""
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    """Names of the target's linear layers that get an adapter."""
-
-
-def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
-    """KL(teacher || student) per position: (..., V) logits -> (...)."""
-    log_p = torch.log_softmax(teacher_logits.float(), -1)
-    return (log_p.exp() * (log_p - torch.log_softmax(student_logits.float(), -1))).sum(-1)
+from draftsmith.layers.lora import Lora
+from draftsmith.layers.losses import forward_kl, masked_mean
 
 
 class MedusaModule(HeadsModule):
@@ -46,32 +26,22 @@ class MedusaModule(HeadsModule):
 
     Args:
         target: local HF model directory of the target (``default``: the embedded one).
-        num_heads: heads, i.e. the deepest draft.
-        num_layers: residual blocks per head.
-        head_decay: weight of head i's loss is head_decay**i.
-        distill: soft labels (the target's distribution) instead of the data's tokens.
         lora: Medusa-2: fine-tune the target with this LoRA adapter; None for Medusa-1.
         lm_weight: Medusa-2: weight of the target's self-distillation loss.
         head_warmup_steps: Medusa-2: steps that train only the heads before joint training.
-        optim: optimizer and schedule.
-        estimate: the ``val/tau_est`` estimate.
+        heads: ``HeadsModule``'s arguments (num_heads, num_layers, head_decay, distill, optim, estimate).
     """
 
     def __init__(
         self,
         target: str,
-        num_heads: int = 4,
-        num_layers: int = 1,
-        head_decay: float = 0.8,
-        distill: bool = False,
-        lora: LoraSpec | None = None,
+        lora: Lora | None = None,
         lm_weight: float = 1.0,
         head_warmup_steps: int = 0,
-        optim: OptimConfig | None = None,
-        estimate: EstimateConfig | None = None,
+        **heads,
     ) -> None:
         self.lora = lora
-        super().__init__(target, num_heads, num_layers, head_decay, distill, optim, estimate)
+        super().__init__(target, **heads)
         self.save_hyperparameters()
         self.lm_weight, self.head_warmup_steps = lm_weight, head_warmup_steps
 
@@ -82,7 +52,7 @@ class MedusaModule(HeadsModule):
             from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
             spec = self.lora
-            config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=list(spec.target_modules))
+            config = LoraConfig(**spec.peft_kwargs())
             self.peft = get_peft_model(self.target.model, config)  # adapters injected into target.model in place
             shapes = {k: list(v.shape) for k, v in get_peft_model_state_dict(self.peft).items()}
             lora = {"r": spec.r, "alpha": spec.alpha, "target_modules": list(spec.target_modules), "shapes": shapes}
@@ -116,7 +86,7 @@ class MedusaModule(HeadsModule):
         ids, attn = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad(), self.peft.disable_adapter():
             original = self.target.model(input_ids=ids, attention_mask=attn).logits
-        logs["target_kl"] = masked_mean(kl_divergence(original, out.logits), attn)
+        logs["target_kl"] = masked_mean(forward_kl(out.logits, original), attn)
         nll = torch.nn.functional.cross_entropy(
             out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
         )

@@ -127,6 +127,10 @@ class OnlineDrafter(Drafter):
         self.pending = 0
         self.updates += 1
 
+    def extra_metrics(self, results: list[DecodeResult]) -> dict:
+        """The score row's ``online`` entry."""
+        return {"online": self.online_report(results)}
+
     def online_report(self, results: list[DecodeResult]) -> dict:
         """α and τ per window of consecutive prompts (first vs last shows the adaptation), and the learning done."""
         return {

@@ -21,6 +21,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.pipeline.slurm import sbatch
 from draftsmith.pipeline.slurm.render import command, render, template_path
 from draftsmith.pipeline.slurm.resources import Resources, validate
+from draftsmith.train.fit import recipe_path
 
 RECORD = "jobs.json"
 """Submissions of a run dir, oldest first."""
@@ -47,10 +48,8 @@ def _flags(settings: list[str] | None, what: str) -> list[str]:
 def _recipes(recipes: list[str]) -> list[Path]:
     if not recipes:
         raise DraftsmithError("--config: give at least one recipe (e.g. --config configs/eagle3.yaml)")
-    paths = [Path(r).resolve() for r in recipes]
+    paths = [recipe_path(r).resolve() for r in recipes]  # a file, or a shipped recipe's name (eagle3, smollm2/eagle3)
     for path in paths:
-        if not path.is_file():
-            raise DraftsmithError(f"--config {path}: no such file")
         try:
             yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
