@@ -258,3 +258,52 @@ def test_strategy_recipes_compose_with_a_drafter_recipe(setup, tmp_path, capsys,
         assert built.config["zero_optimization"]["stage"] == int(name[-1])
     else:
         assert config["trainer"]["precision"] == "bf16-mixed"
+
+
+def test_fit_api_takes_a_shipped_recipe_and_typed_overrides_and_records_the_run(setup, tmp_path):
+    """``fit(recipe, FitRun)``: the recipe's values, the run's overrides, a manifest; the export scores exactly."""
+    from draftsmith.eval.score import ScoreConfig, score_specs
+    from draftsmith.families.specs import Named, NGram, Trained
+    from draftsmith.train.fit import FitRun, configure, export_native, fit
+
+    run = FitRun(
+        target=str(setup["target"]),
+        train=str(setup["data-train"]),
+        val=str(setup["data-val"]),
+        out=tmp_path / "fit",
+        steps=8,
+        batch_size=4,
+        model={"draft_vocab_size": 48},
+        trainer={"enable_progress_bar": False},
+    )
+    config = configure("eagle3", run)
+    recipe = yaml.safe_load((ROOT / "configs" / "eagle3.yaml").read_text())
+    assert config["model"]["init_args"]["ttt_steps"] == recipe["model"]["init_args"]["ttt_steps"]  # from the recipe
+    assert config["model"]["init_args"]["optim"] == {
+        "lr": recipe["model"]["init_args"]["optim"]["lr"],
+        "warmup_steps": 1,
+    }
+    assert config["trainer"]["max_steps"] == 8 and config["trainer"]["val_check_interval"] == 2
+    assert config["data"]["batch_size"] == 4 and config["model"]["init_args"]["draft_vocab_size"] == 48
+
+    result = fit("eagle3", run)
+    assert result.best.is_file() and result.last.is_file() and result.score is not None
+    manifest = json.loads((tmp_path / "fit" / "manifest.json").read_text())
+    assert manifest["target"] == Target.from_pretrained(setup["target"]).fingerprint
+    assert manifest["recipe"].endswith("configs/eagle3.yaml") and manifest["versions"]["torch"] == torch.__version__
+    assert manifest["seed"] is not None
+
+    native = export_native(result, setup["target"], tmp_path / "eagle3")
+    assert json.loads((native / "config.json").read_text())["val_tau_est"] == result.score
+    specs = [Named("ngram", NGram()), Named("eagle3", Trained(str(native)))]
+    report = score_specs(setup["target"], specs, ScoreConfig(str(setup["train.jsonl"]), num_prompts=3), tmp_path / "s")
+    assert [r["name"] for r in report["drafters"]] == ["ngram", "eagle3"]
+    assert all(r["greedy_exact"] == 3 for r in report["drafters"])
+    assert (tmp_path / "s" / "manifest.json").is_file()
+
+
+def test_fit_api_names_an_unknown_recipe_in_one_line(tmp_path):
+    from draftsmith.train.fit import recipe_path
+
+    with pytest.raises(DraftsmithError, match="no shipped recipe of that name.*eagle3"):
+        recipe_path("eagle4")

@@ -29,7 +29,7 @@ from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import load_target
 
-__all__ = ["GenerateSettings", "check_dataset_target", "generate", "load_generated"]
+__all__ = ["GenerateRun", "GenerateSettings", "check_dataset_target", "generate", "generate_data", "load_generated"]
 
 FORMAT = "draftsmith.generate/1"
 """Version tag of the out dir's layout and ``draftsmith.json``."""
@@ -85,6 +85,24 @@ def _validate(s: GenerateSettings, batch_size: int) -> Sampling:
         return Sampling(s.temperature, s.top_p)
     except ValueError as e:
         raise DraftsmithError(f"sampling: {e}") from None
+
+
+@dataclass(frozen=True)
+class GenerateRun:
+    """How a generation runs; none of it changes the data."""
+
+    batch_size: int = 16
+    """Sequences decoded together."""
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ..."""
+    resume: bool = False
+    """Continue an interrupted run in ``out`` from its completed shards."""
+    overwrite: bool = False
+    """Delete an earlier run in ``out`` first."""
+    rank: int = 0
+    """This process's index among ``world_size``."""
+    world_size: int = 1
+    """With N > 1, this process generates only shards ``s`` with ``s % N == rank``, into ``out/ranks/rank-<R>``."""
 
 
 def _shard_columns(rows: list[tuple[int, int]], encoded: list[list[int]], results: dict, topk: int) -> dict:
@@ -180,29 +198,36 @@ def generate(
         store_topk=store_topk,
         dtype=dtype,
     )
-    sampling = _validate(settings, batch_size)
-    if not 0 <= rank < world_size:
-        raise DraftsmithError(f"--rank must be in [0, --world-size), got rank {rank} of world size {world_size}")
-    out = Path(out)
-    if world_size > 1:
-        out = out / shards.RANKS / f"rank-{rank:05d}"
-    elif resume:
+    return generate_data(
+        target, Path(out), settings, GenerateRun(batch_size, device, resume, overwrite, rank, world_size)
+    )
+
+
+def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run: GenerateRun = GenerateRun()) -> Path:
+    """``generate`` with typed settings: the target's continuations of ``settings.prompts`` into ``out``."""
+    sampling = _validate(settings, run.batch_size)
+    if not 0 <= run.rank < run.world_size:
+        raise DraftsmithError(
+            f"--rank must be in [0, --world-size), got rank {run.rank} of world size {run.world_size}"
+        )
+    if run.world_size > 1:
+        out = out / shards.RANKS / f"rank-{run.rank:05d}"
+    elif run.resume:
         shards.merge_ranks(out)
-    previous = shards.prepare_out(out, resume, overwrite)
-    loaded = load_prompts(prompts, prompt_field, num_prompts)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    t = load_target(target, dtype=dtype, device=device)
-    if store_topk > t.vocab_size:
-        raise DraftsmithError(f"--store-topk {store_topk} exceeds the target's vocabulary size {t.vocab_size}")
-    encoded = [encode(p, t.tokenizer, chat_template) for p in loaded]
+    previous = shards.prepare_out(out, run.resume, run.overwrite)
+    loaded = load_prompts(settings.prompts, settings.prompt_field, settings.num_prompts)
+    device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    t = load_target(target, dtype=settings.dtype, device=device)
+    if settings.store_topk > t.vocab_size:
+        raise DraftsmithError(f"--store-topk {settings.store_topk} exceeds the target's vocabulary size {t.vocab_size}")
+    encoded = [encode(p, t.tokenizer, settings.chat_template) for p in loaded]
     context = getattr(t.config, "max_position_embeddings", None)
     too_long = [i for i, ids in enumerate(encoded) if context is not None and len(ids) >= context]
     empty = [i for i, ids in enumerate(encoded) if not ids]
     keep = sorted(set(range(len(encoded))) - set(too_long) - set(empty))
     if not keep:
         raise DraftsmithError(
-            f"prompts: none of the {len(encoded)} prompts of {prompts} can be continued "
+            f"prompts: none of the {len(encoded)} prompts of {settings.prompts} can be continued "
             f"({len(too_long)} reach the target's {context}-token context, {len(empty)} are empty)"
         )
     metadata = {
@@ -222,66 +247,16 @@ def generate(
             print(f"{out} is already complete ({previous['rows']} rows); nothing to do")
             return out
     shards.write_metadata(out, metadata)
-
-    num_shards = -(-len(encoded) // shard_size)
-    done = shards.completed_shards(out)
-    per_shard = [[i for i in keep if s * shard_size <= i < (s + 1) * shard_size] for s in range(num_shards)]
-    mine = [s for s in range(num_shards) if s % world_size == rank]
-    bar = tqdm(
-        total=sum(len(per_shard[s]) for s in mine) * samples_per_prompt,
-        initial=sum(len(per_shard[s]) for s in done) * samples_per_prompt,
-        desc="generate",
-        unit="seq",
-        dynamic_ncols=True,
-    )
-    session_tokens, session_start = 0, time.perf_counter()
-    try:
-        for s in mine:
-            if s in done:
-                continue
-            start = time.perf_counter()
-            rows = [(i, j) for i in per_shard[s] for j in range(samples_per_prompt)]
-            results: dict[tuple[int, int], Decoded] = {}
-            # longest prompts first: less padding per batch, and memory peaks show up at once
-            order = sorted(rows, key=lambda r: (-len(encoded[r[0]]), r))
-            for b in range(0, len(order), batch_size):
-                batch = order[b : b + batch_size]
-                decoded = decode_batch(
-                    t.model,
-                    [encoded[i] for i, _ in batch],
-                    [row_seed(seed, i, j) for i, j in batch],
-                    sampling,
-                    max_new_tokens,
-                    t.eos_token_ids,
-                    context,
-                    store_topk,
-                )
-                results.update(zip(batch, decoded, strict=True))
-                session_tokens += sum(len(d.tokens) for d in decoded)
-                bar.update(len(batch))
-                bar.set_postfix_str(f"{session_tokens / (time.perf_counter() - session_start):.0f} tok/s")
-            stats = {
-                "rows": len(rows),
-                "prompt_tokens": sum(len(encoded[i]) for i, _ in rows),
-                "generated_tokens": sum(len(r.tokens) for r in results.values()),
-                "stopped_at_eos": sum(bool(r.tokens) and r.tokens[-1] in t.eos_token_ids for r in results.values()),
-                "seconds": time.perf_counter() - start,
-            }
-            shards.write_shard(out, s, _shard_columns(rows, encoded, results, store_topk), stats, store_topk)
-    except KeyboardInterrupt:
-        bar.close()
-        saved = len(shards.completed_shards(out))
+    num_shards = -(-len(encoded) // settings.shard_size)
+    per_shard = [
+        [i for i in keep if s * settings.shard_size <= i < (s + 1) * settings.shard_size] for s in range(num_shards)
+    ]
+    _generate_shards(t, out, encoded, per_shard, settings, sampling, run, context)
+    if run.world_size > 1:
         print(
-            f"\ninterrupted: {saved} of {num_shards} shards are saved in {out}; continue with the same "
-            "command and --resume",
-            file=sys.stderr,
+            f"rank {run.rank} of {run.world_size}: shards saved in {out}; merge them with the same command and --resume"
         )
-        raise
-    bar.close()
-    if world_size > 1:
-        print(f"rank {rank} of {world_size}: shards saved in {out}; merge them with the same command and --resume")
         return out
-
     shards.finalize(out, num_shards)
     totals = {k: 0 for k in ("rows", "prompt_tokens", "generated_tokens", "stopped_at_eos", "seconds")}
     for s in range(num_shards):
@@ -298,12 +273,71 @@ def generate(
         seconds=round(seconds, 2),
         tokens_per_s=round(totals["generated_tokens"] / max(seconds, 1e-9), 1),
         shards=num_shards,
-        columns=list(shards.features(store_topk)),
+        columns=list(shards.features(settings.store_topk)),
     )
     shards.write_metadata(out, metadata)
     shards.remove_shards(out)
     print(_summary(metadata, out))
     return out
+
+
+def _generate_shards(t, out: Path, encoded, per_shard, settings: GenerateSettings, sampling, run, context) -> None:
+    """Generate and save this rank's missing shards, with a progress bar; an interruption keeps the saved ones."""
+    done = shards.completed_shards(out)
+    mine = [s for s in range(len(per_shard)) if s % run.world_size == run.rank]
+    n = settings.samples_per_prompt
+    bar = tqdm(
+        total=sum(len(per_shard[s]) for s in mine) * n,
+        initial=sum(len(per_shard[s]) for s in done) * n,
+        desc="generate",
+        unit="seq",
+        dynamic_ncols=True,
+    )
+    session_tokens, session_start = 0, time.perf_counter()
+    try:
+        for s in mine:
+            if s in done:
+                continue
+            start = time.perf_counter()
+            rows = [(i, j) for i in per_shard[s] for j in range(n)]
+            results: dict[tuple[int, int], Decoded] = {}
+            # longest prompts first: less padding per batch, and memory peaks show up at once
+            order = sorted(rows, key=lambda r: (-len(encoded[r[0]]), r))
+            for b in range(0, len(order), run.batch_size):
+                batch = order[b : b + run.batch_size]
+                decoded = decode_batch(
+                    t.model,
+                    [encoded[i] for i, _ in batch],
+                    [row_seed(settings.seed, i, j) for i, j in batch],
+                    sampling,
+                    settings.max_new_tokens,
+                    t.eos_token_ids,
+                    context,
+                    settings.store_topk,
+                )
+                results.update(zip(batch, decoded, strict=True))
+                session_tokens += sum(len(d.tokens) for d in decoded)
+                bar.update(len(batch))
+                bar.set_postfix_str(f"{session_tokens / (time.perf_counter() - session_start):.0f} tok/s")
+            stats = {
+                "rows": len(rows),
+                "prompt_tokens": sum(len(encoded[i]) for i, _ in rows),
+                "generated_tokens": sum(len(r.tokens) for r in results.values()),
+                "stopped_at_eos": sum(bool(r.tokens) and r.tokens[-1] in t.eos_token_ids for r in results.values()),
+                "seconds": time.perf_counter() - start,
+            }
+            columns = _shard_columns(rows, encoded, results, settings.store_topk)
+            shards.write_shard(out, s, columns, stats, settings.store_topk)
+    except KeyboardInterrupt:
+        bar.close()
+        saved = len(shards.completed_shards(out))
+        print(
+            f"\ninterrupted: {saved} of {len(per_shard)} shards are saved in {out}; continue with the same "
+            "command and --resume",
+            file=sys.stderr,
+        )
+        raise
+    bar.close()
 
 
 def _summary(m: dict, out: Path) -> str:

@@ -21,7 +21,7 @@ class Source:
     """A trained drafter to export, and the target it drafts for.
 
     Attributes:
-        network: the drafter network (``models/<family>.py``).
+        network: the drafter network (``families/<family>/network.py``).
         info: its ``native.describe()`` record: method, config, target fingerprint, version.
         path: the checkpoint or native dir it came from.
         target_dir: the target's model directory, when known.

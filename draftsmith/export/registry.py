@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from draftsmith.core.manifest import write_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import hf, native, sglang, speculators, vllm
 from draftsmith.export.common import load_source
@@ -62,6 +63,7 @@ def write_export(
         from draftsmith.targets import resolve
 
         command = hf.export_dir(src, out, dtype, resolve(target) if target else None)
+        fingerprint = None
     else:
         source = load_source(src, target)
         check_supported(to, source.method)
@@ -69,6 +71,8 @@ def write_export(
             command = native.export(source, out, dtype, scores, score_name)
         else:
             command = FORMATS[to].export(source, out, dtype)
+        fingerprint = source.info["target"]
+    write_manifest(out, target=fingerprint, source=str(src), format=to, serve=command)
     return command
 
 
