@@ -57,7 +57,16 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     main(["report", str(run)])
     assert json.loads((run / "report" / "report.json").read_text()) == summary
     assert all((run / "report" / name).is_file() for name in pictures)
-    # a second run reuses the cached target, the data and the trained drafters
-    stamps = {p: p.stat().st_mtime for p in [target_dir / "build.json", *run.glob("drafters/*/model.safetensors")]}
+    # a second run reuses the cached target, the data, the trained drafters and the scores: each stage's manifest
+    # records the inputs it was made from (one rule, core.manifest.is_current)
+    reused = [
+        "drafters/*/model.safetensors",
+        "data/*/draftsmith.json",
+        "score/k*/report.json",
+        "drafters/*/manifest.json",
+    ]
+    stamps = {p: p.stat().st_mtime for p in [target_dir / "build.json", *(q for g in reused for q in run.glob(g))]}
+    exports = len(PLANS["default"].drafters) + 2  # and the draft LM and the acceptance head
+    assert len(stamps) == 1 + 2 * exports + 3 + 3  # target, exports with manifests, data (train, val, head), scores
     main(["quickstart", "--fast", "--out", str(run)])
     assert {p: p.stat().st_mtime for p in stamps} == stamps

@@ -1,7 +1,9 @@
 """The run manifest: what made an artifact (command, git SHA, package versions, target, seed), one function.
 
-Every command that writes an artifact (``generate``, ``features``, ``fit``, ``score``, ``export``, the quickstart,
-SLURM submissions) records ``provenance()``; directories get it as ``manifest.json``.
+Every command that writes an artifact (``generate``, ``fit``, ``score``, ``export``, the quickstart, SLURM
+submissions) records ``provenance()``; directories get it as ``manifest.json``. Multi-stage runs (the quickstart and
+the training suite) reuse a stage's output by one rule, ``is_current``: its manifest, written last, records exactly
+the inputs the stage would be run with now.
 """
 
 from __future__ import annotations
@@ -58,10 +60,29 @@ def provenance(target: dict | None = None, seed: int | None = None, command: lis
     }
 
 
-def write_manifest(out: str | Path, target: dict | None = None, seed: int | None = None, **extra) -> Path:
-    """Write ``out/manifest.json``: ``provenance()`` plus ``extra`` (e.g. the resolved config)."""
+def _normal(value) -> object:
+    """``value`` as JSON reads it back (paths as strings, tuples as lists), for comparing stage inputs."""
+    return json.loads(json.dumps(value, default=str, sort_keys=True))
+
+
+def write_manifest(
+    out: str | Path, target: dict | None = None, seed: int | None = None, stage: dict | None = None, **extra
+) -> Path:
+    """Write ``out/manifest.json``: ``provenance()`` plus ``extra``; ``stage``: the inputs ``is_current`` compares."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / FILE
-    path.write_text(json.dumps(provenance(target, seed) | extra, indent=2, default=str) + "\n")
+    record = provenance(target, seed) | extra | ({"stage": _normal(stage)} if stage is not None else {})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    tmp.replace(path)  # a manifest is whole or absent: it marks the stage finished
     return path
+
+
+def is_current(out: str | Path, stage: dict) -> bool:
+    """The one reuse rule of multi-stage runs: ``out`` holds a finished stage made from exactly these inputs."""
+    path = Path(out) / FILE
+    try:
+        return path.is_file() and json.loads(path.read_text()).get("stage") == _normal(stage)
+    except json.JSONDecodeError:
+        return False

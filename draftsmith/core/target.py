@@ -13,6 +13,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
+from draftsmith.core.dtypes import torch_dtype
 from draftsmith.errors import DraftsmithError
 
 # Layer types whose attention draftsmith can express in one additive mask (see ``Target.layer_masks``).
@@ -116,7 +117,7 @@ def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
 def load_causal_lm(path: Path, dtype: str, device: str, what: str) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` with an unreadable weights file reported on one line."""
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(device)
     except SafetensorError as e:
         files = ", ".join(str(f) for f in sorted(Path(path).glob("*.safetensors"))) or str(path)
         raise DraftsmithError(f"{what}: cannot read the weights in {files} (truncated or corrupt: {e})") from None

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from draftsmith.core.dtypes import canonical_dtype
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import load_target
 
@@ -70,8 +71,7 @@ def cache_features(
     """
     from draftsmith.data.shards import check_dataset_target, load_generated
 
-    if dtype not in DTYPES:
-        raise DraftsmithError(f"features: dtype must be float16 or bfloat16, got {dtype!r}")
+    dtype = canonical_dtype(dtype, "features: dtype", DTYPES)
     ds, metadata = load_generated(data)
     t = load_target(target)
     check_dataset_target(metadata, t, f"generated dataset {data}")

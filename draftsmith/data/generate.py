@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.core.manifest import git_sha, versions
+from draftsmith.core.dtypes import canonical_dtype
+from draftsmith.core.manifest import git_sha, versions, write_manifest
 from draftsmith.core.sampling import Sampling
 from draftsmith.data import shards
 from draftsmith.data.decode import Decoded, decode_batch, row_seed
@@ -79,8 +80,6 @@ def _validate(s: GenerateSettings, batch_size: int) -> Sampling:
         raise DraftsmithError(f"--num-prompts must be a positive integer (or omitted for all), got {s.num_prompts}")
     if s.store_topk < 0:
         raise DraftsmithError(f"--store-topk must be >= 0, got {s.store_topk}")
-    if s.dtype not in ("float32", "bfloat16", "float16"):
-        raise DraftsmithError(f"--dtype must be float32, bfloat16 or float16, got {s.dtype!r}")
     try:
         return Sampling(s.temperature, s.top_p)
     except ValueError as e:
@@ -196,7 +195,7 @@ def generate(
         seed=seed,
         shard_size=shard_size,
         store_topk=store_topk,
-        dtype=dtype,
+        dtype=canonical_dtype(dtype),
     )
     return generate_data(
         target, Path(out), settings, GenerateRun(batch_size, device, resume, overwrite, rank, world_size)
@@ -277,6 +276,7 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
     )
     shards.write_metadata(out, metadata)
     shards.remove_shards(out)
+    write_manifest(out, target=t.fingerprint, seed=settings.seed)
     print(_summary(metadata, out))
     return out
 

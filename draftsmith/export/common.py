@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from draftsmith.core.dtypes import DTYPES, canonical_dtype
 from draftsmith.core.target import Target, check_fingerprint
 from draftsmith.errors import DraftsmithError
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -83,8 +83,7 @@ def load_source(path: str | Path, target: str | Path | None = None) -> Source:
 
 def cast(tensors: dict[str, torch.Tensor], dtype: str | None) -> dict[str, torch.Tensor]:
     """Floating-point tensors to ``dtype`` (None keeps them); integer/bool maps (d2t, t2d) stay exact."""
-    if dtype is not None and dtype not in DTYPES:
-        raise DraftsmithError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = canonical_dtype(dtype) if dtype is not None else None
     out = {}
     for name, t in tensors.items():
         t = t.detach().cpu()

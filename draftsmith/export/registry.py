@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from draftsmith.core.dtypes import canonical_dtype
 from draftsmith.core.manifest import write_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import hf, native, sglang, speculators, vllm
@@ -55,6 +56,7 @@ def write_export(
     if to not in FORMATS:
         raise DraftsmithError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
     src, out = Path(src), Path(out).absolute()
+    dtype = canonical_dtype(dtype) if dtype is not None else None
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise DraftsmithError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
@@ -93,7 +95,8 @@ def export(
             Face causal-LM / peft adapter directory.
         to: ``native``, ``hf``, ``vllm``, ``sglang`` or ``speculators``.
         out: the directory to write.
-        dtype: ``bf16``, ``fp16`` or ``fp32`` for the floating-point weights (default: as trained).
+        dtype: ``bfloat16``, ``float16`` or ``float32`` (or ``bf16``, ``fp16``, ``fp32``) for the floating-point
+            weights (default: as trained).
         target: the target's model directory (default: the one the drafter records); the drafter's
             target fingerprint must match it.
         scores: ``draftsmith score`` report.json files whose rows for this drafter go in the native model card.

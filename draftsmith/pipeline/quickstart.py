@@ -18,19 +18,20 @@ import logging
 import shutil
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import transformers
 
 from draftsmith import targets
-from draftsmith.core.manifest import write_manifest
+from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.data import shards
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.compare import report
 from draftsmith.eval.score import ScoreConfig, score_specs
 from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
 from draftsmith.targets import default as default_target
-from draftsmith.train.suite import FAST, PLANS, Budget, make_data, train_all
+from draftsmith.train.suite import FAST, PLANS, make_data, train_all
 
 
 def export_best(out: Path, trained: dict[str, Path], k: int) -> dict:
@@ -156,10 +157,11 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
         specs.append(Named("draft_lm_undistilled", DraftModel(str(out / "drafters" / "draft_lm_init"))))
     for kk in sorted({*plan.ks, k}):
         path = out / "score" / f"k{kk}"
-        if _score_is_current(path / "report.json", specs, budget):
-            continue
         config = ScoreConfig(plan.prompts[1], num_prompts=budget.score_prompts, k=kk, max_new_tokens=budget.new_tokens)
-        score_specs(target_dir, specs, config, path)
+        stage = {"score": [asdict(s) | {"kind": type(s.spec).__name__} for s in specs], "config": asdict(config)}
+        if not is_current(path, stage):
+            score_specs(target_dir, specs, config, path)
+            write_manifest(path, stage=stage)
     stages.start("export the fastest drafter for serving")
     best = export_best(out, {n: p for n, p in trained.items() if not n.endswith("-head")}, k)
     print(
@@ -173,17 +175,3 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
     per_stage = ", ".join(f"{name} {secs:.0f} s" for name, secs in timings["stages_seconds"].items())
     print(f"quickstart done in {minutes} min {seconds} s ({per_stage}); wrote {out / 'timings.json'}")
     return path
-
-
-def _score_is_current(path: Path, specs: list[Named], budget: Budget) -> bool:
-    """Whether a saved score report covers these drafters with this budget (then it is reused)."""
-    if not path.is_file():
-        return False
-    saved = json.loads(path.read_text())
-    names = [s.name for s in specs]
-    config = saved["config"]
-    return (
-        [r["name"] for r in saved["drafters"]] == names
-        and config["num_prompts"] == budget.score_prompts
-        and config["max_new_tokens"] == budget.new_tokens
-    )

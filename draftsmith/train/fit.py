@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import load_network
@@ -148,12 +149,23 @@ def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
     )
 
 
-def export_native(result: FitResult, target: str | Path, out: str | Path) -> Path:
+def export_native(result: FitResult, target: str | Path, out: str | Path, stage: dict | None = None) -> Path:
     """The fit's best checkpoint as a native drafter dir, recording the checkpoint, its ``val_tau_est`` and the
-    top-k accuracies static trees are built from."""
+    top-k accuracies static trees are built from; ``stage``: the inputs recorded for ``is_current``."""
     target_obj = load_target(target)
     network, info = load_network(result.best, target_obj)
     extra = {"checkpoint": str(result.best), "val_tau_est": result.score}
     if info.get("topk_accuracy"):
         extra["topk_accuracy"] = info["topk_accuracy"]
-    return save_native(network, target_obj, out, extra)
+    save_native(network, target_obj, out, extra)
+    write_manifest(out, target=target_obj.fingerprint, stage=stage, checkpoint=str(result.best))
+    return Path(out)
+
+
+def fit_export(recipe: str | Path, run: FitRun, target: str | Path, out: str | Path, force: bool = False) -> Path:
+    """``fit`` then ``export_native`` to ``out``, unless ``out`` is current: exported from the same resolved config
+    (``core.manifest.is_current``)."""
+    stage = {"fit": configure(recipe, run)}
+    if not force and is_current(out, stage):
+        return Path(out)
+    return export_native(fit(recipe, run), target, out, stage)

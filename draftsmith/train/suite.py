@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.data import shards
 from draftsmith.data.generate import generate
 from draftsmith.train import draft_lm
-from draftsmith.train.fit import FitRun, export_native, fit, load_recipe
+from draftsmith.train.fit import FitRun, fit_export, load_recipe
 
 
 @dataclass(frozen=True)
@@ -89,12 +90,11 @@ PLANS = {"default": Plan(FULL), "smollm2": SMOLLM2}
 
 
 def _generated(target_dir: Path, path: Path, settings: dict) -> Path:
-    """Generate ``path`` with ``settings`` unless a complete run of the same settings and target is there."""
-    meta = shards.read_metadata(path) or {}
-    made = meta.get("settings", {})
-    reusable = meta.get("status") == "complete" and all(made.get(k) == v for k, v in settings.items())
-    if not (reusable and meta.get("target", {}).get("name") == str(target_dir)):
+    """Generate ``path`` with ``settings`` unless it is current (the same settings and target)."""
+    stage = {"generate": settings, "target": str(target_dir)}
+    if not is_current(path, stage):
         generate(str(target_dir), out=path, overwrite=True, **settings)
+        write_manifest(path, target=shards.read_metadata(path)["target"], stage=stage)
     return path
 
 
@@ -135,14 +135,11 @@ def train_drafter(
     run: FitRun | None = None,
 ) -> Path:
     """Fit ``recipe`` (its steps scaled by ``budget``) on ``data`` (train, val) and export its best checkpoint by
-    ``val/tau_est`` to ``out/drafters/<name>`` (default: the recipe's name); an earlier export is reused unless
-    ``force``. ``features``: a feature cache of the training data to train from; ``run``: further settings."""
+    ``val/tau_est`` to ``out/drafters/<name>`` (default: the recipe's name); an export of the same resolved config is
+    reused unless ``force``. ``features``: a feature cache of the training data to train from; ``run``: further settings."""
     name, run = name or Path(recipe).stem, run or FitRun()
-    export = out / "drafters" / name
-    if (export / "model.safetensors").exists() and not force:
-        return export
     steps = run.steps or recipe_steps(recipe, budget)
-    result = fit(
+    return fit_export(
         recipe,
         FitRun(
             target=str(target_dir),
@@ -157,13 +154,15 @@ def train_drafter(
             data=run.data,
             trainer={"enable_model_summary": False} | run.trainer,
         ),
+        target_dir,
+        out / "drafters" / name,
+        force,
     )
-    return export_native(result, target_dir, export)
 
 
 def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget) -> Path:
     """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``), trained on ``data`` (train,
-    val); reused when present.
+    val); reused when current.
 
     Scored as ``adaptive:0.5:HEAD``: K is the most it drafts; it stops once a rejection among the tokens
     drafted so far is predicted more likely than not (``benchmarks/adaptive.py``: 0.3 and 0.5 within 1%).
@@ -171,10 +170,12 @@ def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Pat
     from draftsmith.train.acceptance_head import train_head
 
     export = out / "drafters" / f"{drafter.name}-head"
-    if (export / "model.safetensors").exists():
-        return export
     steps = max(10, round(budget.head_steps * budget.fit_scale))
+    stage = {"acceptance_head": str(drafter), "target": str(target_dir), "data": data, "steps": steps}
+    if is_current(export, stage):
+        return export
     path, _ = train_head(str(target_dir), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps)
+    write_manifest(path, stage=stage)
     return path
 
 

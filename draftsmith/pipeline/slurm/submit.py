@@ -48,7 +48,7 @@ def _flags(settings: list[str] | None, what: str) -> list[str]:
 def _recipes(recipes: list[str]) -> list[Path]:
     if not recipes:
         raise DraftsmithError("--config: give at least one recipe (e.g. --config configs/eagle3.yaml)")
-    paths = [recipe_path(r).resolve() for r in recipes]  # a file, or a shipped recipe's name (eagle3, smollm2/eagle3)
+    paths = [recipe_path(r).absolute() for r in recipes]  # a file, or a shipped recipe's name (eagle3, smollm2/eagle3)
     for path in paths:
         try:
             yaml.safe_load(path.read_text())
