@@ -1,8 +1,9 @@
 """The one registry of drafter families: ``method`` name -> (config dataclass, network class).
 
 A family registers its network with ``@register("method", ..., config=ConfigClass)`` in its own subpackage;
-``draftsmith.families`` imports every subpackage, so a lookup sees them all. Nothing outside this module asks a
-family's name: the record of a trained drafter (``core.native``) names its method, and the registry rebuilds it.
+``draftsmith.families`` imports every subpackage, so a lookup sees them all. The record of a trained drafter
+(``core.native``) names its method and the registry rebuilds it; besides this module only the export formats name
+methods (each lists the ones its engine holds).
 """
 
 from __future__ import annotations
