@@ -115,7 +115,7 @@ def main() -> None:
         f"enforce_eager), greedy, K = {args.k} (Medusa: at most its heads), {len(prompts)} held-out prompts × {args.new_tokens} tokens "
         "(prompts whose plain greedy continuation hits EOS are left out: vLLM runs with ignore_eos).\n\n"
         + "\n".join(lines)
-        + f"\n\nvLLM venv set-up (`scripts/vllm_venv.sh`; 0 s when it already exists): {setup_seconds:.0f} s. "
+        + f"\n\nvLLM venv set-up (`draftsmith/export/vllm_venv.sh`; 0 s when it already exists): {setup_seconds:.0f} s. "
         f"Serving all {len(runs)} configurations (vLLM start-up + generate): {serve_seconds:.0f} s (vLLM start-up per configuration "
         f"≈ {plain['load_seconds']:.0f} s). α = accepted / drafted tokens; mean accepted length = 1 + "
         "accepted / drafts. The machine had other work running.\n"

@@ -1,6 +1,6 @@
 """EAGLE-1 / EAGLE-3 networks as serving engines lay them out: tensor names, Llama config, aux layer ids.
 
-draftsmith's ``EagleModel`` (``models/eagle.py``) names its decoder layer ``layer.*``; engines name it
+draftsmith's ``EagleModel`` (``families/eagle/network.py``) names its decoder layer ``layer.*``; engines name it
 ``layers.0.*`` (vLLM, speculators) or ``midlayer.*`` (SGLang EAGLE-3). Its ``feature_layers`` are HF
 ``hidden_states`` indices (0 = embeddings, L = the final *normed* state); each engine numbers the
 states it can capture its own way, checked here in one place.

@@ -1,4 +1,4 @@
-"""Native export: draftsmith's own format (``models/native.py``) plus a model card with verifier scores.
+"""Native export: draftsmith's own format (``core/native.py``) plus a model card with verifier scores.
 
 ``config.json`` holds the method, the network's config, the target fingerprint, the draftsmith
 version and the training command; ``model.safetensors`` the weights; ``README.md`` the card.

@@ -76,7 +76,7 @@ class DrafterModule(L.LightningModule):
 
     def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, B, T) acceptance probability of draft step j from anchor t (the drafter unrolled as it
-        drafts; see ``eval/estimate.py``) and whether that step has a generated token to check."""
+        drafts; see ``layers/estimate.py``) and whether that step has a generated token to check."""
         raise NotImplementedError
 
     def step_ranks(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor] | None:

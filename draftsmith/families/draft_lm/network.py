@@ -91,7 +91,7 @@ class DraftLMConfig:
 @register("draft_lm", config=DraftLMConfig)
 class DraftLMNetwork(DrafterNetwork):
     """The trainable draft LM: an HF causal LM (optionally wrapped by a peft LoRA adapter), in the shape
-    ``models/native.py`` saves and rebuilds (``method``, ``cfg``, ``as_drafter``).
+    ``core/native.py`` saves and ``families/registry.py`` rebuilds (``method``, ``cfg``, ``as_drafter``).
 
     Args:
         cfg: the HF config (and LoRA settings) to build.
