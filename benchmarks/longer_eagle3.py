@@ -12,7 +12,6 @@ Needs ``benchmarks/real_target.py``'s data, feature cache and EAGLE-1 under ``--
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from safetensors.torch import load_file
 from draftsmith.core.sampling import Sampling
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.data.shards import load_generated
+from draftsmith.eval import plots
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import Trained, build_drafter
@@ -32,9 +32,9 @@ from draftsmith.train.fit import FitRun, fit_export
 
 
 def curve(root: Path) -> list[tuple[int, float]]:
-    """(step, val/tau_est) of every validation of a fit."""
-    rows = [r for f in sorted(root.glob("csv/version_*/metrics.csv")) for r in csv.DictReader(f.open())]
-    return [(int(r["step"]), round(float(r["val/tau_est"]), 4)) for r in rows if r.get("val/tau_est")]
+    """(step, val/tau_est) of every validation of a fit (its CSV log)."""
+    rows = [r for f in sorted(root.glob("csv/version_*/metrics.csv")) for r in plots.read_metrics(f)]
+    return [(int(r["step"]), round(r["val/tau_est"], 4)) for r in rows if "val/tau_est" in r]
 
 
 def draft_vocab_coverage(drafter: Path, data: Path) -> dict:
