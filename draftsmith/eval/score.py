@@ -192,10 +192,11 @@ def score(
     return score_specs(target, [parse_spec(d) for d in drafter], config, Path(out))
 
 
-def score_specs(target: str | Path, drafters: list[Named], config: ScoreConfig, out: Path) -> dict:
-    """Score ``drafters`` on ``target`` (a built-in name or model dir) as ``config`` says; writes
-    ``out/report.{json,md}`` and returns the report."""
-    cfg = config
+def score_specs(
+    target: str | Path, drafters: list[Named], cfg: ScoreConfig, out: Path, stage: dict | None = None
+) -> dict:
+    """Score ``drafters`` on ``target`` (a built-in name or model dir) as ``cfg`` says; writes
+    ``out/report.{json,md}`` and its manifest (``stage``: the inputs ``is_current`` compares), returns the report."""
     t = load_target(target)
     loaded = {d.name: build_drafter(d.spec, t) for d in drafters}
     if cfg.online_adapt:
@@ -227,7 +228,7 @@ def score_specs(target: str | Path, drafters: list[Named], config: ScoreConfig, 
         "drafters": rows,
     }
     write_report(out, report)
-    write_manifest(out, target=t.fingerprint, seed=cfg.seed)
+    write_manifest(out, target=t.fingerprint, seed=cfg.seed, stage=stage)
     print(markdown_table(rows, plain))
     print(f"wrote {out / 'report.json'} and report.md")
     return report

@@ -1,7 +1,7 @@
 """``draftsmith quickstart``: the whole pipeline on a built-in target (``default``: the embedded toy; ``smollm2``:
 SmolLM2-135M-Instruct, a real pretrained LLM; see ``PLANS``).
 
-Stages (each one's artifact under ``out`` is reused when present, so a re-run is fast):
+Stages (each one's artifact under ``out`` is reused while its manifest records the same inputs, so a re-run is fast):
 target → on-policy data (``data/train`` sampled, ``data/val`` greedy on held-out prompts)
 → train EAGLE-3, EAGLE-1, Medusa-1 and Hydra++ (``fit/<name>``, best checkpoint exported to
 ``drafters/<name>``), a distilled draft LM (``drafters/draft_lm``) and a SpecDec++ acceptance
@@ -160,8 +160,7 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
         config = ScoreConfig(plan.prompts[1], num_prompts=budget.score_prompts, k=kk, max_new_tokens=budget.new_tokens)
         stage = {"score": [asdict(s) | {"kind": type(s.spec).__name__} for s in specs], "config": asdict(config)}
         if not is_current(path, stage):
-            score_specs(target_dir, specs, config, path)
-            write_manifest(path, stage=stage)
+            score_specs(target_dir, specs, config, path, stage)
     stages.start("export the fastest drafter for serving")
     best = export_best(out, {n: p for n, p in trained.items() if not n.endswith("-head")}, k)
     print(

@@ -86,8 +86,7 @@ class AcceptanceHeadModule(DrafterModule):
         self.save_hyperparameters()
 
     def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
-        network = self._base[0]
-        return network.reads_layers
+        return self._base[0].reads_layers
 
     def build_drafter(self) -> AcceptanceHead:
         network, info, _ = self._base
