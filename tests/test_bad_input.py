@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from draftsmith.cli import main
 from draftsmith.core.native import save_native
@@ -154,3 +155,21 @@ def test_truncated_drafter_weights_are_one_line_naming_the_file(target, model_di
     with pytest.raises(DraftsmithError, match="truncated or corrupt") as err:
         load_drafter(str(drafter_dir), target)
     assert str(weights) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "bf16"])
+def test_dtype_names_and_their_short_aliases_mean_the_same(name):
+    from draftsmith.core.dtypes import canonical_dtype, torch_dtype
+
+    assert canonical_dtype(name) == "bfloat16" and torch_dtype(name) is torch.bfloat16
+
+
+def test_unknown_dtype_is_one_line_naming_the_flag_and_the_choices(model_dirs, prompt_file, tmp_path, capsys):
+    args = ["generate", "--target", str(model_dirs["target"]), "--prompts", str(prompt_file)]
+    err = run_cli(capsys, *args, "--out", str(tmp_path / "out"), "--dtype", "fp8")
+    assert err.count("\n") == 1
+    assert "--dtype must be one of float32, bfloat16, float16 (or fp32, bf16, fp16), got 'fp8'" in err
+    with pytest.raises(DraftsmithError, match="features: dtype must be one of float16, bfloat16 .*got 'float32'"):
+        from draftsmith.data.feature_cache import cache_features
+
+        cache_features(str(model_dirs["target"]), tmp_path / "none", [1], dtype="float32")
