@@ -35,3 +35,12 @@ def test_advance_extends_the_index():
     drafter, state, _ = propose([1, 2, 3], k=2)
     drafter.advance(state, torch.tensor([1, 2]), NO_TARGET)
     assert drafter.propose(state, 2, Sampling(), None).tokens.tolist() == [3, 1]
+
+
+def test_a_match_near_the_end_copies_on_through_its_own_draft():
+    # the latest occurrence of (4,) is one token back: a repeat of period 2, drafted to full length
+    _, _, draft = propose([9, 3, 4, 3, 4], k=5, max_ngram=1)
+    assert draft == [3, 4, 3, 4, 3]
+    # a plain run of one token (period 1)
+    _, _, draft = propose([1, 2, 2, 2], k=3, max_ngram=2)
+    assert draft == [2, 2, 2]

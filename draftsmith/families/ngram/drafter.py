@@ -18,6 +18,15 @@ class NGramState:
     """index[n][gram] = positions right after the latest earlier occurrences of ``gram`` (oldest first)."""
 
 
+def continuation(ids: list[int], start: int, k: int) -> list[int]:
+    """The ``k`` tokens after the match that ends at ``start``, copied as LZ77 copies: a match close to the end of
+    ``ids`` runs on into the tokens it is drafting (a repeat of period ``len(ids) - start``), so it still drafts
+    ``k`` tokens where a plain slice would stop at the end of ``ids``.
+    """
+    period = len(ids) - start
+    return [ids[start + i % period] for i in range(k)]
+
+
 class NGramDrafter(Drafter):
     """The baseline drafter of prompt-lookup decoding; deterministic, needs no training.
 
@@ -57,7 +66,7 @@ class NGramDrafter(Drafter):
                 continue
             starts = state.index[n].get(tuple(ids[-n:]))
             if starts:
-                return self._trie([ids[s : s + k] for s in reversed(starts)])
+                return self._trie([continuation(ids, s, k) for s in reversed(starts)])
         return Draft.empty()
 
     def _trie(self, continuations: list[list[int]]) -> Draft:
