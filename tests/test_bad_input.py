@@ -173,3 +173,27 @@ def test_unknown_dtype_is_one_line_naming_the_flag_and_the_choices(model_dirs, p
         from draftsmith.data.feature_cache import cache_features
 
         cache_features(str(model_dirs["target"]), tmp_path / "none", [1], dtype="float32")
+
+
+@pytest.mark.parametrize("threshold", ["x", "1.5", "-0.1"])
+def test_bad_confidence_threshold_is_refused_naming_the_form(model_dirs, target, threshold):
+    from draftsmith.families.specs import load_drafter
+
+    with pytest.raises(DraftsmithError, match="confidence:THRESHOLD:DRAFT_LM"):
+        load_drafter(f"confidence:{threshold}:{model_dirs['drafter']}", target)
+
+
+def test_confidence_stopping_on_a_drafter_that_is_no_draft_lm_is_one_line(model_dirs, prompt_file, tmp_path, capsys):
+    args = ["score", "--target", str(model_dirs["target"]), "--prompts", str(prompt_file), "--out", str(tmp_path)]
+    err = run_cli(capsys, *args, "--drafter", "confidence:0.4:ngram")
+    assert "confidence stopping is for draft LMs, and ngram drafts with a NGramDrafter" in err
+
+
+def test_confidence_spec_builds_a_draft_lm_that_stops_below_its_threshold(model_dirs, target):
+    from draftsmith.families.draft_lm.network import DraftLM
+    from draftsmith.families.specs import Confident, load_drafter, parse_spec
+
+    assert parse_spec(f"c=confidence:0.25:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]), 0.25)
+    assert parse_spec(f"confidence:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]), 0.4)
+    drafter = load_drafter(f"confidence:0.25:{model_dirs['drafter']}", target)
+    assert isinstance(drafter, DraftLM) and drafter.stop_below == 0.25

@@ -174,3 +174,57 @@ def test_chi_square_test_catches_a_wrong_acceptance_rule(small_pair, monkeypatch
     sampling = Sampling(temperature=1.0)
     counts = sampled_pairs(target, drafter, [1, 2, 3], sampling, 1500)
     assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) < 1e-3
+
+
+def confidences(drafter: DraftLM, target: Target, prompt: list[int], n: int) -> list[float]:
+    """The draft model's probability of each token it drafts greedily, one round of ``n`` after ``prompt``."""
+    state = drafter.begin(torch.tensor(prompt), target(torch.tensor([prompt])).positions(slice(0, 0)))
+    draft = drafter.propose(state, n, Sampling(), None).tokens.tolist()
+    ids = torch.tensor([prompt + draft])
+    p = torch.softmax(drafter.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+    return [float(p[i, t]) for i, t in enumerate(draft)]
+
+
+def test_confidence_stopping_shortens_drafts_and_keeps_greedy_output_exact(target, tokenizer, prompts):
+    model = make_llama(seed=3, layers=1, hidden=32)
+    middle = sorted(c for p in prompts for c in confidences(DraftLM(model, tokenizer), target, p, 4))
+    cases = {0.0: "full", middle[len(middle) // 2]: "mixed", 1.0: "one"}
+    for threshold, expect in cases.items():
+        drafter = DraftLM(model, tokenizer, stop_below=threshold)
+        drafted = []
+        for prompt in prompts:
+            result = SpeculativeDecoder(target, drafter, 4, Sampling()).generate(prompt, 30)
+            assert result.tokens == plain_decode(target, prompt, 30, Sampling()).tokens
+            drafted += result.drafted[:-4]  # the last (at most 4) rounds draft less: the budget ends
+        lengths = set(drafted)
+        assert {"full": lengths == {4}, "one": lengths == {1}, "mixed": len(lengths) > 1}[expect], (threshold, lengths)
+
+
+def test_speculative_sampling_with_confidence_stopping_is_distributed_as_the_target(small_pair):
+    target, drafter = small_pair
+    prompt, sampling = [1, 2, 3], Sampling(temperature=1.0)
+    q = probs(drafter.model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)
+    stopping = DraftLM(drafter.model, stop_below=float(q.median()))  # about half the first tokens stop a draft
+    lengths = set()
+    for seed in range(40):
+        state = stopping.begin(torch.tensor(prompt), None)
+        lengths.add(len(stopping.propose(state, 2, sampling, torch.Generator().manual_seed(seed))))
+    assert lengths == {1, 2}  # the threshold really cuts some drafts short
+    counts = sampled_pairs(target, stopping, prompt, sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(target, prompt, sampling)) > 1e-3
+
+
+@pytest.mark.slow
+def test_compiled_forwards_keep_greedy_output_exact(tokenizer, prompts):
+    """``score --compile``: the target's and the draft LM's compiled forwards decode what eager plain decoding does."""
+    eager = Target(make_llama(seed=0), tokenizer)
+    compiled = Target(make_llama(seed=0), tokenizer)
+    compiled.compile()
+    drafter = DraftLM(make_llama(seed=3, layers=1, hidden=32), tokenizer)
+    drafter.compile()
+    decoder = SpeculativeDecoder(compiled, drafter, 3, Sampling())
+    for prompt in prompts:
+        reference = plain_decode(eager, prompt, 20, Sampling()).tokens
+        assert plain_decode(compiled, prompt, 20, Sampling()).tokens == reference
+        assert decoder.generate(prompt, 20).tokens == reference
+    assert compiled._forward is not compiled.model.__call__  # the compiled path really ran

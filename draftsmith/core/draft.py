@@ -108,6 +108,9 @@ class Drafter(ABC):
     def propose(self, state: Any, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
         """Propose up to ``k`` tokens after the committed ones (a chain of depth <= k)."""
 
+    def compile(self) -> None:  # noqa: B027 (optional: most drafters have nothing worth compiling)
+        """Compile the drafter's forward (``core.target.compiled_forward``) where that pays; by default nothing."""
+
     def extra_metrics(self, results: list[DecodeResult]) -> dict:
         """What this drafter adds to its score row, given its decodes of the scored prompts (online adaptation:
         α and τ over time)."""

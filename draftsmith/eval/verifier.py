@@ -90,6 +90,7 @@ class SpeculativeDecoder:
         rows = torch.tensor([0] + [1 + i for i in path])
         return [tokens[i] for i in path] + [nxt], out.positions(rows)
 
+    @torch.inference_mode()
     def generate(
         self, prompt: list[int], max_new_tokens: int, generator: torch.Generator | None = None
     ) -> DecodeResult:
@@ -145,6 +146,7 @@ def _pick(logits: torch.Tensor, sampling: Sampling, generator) -> int:
     return int(logits.argmax()) if sampling.greedy else sample(probs(logits, sampling), generator)
 
 
+@torch.inference_mode()
 def plain_decode(
     target: Target,
     prompt: list[int],

@@ -57,7 +57,18 @@ class Adaptive:
     """Stop once P(some drafted token is rejected) exceeds it (None: the threshold trained with the head)."""
 
 
-DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive
+@dataclass(frozen=True)
+class Confident:
+    """A draft LM that stops a round's draft after a token it gave less than ``threshold`` probability (HF assisted
+    generation's confidence stopping, at a fixed threshold)."""
+
+    drafter: str
+    """A Hugging Face draft-model dir, or a trained draft LM (``.ckpt`` or native dir)."""
+    threshold: float = 0.4
+    """HF's starting threshold by default."""
+
+
+DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident
 
 
 @dataclass(frozen=True)
@@ -70,8 +81,9 @@ class Named:
 
 def parse_spec(text: str) -> Named:
     """Shorthand -> spec: ``[NAME=]SPEC`` with SPEC ``ngram``, ``ngram:N``, ``ngram:N:W``, ``target``,
-    ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), a trained drafter (``.ckpt`` or native dir) or a HF
-    draft-model dir. A bare SPEC names itself."""
+    ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), ``confidence:THRESHOLD:DRAFT_LM`` (or
+    ``confidence:DRAFT_LM``), a trained drafter (``.ckpt`` or native dir) or a HF draft-model dir. A bare SPEC
+    names itself."""
     name, eq, rest = text.partition("=")
     name, body = (name, rest) if eq and name and "/" not in name else (text, text)
     return Named(name, _parse(body))
@@ -86,6 +98,14 @@ def _parse(text: str) -> DrafterSpec:
             return Adaptive(head, float(threshold))
         except ValueError:
             raise DraftsmithError(f"drafter {text!r}: expected adaptive:THRESHOLD:HEAD, THRESHOLD in [0, 1]") from None
+    if text.startswith("confidence:"):
+        threshold, _, path = text.removeprefix("confidence:").partition(":")
+        if not path:
+            return Confident(threshold)
+        value = float(threshold) if threshold.replace(".", "", 1).isdigit() else -1.0
+        if not 0 <= value <= 1:
+            raise DraftsmithError(f"drafter {text!r}: expected confidence:THRESHOLD:DRAFT_LM, THRESHOLD in [0, 1]")
+        return Confident(path, value)
     if text == "ngram" or text.startswith("ngram:"):
         parts = text.split(":")[1:]
         if len(parts) > 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
@@ -113,6 +133,15 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
             return DraftLM(target.model, target.tokenizer)
         case Adaptive(head, threshold):
             return load_adaptive(head, target, threshold)
+        case Confident(path, threshold):
+            drafter = build_drafter(_parse(path), target)
+            if not isinstance(drafter, DraftLM):
+                raise DraftsmithError(
+                    f"drafter 'confidence:{threshold}:{path}': confidence stopping is for draft LMs, and {path} "
+                    f"drafts with a {type(drafter).__name__}"
+                )
+            drafter.stop_below = threshold
+            return drafter
         case Trained(path):
             if not Path(path).exists():
                 raise DraftsmithError(f"drafter {path!r}: no such checkpoint")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 from draftsmith.core.draft import Draft, Drafter, DrafterNetwork
 from draftsmith.core.sampling import Sampling, probs, sample
-from draftsmith.core.target import TargetOutput, load_causal_lm, new_cache, rollback, tokenizer_hash
+from draftsmith.core.target import TargetOutput, compiled_forward, load_causal_lm, new_cache, rollback, tokenizer_hash
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
 
@@ -30,21 +31,37 @@ class DraftLM(Drafter):
     Args:
         model: the draft model; its output vocabulary must equal the target's.
         tokenizer: its tokenizer, used to check it matches the target's.
+        stop_below: stop a round's draft after a token the draft model gave less than this probability (the token
+            itself is kept), as HF assisted generation's confidence threshold does; 0 drafts all k tokens. Which
+            tokens are drafted never changes what the verifier outputs, only how many target forwards it takes.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer=None) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer=None, stop_below: float = 0.0) -> None:
+        if not 0 <= stop_below <= 1:
+            raise DraftsmithError(f"drafter: the confidence threshold must be in [0, 1], got {stop_below}")
+        self.stop_below = stop_below
         self.model = model.eval()
+        # the last position's logits are all a round reads (HF causal LMs that take ``logits_to_keep``)
+        self._last_only = (
+            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.tokenizer_hash = tokenizer_hash(tokenizer) if tokenizer is not None else None
+        self._forward = model.__call__
+
+    def compile(self) -> None:
+        self._forward = compiled_forward(self.model)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str = "float32", device: str = "cpu") -> DraftLM:
+    def from_pretrained(
+        cls, path: str | Path, dtype: str = "float32", device: str = "cpu", stop_below: float = 0.0
+    ) -> DraftLM:
         path = Path(path)
         if not (path / "config.json").is_file():
             raise DraftsmithError(f"drafter: {path} is not a model directory (no config.json)")
         model = load_causal_lm(path, dtype, device, "drafter")
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
-        return cls(model, tokenizer)
+        return cls(model, tokenizer, stop_below)
 
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> DraftLMState:
         return DraftLMState(ids=tokens.tolist(), cache=new_cache())
@@ -52,7 +69,7 @@ class DraftLM(Drafter):
     @torch.no_grad()
     def _logits(self, state: DraftLMState, new: list[int]) -> torch.Tensor:
         ids = torch.tensor([new], device=self.model.device)
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True)
+        out = self._forward(input_ids=ids, past_key_values=state.cache, use_cache=True, **self._last_only)
         state.cached.extend(new)
         return out.logits[0, -1].float()
 
@@ -60,13 +77,21 @@ class DraftLM(Drafter):
         logits = self._logits(state, state.ids[len(state.cached) :])
         tokens, qs = [], []
         for i in range(k):
-            q = probs(logits, sampling)
-            token = int(q.argmax()) if sampling.greedy else sample(q, generator)
-            tokens.append(token)
-            qs.append(q)
+            if sampling.greedy:  # deterministic: the verifier needs no q (a point mass on each token)
+                tokens.append(int(logits.argmax()))
+            else:
+                qs.append(probs(logits, sampling))
+                tokens.append(sample(qs[-1], generator))
+            if self.stop_below and self._confidence(logits, tokens[-1], qs, sampling) < self.stop_below:
+                break
             if i < k - 1:
-                logits = self._logits(state, [token])
+                logits = self._logits(state, [tokens[-1]])
         return Draft.chain(tokens, torch.stack(qs) if qs else None)
+
+    @staticmethod
+    def _confidence(logits: torch.Tensor, token: int, qs: list[torch.Tensor], sampling: Sampling) -> float:
+        """The draft model's probability of the token it just drafted (its softmax for greedy drafts, else q)."""
+        return float(qs[-1][token]) if not sampling.greedy else float(torch.softmax(logits, -1)[token])
 
     def advance(self, state: DraftLMState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
         state.ids.extend(tokens.tolist())

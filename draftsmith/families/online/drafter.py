@@ -107,7 +107,8 @@ class OnlineDrafter(Drafter):
     def update(self) -> None:
         """``steps`` AdamW steps of forward KL to the target on random minibatches of the buffer."""
         model, device = self.base.model, self.base.model.device
-        with torch.enable_grad():
+        # the verifier decodes in inference mode; learning needs autograd (and tensors made outside that mode)
+        with torch.inference_mode(False), torch.enable_grad():
             for step in range(self.cfg.steps):
                 batch = self.rng.sample(self.buffer, min(self.cfg.batch_size, len(self.buffer)))
                 lengths = torch.tensor([len(c) for c, _ in batch])
@@ -117,7 +118,7 @@ class OnlineDrafter(Drafter):
                 mask = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
                 logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
                 last = logits[torch.arange(len(batch)), lengths - 1]  # (B, V) at each buffered position
-                p = torch.stack([q for _, q in batch]).to(device)
+                p = torch.stack([q.clone() for _, q in batch]).to(device)
                 loss = soft_cross_entropy(last, p).mean()  # = KL(p || q) + H(p): the same gradient
                 if step == 0:
                     self.losses.append(float(loss.detach()) + float(torch.special.entr(p).sum(-1).mean()))
