@@ -119,7 +119,13 @@ def compiled_forward(model: torch.nn.Module):
     new tokens changes from round to round, so one graph must serve every length (a static-shape compile would
     recompile on each). Compiling takes seconds per new shape family the first time; afterwards a small model's
     forward costs about half its eager time on CPU, where Python and dispatch overhead dominate. The model's own
-    weights are used (nothing is copied); its ``__call__`` stays eager."""
+    weights are used (nothing is copied); its ``__call__`` stays eager.
+
+    Every model of one class shares the compiled code of its ``forward``, and each model and shape family (prefill,
+    one token, several) adds a graph to it: a target and its draft LM of one family reach dynamo's default limit of
+    8 graphs per function, after which it silently runs eager, so the limit is raised to 64 here.
+    """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(model.forward, dynamic=True)
 
 
