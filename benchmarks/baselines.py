@@ -33,6 +33,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, compiled_forward
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.export.registry import write_export
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.targets import resolve
@@ -54,9 +55,15 @@ class ForwardCounter:
 
 
 def default_assistant(target: str) -> Path:
+    """The default target's sibling LM; for SmolLM2, the distilled draft LM of ``benchmarks/real_target.py``
+    exported as a HF model dir (exported here the first time)."""
     if target == "default":
         return resolve("default") / "sibling"
-    return Path("runs/real_target/export/draft_lm-hf")
+    run = Path("runs/real_target")
+    exported = run / "export" / "draft_lm-hf"
+    if not (exported / "config.json").is_file() and (run / "drafters" / "draft_lm").is_dir():
+        write_export(run / "drafters" / "draft_lm", "hf", exported, target=str(resolve(target)), overwrite=True)
+    return exported
 
 
 def rows(

@@ -8,11 +8,9 @@ Stages (each reused from ``--out`` when finished, so an interrupted run resumes)
 2. the verifier on held-out chat prompts, each block one interleaved run with plain decoding: greedy chains at
    each ``--ks`` (every family at K = 4, the short list at the others), the ``--trees`` at K = 4 (EAGLE-2 dynamic
    trees for EAGLE-3 and Hydra++, Medusa's static tree), and ``--sampled`` drafters at T = 0.7, top-p 0.9, K = 4;
-3. HF transformers' own speculative decoding on the same prompts, interleaved with draftsmith's: ``generate``,
-   prompt lookup (same N and K) and assisted generation with the same distilled draft LM (K constant, and HF's
-   default schedule with its confidence threshold); greedy outputs checked against draftsmith's plain decoding;
-4. the verification cost ratio r(K) = t(target forward of K+1 tokens) / t(one decode step) on a cached context
+3. the verification cost ratio r(K) = t(target forward of K+1 tokens) / t(one decode step) on a cached context
    (every score row also carries its own r, measured in its run, and the ideal speedup τ / (r + K̄·c)).
+HF transformers' own decoding on the same target and draft LM: ``benchmarks/baselines.py --target smollm2``.
 The defaults fit about an hour of scoring on 2 CPU cores; ``--ks 2 4 6 --trees eagle3-tree medusa1-tree
 hydrapp-tree`` is the full plan.
 Writes ``benchmarks/results/real_target.{json,md}`` and PNG plots beside them.
@@ -23,11 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from common import RESULTS, machine, write
 
 from draftsmith.core.sampling import Sampling
@@ -36,7 +32,6 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval import plots
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.score import score_drafters, verify_ratios
-from draftsmith.export.registry import write_export
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import resolve
@@ -95,63 +90,6 @@ def cost_ratios(target: Target, prompt: list[int], ks: list[int], repeats: int =
     return {k: round(ratios[k + 1], 3) for k in ks} | {"step_ms": round(1e3 * step, 1)}
 
 
-@torch.no_grad()
-def hf_baselines(target: Target, assistant_dir: Path, drafters: Path, prompts, k: int, max_new: int) -> dict:
-    """HF ``generate`` / prompt lookup / assisted generation beside draftsmith's plain, n-gram and draft-LM
-    decoding, interleaved per prompt, greedy. Returns per-row tokens/s and greedy-exact counts."""
-    from transformers import AutoModelForCausalLM
-
-    from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-
-    model, greedy = target.model, Sampling(0.0)
-    assistant = AutoModelForCausalLM.from_pretrained(assistant_dir).eval()
-    eos = list(target.eos_token_ids)
-    base = {"do_sample": False, "max_new_tokens": max_new, "eos_token_id": eos, "pad_token_id": eos[0]}
-    hf = {
-        "hf generate": {},
-        "hf prompt lookup": {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": 3},
-        "hf assisted (constant K, no threshold)": {
-            "assistant_model": assistant,
-            "num_assistant_tokens": k,
-            "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": 0.0,
-        },
-        "hf assisted (HF defaults)": {"assistant_model": assistant},
-    }
-    ours = {
-        name: SpeculativeDecoder(target, load_drafter(spec(name, drafters), target), k, greedy)
-        for name in ("ngram", "draft_lm")
-    }
-    seconds = {name: 0.0 for name in ["draftsmith plain", *[f"draftsmith {n}" for n in ours], *hf]}
-    tokens = dict.fromkeys(seconds, 0)
-    exact = dict.fromkeys(seconds, 0)
-    for i, prompt in enumerate([prompts[0], *prompts]):  # the first pass warms up and is not counted
-        ref = plain_decode(target, prompt, max_new, greedy, None)
-        outs = {"draftsmith plain": (ref.tokens, ref.seconds)}
-        for name, dec in ours.items():
-            r = dec.generate(prompt, max_new)
-            outs[f"draftsmith {name}"] = (r.tokens, r.seconds)
-        for name, kwargs in hf.items():
-            ids = torch.tensor([prompt])
-            start = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), **base, **kwargs)
-            outs[name] = (out[0, len(prompt) :].tolist(), time.perf_counter() - start)
-        if i == 0:
-            continue
-        for name, (toks, secs) in outs.items():
-            seconds[name] += secs
-            tokens[name] += len(toks)
-            exact[name] += int(toks == ref.tokens)
-    return {
-        name: {
-            "tokens_per_s": round(tokens[name] / seconds[name], 2),
-            "tokens": tokens[name],
-            "greedy_exact": exact[name],
-        }
-        for name in seconds
-    } | {"prompts": len(prompts), "k": k}
-
-
 def markdown(result: dict) -> str:
     lines = [
         "# Every family on SmolLM2-135M-Instruct",
@@ -170,21 +108,7 @@ def markdown(result: dict) -> str:
     ]
     for title, b in result["blocks"].items():
         lines += ["", f"## {title}", "", markdown_table(b["drafters"], b["plain"]), ""]
-    hf = result.get("hf")
-    if not hf:
-        return "\n".join([*lines, "", "(HF baselines not measured in this run.)", ""])
-    lines += [
-        "",
-        f"## HF transformers' speculative decoding, same prompts, greedy, K = {hf['k']}",
-        "",
-        "| decoder | tokens/s | greedy = draftsmith plain |",
-        "|---|---|---|",
-    ]
-    lines += [
-        f"| {name} | {row['tokens_per_s']:.1f} | {row['greedy_exact']}/{hf['prompts']} |"
-        for name, row in hf.items()
-        if isinstance(row, dict)
-    ]
+    lines += ["", "HF transformers' decoding on this target: `benchmarks/results/baselines_smollm2.md`."]
     lines += ["", "![speedup](real_target_speedup.png) ![tau](real_target_tau_vs_k.png)", ""]
     return "\n".join(lines)
 
@@ -197,7 +121,7 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[4], help="chain draft lengths (4 is always scored)")
     parser.add_argument("--trees", nargs="*", default=["eagle3-tree"], choices=list(TREES))
     parser.add_argument("--sampled", nargs="*", default=SAMPLED, help="drafters scored with T = 0.7, top-p 0.9")
-    parser.add_argument("--blocks", nargs="+", default=["greedy", "sampled", "hf"], choices=["greedy", "sampled", "hf"])
+    parser.add_argument("--blocks", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     parser.add_argument("--skip-head", action="store_true", help="no SpecDec++ head (no eagle1-adaptive row)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
@@ -222,12 +146,6 @@ def main() -> None:
         blocks["sampled T = 0.7, top-p 0.9, K = 4"] = scored(
             scores / "sampled-k4.json", lambda: block(target, args.sampled, drafters, prompts, 4, sampled, n)
         )
-    hf = None
-    if "hf" in args.blocks:
-        assistant = args.out / "export" / "draft_lm-hf"
-        if not (assistant / "config.json").is_file():
-            write_export(drafters / "draft_lm", "hf", assistant, target=str(target_dir), overwrite=True)
-        hf = scored(scores / "hf-k4.json", lambda: hf_baselines(target, assistant, drafters, prompts, 4, n))
     r = scored(scores / "r.json", lambda: cost_ratios(target, prompts[0], [2, 4, 6]))
     result = {
         "machine": machine(),
@@ -236,7 +154,6 @@ def main() -> None:
         "max_new_tokens": n,
         "r": r,
         "blocks": blocks,
-        "hf": hf,
         "training": {
             name: json.loads((drafters / name / "config.json").read_text()).get("val_tau_est")
             for name in ["eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm"]
