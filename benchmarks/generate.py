@@ -6,12 +6,19 @@ temperature 1, interleaved batch by batch in one run. Two modes: ``fixed length`
 EOS so both do exactly the same work (the headline ratio); ``stop at EOS`` is the realistic
 one, where the two draw different samples and so different lengths. The end-to-end
 ``generate()`` stage (prompt encoding, shard writing, final dataset) is timed as well.
+
+``--engines hf vllm [--target-name default|smollm2]`` compares the engines instead: the whole ``draftsmith generate``
+stage with ``--engine hf`` and ``--engine vllm`` (vLLM in its own venv) on the same prompts and settings, each at
+the batch sizes it does best with (``--hf-batch-sizes``, ``--vllm-batch-sizes``: vLLM's ``max_num_seqs``), one
+after the other in one run (an engine cannot be interleaved with another's process). Generation tokens/s counts the
+shards' decoding; wall time adds loading (vLLM's engine start included). Writes ``generate_engines[_<target>].*``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -119,6 +126,66 @@ def end_to_end(target_dir: Path, num_prompts: int, batch_size: int, max_new_toke
     }
 
 
+def engines(args: argparse.Namespace) -> None:
+    """``--engines``: the generate stage per engine and batch size (see the module docstring)."""
+    prompts = {"default": "builtin:train", "smollm2": "builtin:chat-train"}[args.target_name]
+    load_before = os.getloadavg()[0]
+    rows = []
+    for engine in args.engines:
+        for batch_size in args.hf_batch_sizes if engine == "hf" else args.vllm_batch_sizes:
+            with tempfile.TemporaryDirectory() as tmp:
+                start = time.perf_counter()
+                generate(
+                    args.target_name,
+                    prompts,
+                    Path(tmp) / "data",
+                    max_new_tokens=args.max_new_tokens,
+                    num_prompts=args.num_prompts,
+                    batch_size=batch_size,
+                    shard_size=args.num_prompts,
+                    device="cpu",
+                    engine=engine,
+                    vllm_python=args.vllm_python,
+                )
+                wall = time.perf_counter() - start
+                _, meta = load_generated(Path(tmp) / "data")
+            rows.append(
+                {
+                    "engine": f"{engine} {meta['engine']['version']}",
+                    "batch_size": batch_size,
+                    "generated_tokens": meta["generated_tokens"],
+                    "generation_tokens_per_s": meta["tokens_per_s"],
+                    "wall_seconds": round(wall, 1),
+                }
+            )
+            print(rows[-1])
+    data = {"machine": machine(), "load": [load_before, os.getloadavg()[0]], "args": vars(args), "rows": rows}
+    m = data["machine"]
+    best = {e: max(r["generation_tokens_per_s"] for r in rows if r["engine"].startswith(e)) for e in args.engines}
+    md = [
+        f"# Generation engines: {args.target_name} target",
+        "",
+        f"`{m['command']}` at `{m['git']}` on {m['date']} ({m['platform']}, {m['threads']} threads; load average "
+        f"before / after {data['load'][0]:.2f} / {data['load'][1]:.2f}). {args.num_prompts} `{prompts}` prompts, "
+        f"temperature 1, up to {args.max_new_tokens} new tokens (stop at EOS), the whole `draftsmith generate` "
+        "stage per row, one row after the other.",
+        "",
+        "| engine | batch (vLLM: max_num_seqs) | generated tokens | generation tok/s | wall s (load included) |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {r['engine']} | {r['batch_size']} | {r['generated_tokens']} | {r['generation_tokens_per_s']:.0f} | "
+            f"{r['wall_seconds']} |"
+            for r in rows
+        ],
+        "",
+        "Best generation tokens/s: "
+        + ", ".join(f"{e} {v:.0f}" for e, v in best.items())
+        + (f"; vLLM / HF = {best['vllm'] / best['hf']:.2f}×." if {"hf", "vllm"} <= set(best) else "."),
+    ]
+    suffix = "" if args.target_name == "default" else f"_{args.target_name}"
+    write(f"generate_engines{suffix}", data, "\n".join(md) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--target", type=Path, default=None, help="model dir (default: the default target)")
@@ -127,7 +194,15 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--name", default="generate", help="results file name")
+    parser.add_argument("--engines", nargs="+", choices=["hf", "vllm"], help="compare the engines instead")
+    parser.add_argument("--target-name", default="default", choices=["default", "smollm2"])
+    parser.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--vllm-batch-sizes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--vllm-python", default=None, help="the vLLM venv's python (default .venv-vllm/bin/python)")
     args = parser.parse_args()
+    if args.engines:
+        engines(args)
+        return
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -13,6 +13,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+import transformers
 from conftest import VOCAB, make_llama, make_tokenizer
 
 from draftsmith.cli import main
@@ -148,7 +149,9 @@ def test_metadata_round_trip(target_dir, prompt_path, tmp_path):
         "shard_size": 4,
         "store_topk": 0,
         "dtype": "float32",
+        "engine": "hf",
     }
+    assert meta["engine"] == {"name": "hf", "version": transformers.__version__}
     assert meta["rows"] == len(data) == meta["prompts_used"] == 6 and meta["shards"] == 2
     assert meta["generated_tokens"] == sum(sum(m) for m in data["loss_mask"])
     assert meta["prompt_tokens"] == sum(data["prompt_len"])
@@ -290,7 +293,7 @@ def test_resume_after_kill_equals_uninterrupted_run(target_dir, tmp_path):
 def test_ctrl_c_keeps_saved_shards_and_resume_completes_the_same_dataset(
     target_dir, prompt_path, tmp_path, monkeypatch, capsys
 ):
-    from draftsmith.data import generate as generate_module
+    from draftsmith.data import engines
 
     calls = {"n": 0}
 
@@ -303,7 +306,7 @@ def test_ctrl_c_keeps_saved_shards_and_resume_completes_the_same_dataset(
     settings = {"shard_size": 2, "batch_size": 2, "temperature": 1.0}
     out = tmp_path / "ctrl-c"
     with monkeypatch.context() as patch:
-        patch.setattr(generate_module, "decode_batch", interrupted_on_third_batch)
+        patch.setattr(engines, "decode_batch", interrupted_on_third_batch)
         with pytest.raises(KeyboardInterrupt):
             run(target_dir, prompt_path, out, **settings)
     assert "interrupted: 2 of 5 shards are saved" in capsys.readouterr().err
@@ -320,3 +323,11 @@ def test_generation_stops_at_any_of_a_list_of_eos_tokens():
     for row, stopped in zip(free, decode_batch(model, prompts, seeds, Sampling(), 12, stops), strict=True):
         end = next(i for i, t in enumerate(row.tokens) if t in stops)
         assert stopped.tokens == row.tokens[: end + 1]
+
+
+def test_vllm_engine_without_its_venv_or_an_unknown_engine_is_one_line(target_dir, prompt_path, tmp_path, capsys):
+    common = ["--target", str(target_dir), "--prompts", str(prompt_path), "--out", str(tmp_path / "o")]
+    err = cli_error(capsys, *common, "--engine", "vllm", "--vllm-python", str(tmp_path / "none" / "python"))
+    assert f"--engine vllm: no vLLM interpreter at {tmp_path / 'none' / 'python'}" in err
+    assert "vllm_venv.sh .venv-vllm" in err
+    assert "--engine must be one of hf, vllm, got 'sglang'" in cli_error(capsys, *common, "--engine", "sglang")

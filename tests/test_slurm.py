@@ -403,3 +403,21 @@ def test_unknown_partition_is_refused_before_submission(slurm, tmp_path, capsys)
     assert not (tmp_path / "run").exists()
     after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout
     assert before == after
+
+
+def test_vllm_generation_runs_one_task_per_tensor_parallel_group(tmp_path, capsys):
+    base = ["slurm", "pipeline", "--target", "/models/x", "--run-dir", str(tmp_path / "run"), "--config", str(RECIPE)]
+    base += ["--time", "02:00:00", "--gpus-per-node", "8", "--stages", "generate", "--dry-run"]
+    main([*base, "--generate-set", "engine=vllm", "tensor_parallel_size=2", "vllm_python=/venvs/vllm/bin/python"])
+    script = capsys.readouterr().out.split("# ---- generate-val.sbatch ----")[0]
+    assert "#SBATCH --ntasks-per-node=4\n" in script
+    task = script[script.index("bash -c") :]
+    # each task's vLLM sees GPUs 2r and 2r + 1 of its node
+    assert "export CUDA_VISIBLE_DEVICES=$(seq -s, $((SLURM_LOCALID * 2)) $((SLURM_LOCALID * 2 + 1)));" in task
+    assert "--engine=vllm" in task and "--tensor_parallel_size=2" in task and '--device="auto"' in task
+    with pytest.raises(SystemExit):
+        main([*base, "--generate-set", "engine=vllm", "tensor_parallel_size=3"])
+    assert "tensor_parallel_size=3: must divide --gpus-per-node 8" in capsys.readouterr().err
+    main([*base, "--generate-set", "max_new_tokens=8"])  # the HF engine: one task per GPU, as before
+    script = capsys.readouterr().out
+    assert "#SBATCH --ntasks-per-node=8\n" in script and "export CUDA_VISIBLE_DEVICES" not in script

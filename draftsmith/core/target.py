@@ -187,6 +187,21 @@ class Target:
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, feature_layers, name=str(path))
 
+    @classmethod
+    def from_config(cls, path: str | Path, feature_layers: tuple[int, ...] = (-1,)) -> Target:
+        """The target of a local model dir without its weights (on the meta device): its tokenizer, EOS list, context
+        and fingerprint, for work another process does with the weights (``generate --engine vllm``)."""
+        from transformers import AutoConfig, GenerationConfig
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise DraftsmithError(f"target: {path} is not a model directory (no config.json)")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        if (path / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(path)
+        return cls(model, AutoTokenizer.from_pretrained(path), feature_layers, name=str(path))
+
     def _check_layers(self, layers: tuple[int, ...]) -> tuple[int, ...]:
         n = self.num_layers
         out = []

@@ -23,12 +23,14 @@ from tqdm.auto import tqdm
 from draftsmith.core.dtypes import canonical_dtype
 from draftsmith.core.manifest import git_sha, versions, write_manifest
 from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
 from draftsmith.data import shards
-from draftsmith.data.decode import Decoded, decode_batch, row_seed
+from draftsmith.data.decode import Decoded, row_seed
+from draftsmith.data.engines import HFEngine, Request, VLLMEngine, check_engine, vllm_python
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target
+from draftsmith.targets import load_target, resolve
 
 __all__ = ["GenerateRun", "GenerateSettings", "check_dataset_target", "generate", "generate_data", "load_generated"]
 
@@ -64,6 +66,9 @@ class GenerateSettings:
     """Target top-k log-probabilities stored per generated token (0: none)."""
     dtype: str
     """Target weights' dtype."""
+    engine: str = "hf"
+    """What decodes: ``hf`` (transformers, in this process) or ``vllm`` (vLLM in its own venv). Greedy data agrees
+    between them up to floating-point ties; sampled data follows each engine's own random streams."""
 
 
 def _validate(s: GenerateSettings, batch_size: int) -> Sampling:
@@ -80,6 +85,7 @@ def _validate(s: GenerateSettings, batch_size: int) -> Sampling:
         raise DraftsmithError(f"--num-prompts must be a positive integer (or omitted for all), got {s.num_prompts}")
     if s.store_topk < 0:
         raise DraftsmithError(f"--store-topk must be >= 0, got {s.store_topk}")
+    check_engine(s.engine)
     try:
         return Sampling(s.temperature, s.top_p)
     except ValueError as e:
@@ -102,6 +108,11 @@ class GenerateRun:
     """This process's index among ``world_size``."""
     world_size: int = 1
     """With N > 1, this process generates only shards ``s`` with ``s % N == rank``, into ``out/ranks/rank-<R>``."""
+    vllm_python: str | None = None
+    """``--engine vllm``: the python of a venv with vLLM (default ``$DRAFTSMITH_VLLM_PYTHON``, then
+    ``.venv-vllm/bin/python``)."""
+    tensor_parallel_size: int = 1
+    """``--engine vllm``: GPUs each model is split over."""
 
 
 def _shard_columns(rows: list[tuple[int, int]], encoded: list[list[int]], results: dict, topk: int) -> dict:
@@ -143,6 +154,9 @@ def generate(
     dtype: str = "float32",
     rank: int = 0,
     world_size: int = 1,
+    engine: str = "hf",
+    vllm_python: str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> Path:
     """Sample the target's continuations of prompts into a dataset for training drafters.
 
@@ -179,6 +193,13 @@ def generate(
         world_size: with N > 1, this process generates only shards ``s`` with ``s % N == rank``, into
             ``out/ranks/rank-<R>``; the same command without rank/world size and with ``--resume`` then
             merges them (the data is the same as one process would write: rows are seeded per prompt).
+        engine: ``hf`` (transformers ``generate``-style batched decoding in this process) or ``vllm`` (vLLM in its
+            own venv, continuous batching; ``--batch-size`` is its ``max_num_seqs``). Same dataset format; the
+            engine and its version are recorded in ``draftsmith.json``.
+        vllm_python: ``--engine vllm``: the python of a venv with vLLM (default ``$DRAFTSMITH_VLLM_PYTHON``, then
+            ``.venv-vllm/bin/python``, which ``bash draftsmith/export/vllm_venv.sh`` builds).
+        tensor_parallel_size: ``--engine vllm``: GPUs each model is split over (``--data-parallel`` is rank /
+            world size, as for ``hf``).
 
     Returns:
         ``out`` (the rank's directory when ``world_size`` > 1).
@@ -196,10 +217,10 @@ def generate(
         shard_size=shard_size,
         store_topk=store_topk,
         dtype=canonical_dtype(dtype),
+        engine=engine,
     )
-    return generate_data(
-        target, Path(out), settings, GenerateRun(batch_size, device, resume, overwrite, rank, world_size)
-    )
+    run = GenerateRun(batch_size, device, resume, overwrite, rank, world_size, vllm_python, tensor_parallel_size)
+    return generate_data(target, Path(out), settings, run)
 
 
 def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run: GenerateRun = GenerateRun()) -> Path:
@@ -215,8 +236,12 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
         shards.merge_ranks(out)
     previous = shards.prepare_out(out, run.resume, run.overwrite)
     loaded = load_prompts(settings.prompts, settings.prompt_field, settings.num_prompts)
-    device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-    t = load_target(target, dtype=settings.dtype, device=device)
+    if settings.engine == "vllm":  # vLLM loads the weights in its own process
+        vllm_python(run.vllm_python)  # missing: say so before any work
+        t = Target.from_config(resolve(target))
+    else:
+        device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        t = load_target(target, dtype=settings.dtype, device=device)
     if settings.store_topk > t.vocab_size:
         raise DraftsmithError(f"--store-topk {settings.store_topk} exceeds the target's vocabulary size {t.vocab_size}")
     encoded = [encode(p, t.tokenizer, settings.chat_template) for p in loaded]
@@ -236,6 +261,7 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
         "settings": asdict(settings),
         "prompts_sha": hashlib.sha256(json.dumps(encoded).encode()).hexdigest()[:16],
         "context": context,
+        "seeds": "row i, sample j: data.decode.row_seed(settings.seed, i, j), one random stream per row",
         "command": shlex.join(sys.argv),
         "versions": versions() | {"git": git_sha()},
     }
@@ -250,7 +276,16 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
     per_shard = [
         [i for i in keep if s * settings.shard_size <= i < (s + 1) * settings.shard_size] for s in range(num_shards)
     ]
-    _generate_shards(t, out, encoded, per_shard, settings, sampling, run, context)
+    metadata["engine"] = (previous or {}).get("engine") or {"name": settings.engine, "version": None}
+    mine = [s for s in range(num_shards) if s % run.world_size == run.rank]
+    if set(mine) - shards.completed_shards(out):  # start an engine only for work left (not for a merge)
+        engine = _engine(settings, run, target, t, context, out)
+        try:
+            metadata["engine"] = {"name": engine.name, "version": engine.version}
+            shards.write_metadata(out, metadata)
+            _generate_shards(t, engine, out, encoded, per_shard, settings, sampling, run, context)
+        finally:
+            engine.close()
     if run.world_size > 1:
         print(
             f"rank {run.rank} of {run.world_size}: shards saved in {out}; merge them with the same command and --resume"
@@ -281,7 +316,18 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
     return out
 
 
-def _generate_shards(t, out: Path, encoded, per_shard, settings: GenerateSettings, sampling, run, context) -> None:
+def _engine(settings: GenerateSettings, run: GenerateRun, target, t: Target, context, out: Path):
+    if settings.engine == "vllm":
+        return VLLMEngine(
+            resolve(target), vllm_python(run.vllm_python), settings.dtype, context or 4096, run.batch_size,
+            run.tensor_parallel_size, settings.store_topk, out / "vllm.log",
+        )  # fmt: skip
+    return HFEngine(t, run.batch_size)
+
+
+def _generate_shards(
+    t, engine: HFEngine | VLLMEngine, out: Path, encoded, per_shard, settings: GenerateSettings, sampling, run, context
+) -> None:
     """Generate and save this rank's missing shards, with a progress bar; an interruption keeps the saved ones."""
     done = shards.completed_shards(out)
     mine = [s for s in range(len(per_shard)) if s % run.world_size == run.rank]
@@ -294,31 +340,32 @@ def _generate_shards(t, out: Path, encoded, per_shard, settings: GenerateSetting
         dynamic_ncols=True,
     )
     session_tokens, session_start = 0, time.perf_counter()
+
+    def progress(decoded: list[Decoded]) -> None:
+        nonlocal session_tokens
+        session_tokens += sum(len(d.tokens) for d in decoded)
+        bar.update(len(decoded))
+        bar.set_postfix_str(f"{session_tokens / (time.perf_counter() - session_start):.0f} tok/s")
+
     try:
         for s in mine:
             if s in done:
                 continue
             start = time.perf_counter()
             rows = [(i, j) for i in per_shard[s] for j in range(n)]
-            results: dict[tuple[int, int], Decoded] = {}
             # longest prompts first: less padding per batch, and memory peaks show up at once
             order = sorted(rows, key=lambda r: (-len(encoded[r[0]]), r))
-            for b in range(0, len(order), run.batch_size):
-                batch = order[b : b + run.batch_size]
-                decoded = decode_batch(
-                    t.model,
-                    [encoded[i] for i, _ in batch],
-                    [row_seed(settings.seed, i, j) for i, j in batch],
-                    sampling,
-                    settings.max_new_tokens,
-                    t.eos_token_ids,
-                    context,
-                    settings.store_topk,
-                )
-                results.update(zip(batch, decoded, strict=True))
-                session_tokens += sum(len(d.tokens) for d in decoded)
-                bar.update(len(batch))
-                bar.set_postfix_str(f"{session_tokens / (time.perf_counter() - session_start):.0f} tok/s")
+
+            request = Request(
+                [encoded[i] for i, _ in order],
+                [row_seed(settings.seed, i, j) for i, j in order],
+                sampling,
+                settings.max_new_tokens,
+                t.eos_token_ids,
+                context,
+                settings.store_topk,
+            )
+            results = dict(zip(order, engine.decode(request, progress), strict=True))
             stats = {
                 "rows": len(rows),
                 "prompt_tokens": sum(len(encoded[i]) for i, _ in rows),

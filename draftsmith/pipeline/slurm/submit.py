@@ -11,6 +11,7 @@ import hashlib
 import json
 import shlex
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -181,10 +182,25 @@ def submit(
 def _generate_script(
     r: Resources, run_dir: Path, name: str, target: str, prompts: str, out: Path, settings: list[str]
 ) -> str:
+    """One generate task per GPU (``--engine hf``), or per ``tensor_parallel_size`` GPUs (``--engine vllm``: each
+    task's vLLM sees its own GPUs through ``CUDA_VISIBLE_DEVICES``)."""
     args = [f"--target={target}", f"--prompts={prompts}", f"--out={out}", *settings]
+    given = dict(a.removeprefix("--").replace("-", "_").partition("=")[::2] for a in settings)
+    rank_setup = ""
+    if given.get("engine") == "vllm" and r.gpus_per_node:
+        tp = int(given.get("tensor_parallel_size", 1))
+        if tp < 1 or r.gpus_per_node % tp:
+            raise DraftsmithError(
+                f"--generate-set tensor_parallel_size={tp}: must divide --gpus-per-node {r.gpus_per_node}"
+            )
+        r = replace(r, tasks_per_node=r.gpus_per_node // tp)
+        rank_setup = (
+            f"export CUDA_VISIBLE_DEVICES=$(seq -s, $((SLURM_LOCALID * {tp})) $((SLURM_LOCALID * {tp} + {tp - 1}))); "
+        )
     values = _common(r, name, run_dir) | {
         "generate_args": command(args),
-        "rank_device": "cuda:$SLURM_LOCALID" if r.gpus_per_node else "cpu",
+        "rank_setup": rank_setup,
+        "rank_device": "auto" if rank_setup else "cuda:$SLURM_LOCALID" if r.gpus_per_node else "cpu",
         "merge_device": "auto" if r.gpus_per_node else "cpu",
     }
     return render(template_path("generate"), values)

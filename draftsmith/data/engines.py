@@ -1,0 +1,186 @@
+"""The engines ``draftsmith generate`` decodes with: HF ``transformers`` in this process, or vLLM in its own venv.
+
+Both take token ids (the prompts are tokenized once, by draftsmith, chat template included) and give one
+``Decoded`` per row: the generated ids (the stop token included), and the target's top-k raw log-probabilities
+when asked. Each row is seeded by its own seed, so neither engine's data depends on batching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.data.decode import Decoded, decode_batch
+from draftsmith.errors import DraftsmithError
+
+ENGINES = ("hf", "vllm")
+WORKER = Path(__file__).with_name("vllm_worker.py")
+VENV_SCRIPT = Path(str(resources.files("draftsmith.export") / "vllm_venv.sh"))
+DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
+"""Where ``make engine-test`` (``export/vllm_venv.sh``) builds vLLM's CPU venv."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """Rows to decode: prompts, one seed each, and how."""
+
+    prompts: list[list[int]]
+    seeds: list[int]
+    sampling: Sampling
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    context: int | None
+    store_topk: int
+
+
+class HFEngine:
+    """``decode_batch`` over the HF target, ``batch_size`` rows at a time."""
+
+    name = "hf"
+
+    def __init__(self, target: Target, batch_size: int) -> None:
+        import transformers
+
+        self.target, self.batch_size = target, batch_size
+        self.version = transformers.__version__
+
+    def decode(self, request: Request, progress=None) -> list[Decoded]:
+        out: list[Decoded] = []
+        for b in range(0, len(request.prompts), self.batch_size):
+            prompts = request.prompts[b : b + self.batch_size]
+            out += decode_batch(
+                self.target.model,
+                prompts,
+                request.seeds[b : b + self.batch_size],
+                request.sampling,
+                request.max_new_tokens,
+                request.eos_token_ids,
+                request.context,
+                request.store_topk,
+            )
+            if progress is not None:
+                progress(out[-len(prompts) :])
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def vllm_python(python: str | Path | None) -> Path:
+    """The interpreter of the vLLM venv: ``python``, else ``$DRAFTSMITH_VLLM_PYTHON``, else ``.venv-vllm``'s;
+    a missing one is one line naming how to build it."""
+    # absolute, not resolved: a venv's python is a link to the base interpreter, which would lose the venv
+    path = Path(python or os.environ.get("DRAFTSMITH_VLLM_PYTHON") or DEFAULT_VLLM_PYTHON).absolute()
+    if not path.is_file():
+        raise DraftsmithError(
+            f"--engine vllm: no vLLM interpreter at {path}; build vLLM's CPU venv with `bash {VENV_SCRIPT} "
+            f".venv-vllm` (or make engine-test), or point --vllm-python (or $DRAFTSMITH_VLLM_PYTHON) at the python "
+            "of a venv with vLLM installed"
+        )
+    return path
+
+
+class VLLMEngine:
+    """vLLM in its own venv, driven through ``vllm_worker.py`` (one process for the whole run).
+
+    Args:
+        target_dir: the target's HF model directory (vLLM loads it itself).
+        python: the vLLM venv's interpreter (``vllm_python``).
+        dtype: the weights' dtype.
+        context: the model's maximum sequence length.
+        max_num_seqs: sequences vLLM decodes together (``--batch-size``).
+        tensor_parallel_size: GPUs one model is split over.
+        store_topk: top-k log-probabilities returned per generated token (0: none).
+        log: where vLLM's own output goes.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        target_dir: Path,
+        python: Path,
+        dtype: str,
+        context: int,
+        max_num_seqs: int,
+        tensor_parallel_size: int,
+        store_topk: int,
+        log: Path,
+    ) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log
+        self._log = log.open("a")
+        self.proc = subprocess.Popen(
+            [str(python), str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            cwd=log.parent,
+        )
+        engine = {
+            "target": str(Path(target_dir).resolve()),
+            "dtype": dtype,
+            "max_model_len": context,
+            "max_num_seqs": max_num_seqs,
+            "tensor_parallel_size": tensor_parallel_size,
+            "store_topk": store_topk,
+        }
+        self.version = self._ask(engine)["vllm"]
+
+    def _ask(self, message: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                if line.startswith("REPLY "):
+                    return json.loads(line.removeprefix("REPLY "))
+                self._log.write(line)
+        except BrokenPipeError:
+            pass
+        self.proc.wait()
+        self._log.flush()
+        tail = "\n".join(self.log_path.read_text().splitlines()[-15:])
+        raise DraftsmithError(
+            f"--engine vllm: vLLM stopped (exit {self.proc.returncode}); log {self.log_path}:\n{tail}"
+        )
+
+    def decode(self, request: Request, progress=None) -> list[Decoded]:
+        budgets = [
+            request.max_new_tokens if request.context is None else min(request.max_new_tokens, request.context - len(p))
+            for p in request.prompts
+        ]
+        reply = self._ask(
+            {
+                "prompts": request.prompts,
+                "seeds": request.seeds,
+                "max_tokens": budgets,
+                "temperature": request.sampling.temperature,
+                "top_p": request.sampling.top_p,
+                "stop_token_ids": list(request.eos_token_ids),
+            }
+        )
+        out = [Decoded(r["tokens"], r["topk_ids"], r["topk_logprobs"]) for r in reply["outputs"]]
+        if progress is not None:
+            progress(out)
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise DraftsmithError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")

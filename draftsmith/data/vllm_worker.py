@@ -1,0 +1,91 @@
+"""Generate continuations with vLLM for ``draftsmith generate --engine vllm``.
+
+Runs in the vLLM venv (``export/vllm_venv.sh``, or any venv with vLLM for the machine's GPUs) and imports nothing of
+draftsmith: ``python vllm_worker.py``. It reads JSON lines on stdin and answers each on stdout with one line that
+starts with ``REPLY`` (vLLM may print its own lines there too):
+- first the engine: {"target": DIR, "dtype": ..., "max_model_len": N, "max_num_seqs": N, "tensor_parallel_size": N,
+  "store_topk": K}; reply {"vllm": version};
+- then requests: {"prompts": [[ids]], "seeds": [int], "max_tokens": [int], "temperature": T, "top_p": P,
+  "stop_token_ids": [ids]}; reply {"outputs": [{"tokens": [...], "topk_ids": [[...]], "topk_logprobs": [[...]]}]}
+  in request order. Each row is seeded by its own seed, so outputs do not depend on how rows are batched.
+Token ids in, token ids out: prompts are tokenized (chat template included) by draftsmith, so both engines see the
+same ids. ``topk_*`` are vLLM's raw log-probabilities (before temperature and top-p), as the HF engine stores them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+# this file sits in draftsmith's package: keep its folder off the path so ``import vllm`` is vLLM
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB, CPU builds only
+
+REPLY = "REPLY "
+
+
+def reply(obj: dict) -> None:
+    sys.stdout.write(REPLY + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def topk(logprobs: dict | None, k: int) -> tuple[list[int], list[float]]:
+    """The ``k`` most likely tokens of one position, by rank (vLLM adds the sampled token when it is not among them)."""
+    if not logprobs or not k:
+        return [], []
+    best = sorted(((lp.rank, tok, lp.logprob) for tok, lp in logprobs.items() if lp.rank <= k))[:k]
+    return [tok for _, tok, _ in best], [lp for _, _, lp in best]
+
+
+def main() -> None:
+    from vllm import LLM, SamplingParams
+    from vllm import __version__ as version
+
+    engine = json.loads(sys.stdin.readline())
+    llm = LLM(
+        model=engine["target"],
+        dtype=engine["dtype"],
+        max_model_len=engine["max_model_len"],
+        max_num_seqs=engine["max_num_seqs"],
+        tensor_parallel_size=engine["tensor_parallel_size"],
+        skip_tokenizer_init=True,
+        seed=0,
+        max_logprobs=max(engine["store_topk"], 1),
+    )
+    k = engine["store_topk"]
+    reply({"vllm": version})
+    for line in sys.stdin:
+        request = json.loads(line)
+        params = [
+            SamplingParams(
+                temperature=request["temperature"],
+                top_p=request["top_p"] if request["temperature"] > 0 else 1.0,
+                max_tokens=max_tokens,
+                seed=seed,
+                stop_token_ids=request["stop_token_ids"],
+                logprobs=k or None,
+                detokenize=False,
+            )
+            for seed, max_tokens in zip(request["seeds"], request["max_tokens"], strict=True)
+        ]
+        prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        rows = []
+        for out in outputs:
+            completion = out.outputs[0]
+            pairs = [topk(lp, k) for lp in (completion.logprobs or [])]
+            rows.append(
+                {
+                    "tokens": list(completion.token_ids),
+                    "topk_ids": [ids for ids, _ in pairs],
+                    "topk_logprobs": [lps for _, lps in pairs],
+                }
+            )
+        reply({"outputs": rows})
+
+
+if __name__ == "__main__":
+    main()
