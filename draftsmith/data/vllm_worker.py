@@ -43,8 +43,16 @@ def topk(logprobs: dict | None, k: int) -> tuple[list[int], list[float]]:
 def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm import __version__ as version
+    from vllm.platforms import current_platform
 
     engine = json.loads(sys.stdin.readline())
+    # vLLM's CPU build fails on seeded requests whose prefill is split into chunks (its CPU random generators
+    # cannot rewind a discarded sample): on CPU, prefill every prompt whole
+    whole_prefill = (
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": max(engine["max_model_len"], 2048)}
+        if current_platform.is_cpu()
+        else {}
+    )
     llm = LLM(
         model=engine["target"],
         dtype=engine["dtype"],
@@ -54,6 +62,7 @@ def main() -> None:
         skip_tokenizer_init=True,
         seed=0,
         max_logprobs=max(engine["store_topk"], 1),
+        **whole_prefill,
     )
     k = engine["store_topk"]
     reply({"vllm": version})
