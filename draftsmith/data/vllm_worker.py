@@ -23,6 +23,10 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB, CPU builds only
+# vLLM's CPU build keeps one core for its scheduler process, which halves the compute of a 2-core machine (measured
+# on SmolLM2: 105 -> 195 tokens/s with none kept); on small machines keep none
+if (os.cpu_count() or 1) <= 4:
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 REPLY = "REPLY "
 
