@@ -198,8 +198,8 @@ def generate(
             engine and its version are recorded in ``draftsmith.json``.
         vllm_python: ``--engine vllm``: the python of a venv with vLLM (default ``$DRAFTSMITH_VLLM_PYTHON``, then
             ``.venv-vllm/bin/python``, which ``bash draftsmith/export/vllm_venv.sh`` builds).
-        tensor_parallel_size: ``--engine vllm``: GPUs each model is split over (``--data-parallel`` is rank /
-            world size, as for ``hf``).
+        tensor_parallel_size: ``--engine vllm``: GPUs each model is split over (data parallelism is ``--rank`` /
+            ``--world-size``, as for ``hf``).
 
     Returns:
         ``out`` (the rank's directory when ``world_size`` > 1).
