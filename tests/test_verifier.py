@@ -176,6 +176,7 @@ def test_chi_square_test_catches_a_wrong_acceptance_rule(small_pair, monkeypatch
     assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) < 1e-3
 
 
+@torch.no_grad()
 def confidences(drafter: DraftLM, target: Target, prompt: list[int], n: int) -> list[float]:
     """The draft model's probability of each token it drafts greedily, one round of ``n`` after ``prompt``."""
     state = drafter.begin(torch.tensor(prompt), target(torch.tensor([prompt])).positions(slice(0, 0)))
@@ -203,7 +204,8 @@ def test_confidence_stopping_shortens_drafts_and_keeps_greedy_output_exact(targe
 def test_speculative_sampling_with_confidence_stopping_is_distributed_as_the_target(small_pair):
     target, drafter = small_pair
     prompt, sampling = [1, 2, 3], Sampling(temperature=1.0)
-    q = probs(drafter.model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)
+    with torch.no_grad():
+        q = probs(drafter.model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)
     stopping = DraftLM(drafter.model, stop_below=float(q.median()))  # about half the first tokens stop a draft
     lengths = set()
     for seed in range(40):
