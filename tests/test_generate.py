@@ -331,3 +331,6 @@ def test_vllm_engine_without_its_venv_or_an_unknown_engine_is_one_line(target_di
     assert f"--engine vllm: no vLLM interpreter at {tmp_path / 'none' / 'python'}" in err
     assert "vllm_venv.sh .venv-vllm" in err
     assert "--engine must be one of hf, vllm, got 'sglang'" in cli_error(capsys, *common, "--engine", "sglang")
+    assert "--tensor-parallel-size must be a positive integer, got 0" in cli_error(
+        capsys, *common, "--tensor-parallel-size", "0"
+    )

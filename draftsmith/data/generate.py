@@ -226,6 +226,8 @@ def generate(
 def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run: GenerateRun = GenerateRun()) -> Path:
     """``generate`` with typed settings: the target's continuations of ``settings.prompts`` into ``out``."""
     sampling = _validate(settings, run.batch_size)
+    if run.tensor_parallel_size < 1:
+        raise DraftsmithError(f"--tensor-parallel-size must be a positive integer, got {run.tensor_parallel_size}")
     if not 0 <= run.rank < run.world_size:
         raise DraftsmithError(
             f"--rank must be in [0, --world-size), got rank {run.rank} of world size {run.world_size}"
