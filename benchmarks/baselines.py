@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import machine, write
+from common import HELDOUT, machine, write
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.core.sampling import Sampling
@@ -38,7 +38,6 @@ from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.targets import resolve
 
-PROMPTS = {"default": "builtin:heldout", "smollm2": "builtin:chat-heldout"}
 MAX_DRAFT = 20
 """The longest draft of the confidence-stopping rows, as HF's default assisted generation (20 tokens)."""
 
@@ -209,7 +208,7 @@ def markdown(data: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="default", choices=list(PROMPTS))
+    parser.add_argument("--target", default="default", choices=list(HELDOUT))
     parser.add_argument("--assistant", type=Path, help="HF draft LM dir (default: the sibling / SmolLM2's export)")
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -225,7 +224,7 @@ def main() -> None:
     assistant = args.assistant or default_assistant(args.target)
     if not (assistant / "config.json").is_file():
         parser.error(f"--assistant: {assistant} is not a model directory (run benchmarks/real_target.py first)")
-    prompts = [encode(p, tokenizer) for p in load_prompts(PROMPTS[args.target], limit=args.num_prompts)]
+    prompts = [encode(p, tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
     settings = (target_dir, assistant, args.k, args.ngram, args.max_new_tokens, args.threshold)
     decoders = rows(*settings, compiled=False)
     if args.compiled:
@@ -233,7 +232,7 @@ def main() -> None:
     data = {
         "machine": machine(),
         "target": args.target,
-        "prompts": PROMPTS[args.target],
+        "prompts": HELDOUT[args.target],
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "k": args.k,

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
+HELDOUT = {"default": "builtin:heldout", "smollm2": "builtin:chat-heldout"}
+"""Each built-in target's held-out prompt set, what the decoding benchmarks score on."""
 
 
 def machine() -> dict:

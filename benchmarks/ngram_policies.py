@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import machine, write
+from common import HELDOUT, machine, write
 
 from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling
@@ -26,8 +26,6 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.verifier import SpeculativeDecoder
 from draftsmith.families.ngram.drafter import NGramDrafter, NGramState, continuation
 from draftsmith.targets import resolve
-
-PROMPTS = {"default": "builtin:heldout", "smollm2": "builtin:chat-heldout"}
 
 
 class Policy(NGramDrafter):
@@ -62,13 +60,13 @@ class Policy(NGramDrafter):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="default", choices=list(PROMPTS))
+    parser.add_argument("--target", default="default", choices=list(HELDOUT))
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("-k", type=int, default=4)
     args = parser.parse_args()
     target = Target.from_pretrained(resolve(args.target))
-    prompts = [encode(p, target.tokenizer) for p in load_prompts(PROMPTS[args.target], limit=args.num_prompts)]
+    prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
     policies = {
         "earliest (HF prompt lookup)": Policy("earliest", copy_on=False),
         "latest (draftsmith before)": Policy("latest", copy_on=False),
@@ -93,7 +91,7 @@ def main() -> None:
         f"# Prompt-lookup policies: {args.target} target",
         "",
         f"`{data['machine']['command']}` at `{data['machine']['git']}` on {data['machine']['date']}. "
-        f"{len(prompts)} prompts from `{PROMPTS[args.target]}` × {args.max_new_tokens} tokens, greedy, K = {args.k}, "
+        f"{len(prompts)} prompts from `{HELDOUT[args.target]}` × {args.max_new_tokens} tokens, greedy, K = {args.k}, "
         "N = 3 down to 1 (but the last row). τ per verification round; tokens per target forward counts the prefill too (the τ of "
         "`baselines.md`).",
         "",

@@ -26,7 +26,7 @@ import pstats
 import time
 from pathlib import Path
 
-from common import machine, write
+from common import HELDOUT, machine, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
@@ -38,7 +38,6 @@ from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import resolve
 
-PROMPTS = {"default": "builtin:heldout", "smollm2": "builtin:chat-heldout"}
 VERIFIER = "draftsmith/eval/verifier.py"
 
 
@@ -93,7 +92,7 @@ def split(stats: pstats.Stats) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="default", choices=list(PROMPTS))
+    parser.add_argument("--target", default="default", choices=list(HELDOUT))
     parser.add_argument("--num-prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("-k", type=int, default=4)
@@ -102,7 +101,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     target_dir = resolve(args.target)
     target = Target.from_pretrained(target_dir)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts(PROMPTS[args.target], limit=args.num_prompts)]
+    prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
     results = {}
     for name, drafter in drafters(args.target, target_dir, args.k).items():
         decoder = SpeculativeDecoder(target, drafter, args.k, Sampling(0.0))

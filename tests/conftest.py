@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -90,3 +96,21 @@ def prompt_file(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "w1 w2 w3 w4"}\n{"prompt": "w5 w6 w7"}\n')
     return path
+
+
+def kill_after_first_shard(cmd: list[str], out: Path, timeout: float, env: dict | None = None) -> int:
+    """Start ``cmd`` (a ``draftsmith generate`` writing ``out``), SIGKILL it and every process it started as soon as
+    its first shard is saved, and return how many shards were saved by then."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not (out / "shards" / "shard-00000").is_dir():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, f"no shard written in {timeout} s"
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    return len(list((out / "shards").glob("shard-?????")))

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import datasets
 import pytest
 import torch
 import transformers
-from conftest import VOCAB, make_llama, make_tokenizer
+from conftest import VOCAB, kill_after_first_shard, make_llama, make_tokenizer
 
 from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling, probs
@@ -264,19 +261,7 @@ def test_resume_after_kill_equals_uninterrupted_run(target_dir, tmp_path):
     cmd += ["--prompts", str(prompts), "--out", str(out), "--device", "cpu"]
     cmd += [f"--{k}={v}" for k, v in settings.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "shards" / "shard-00000").is_dir():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no shard written in 120 s"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
-        proc.stderr.close()
-    saved = len(list((out / "shards").glob("shard-?????")))
+    saved = kill_after_first_shard(cmd, out, 120, env)
     print(f"killed after {saved} of 16 shards")
     assert 1 <= saved < 16 and json.loads((out / "draftsmith.json").read_text())["status"] == "running"
     with pytest.raises(DraftsmithError, match="unfinished"):

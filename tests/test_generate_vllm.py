@@ -10,14 +10,11 @@ cannot be built.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_after_first_shard
 
 from draftsmith.data.generate import generate, load_generated
 from draftsmith.export import vllm_check
@@ -91,19 +88,7 @@ def test_killed_vllm_run_resumes_to_the_same_dataset(vllm_python, sampled, tmp_p
     cmd += ["--vllm-python", str(vllm_python), "--prompts", "builtin:heldout"]
     cmd += ["--shard-size", "2", "--max-new-tokens", str(MAX_NEW), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in SAMPLED.items()]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (out / "shards" / "shard-00000").is_dir():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no shard written in 300 s"
-            time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGKILL)  # draftsmith and its vLLM worker
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
-        proc.stderr.close()
-    saved = len(list((out / "shards").glob("shard-?????")))
+    saved = kill_after_first_shard(cmd, out, 300)  # draftsmith and its vLLM worker
     print(f"killed after {saved} of 64 shards")
     assert 1 <= saved < 64 and json.loads((out / "draftsmith.json").read_text())["status"] == "running"
     resumed, meta = run(out, "vllm", vllm_python, shard_size=2, resume=True, **SAMPLED)

@@ -129,6 +129,14 @@ def compiled_forward(model: torch.nn.Module):
     return torch.compile(model.forward, dynamic=True)
 
 
+def model_dir(path: str | Path, what: str) -> Path:
+    """``path`` as a Path, refused in one line naming ``what`` when it holds no ``config.json``."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise DraftsmithError(f"{what}: {path} is not a model directory (no config.json)")
+    return path
+
+
 def load_causal_lm(path: Path, dtype: str, device: str, what: str) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` with an unreadable weights file reported on one line."""
     try:
@@ -180,9 +188,7 @@ class Target:
         device: str = "cpu",
     ) -> Target:
         """Load a local model + tokenizer dir with ``from_pretrained`` (built-in names: ``targets.load_target``)."""
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise DraftsmithError(f"target: {path} is not a model directory (no config.json)")
+        path = model_dir(path, "target")
         model = load_causal_lm(path, dtype, device, "target")
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, feature_layers, name=str(path))
@@ -193,9 +199,7 @@ class Target:
         and fingerprint, for work another process does with the weights (``generate --engine vllm``)."""
         from transformers import AutoConfig, GenerationConfig
 
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise DraftsmithError(f"target: {path} is not a model directory (no config.json)")
+        path = model_dir(path, "target")
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
         if (path / "generation_config.json").is_file():

@@ -238,8 +238,9 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
         shards.merge_ranks(out)
     previous = shards.prepare_out(out, run.resume, run.overwrite)
     loaded = load_prompts(settings.prompts, settings.prompt_field, settings.num_prompts)
+    python = None
     if settings.engine == "vllm":  # vLLM loads the weights in its own process
-        vllm_python(run.vllm_python)  # missing: say so before any work
+        python = vllm_python(run.vllm_python)  # missing: say so before any work
         t = Target.from_config(resolve(target))
     else:
         device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
@@ -281,7 +282,7 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
     metadata["engine"] = (previous or {}).get("engine") or {"name": settings.engine, "version": None}
     mine = [s for s in range(num_shards) if s % run.world_size == run.rank]
     if set(mine) - shards.completed_shards(out):  # start an engine only for work left (not for a merge)
-        engine = _engine(settings, run, target, t, context, out)
+        engine = _engine(settings, run, target, t, context, out, python)
         try:
             metadata["engine"] = {"name": engine.name, "version": engine.version}
             shards.write_metadata(out, metadata)
@@ -318,10 +319,10 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
     return out
 
 
-def _engine(settings: GenerateSettings, run: GenerateRun, target, t: Target, context, out: Path):
-    if settings.engine == "vllm":
+def _engine(settings: GenerateSettings, run: GenerateRun, target, t: Target, context, out: Path, python: Path | None):
+    if python is not None:  # --engine vllm
         return VLLMEngine(
-            resolve(target), vllm_python(run.vllm_python), settings.dtype, context or 4096, run.batch_size,
+            resolve(target), python, settings.dtype, context or 4096, run.batch_size,
             run.tensor_parallel_size, settings.store_topk, out / "vllm.log",
         )  # fmt: skip
     return HFEngine(t, run.batch_size)

@@ -212,10 +212,9 @@ def score_specs(
     for d in loaded.values():
         if isinstance(d, TreeDrafter):
             d.set_tree(cfg.tree, cfg.k)
-        if cfg.compile:
-            d.compile()
     if cfg.compile:
-        t.compile()
+        for compiled in [t, *loaded.values()]:
+            compiled.compile()
     ids = [encode(p, t.tokenizer) for p in load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)]
     plain, rows = score_drafters(t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed)
     report = {

@@ -91,21 +91,15 @@ def parse_spec(text: str) -> Named:
 
 def _parse(text: str) -> DrafterSpec:
     if text.startswith("adaptive:"):
-        threshold, _, head = text.removeprefix("adaptive:").partition(":")
-        if not head:
-            return Adaptive(threshold)
-        try:
-            return Adaptive(head, float(threshold))
-        except ValueError:
-            raise DraftsmithError(f"drafter {text!r}: expected adaptive:THRESHOLD:HEAD, THRESHOLD in [0, 1]") from None
+        threshold, head = _thresholded(text, "adaptive:THRESHOLD:HEAD")
+        return Adaptive(head, threshold)
     if text.startswith("confidence:"):
-        threshold, _, path = text.removeprefix("confidence:").partition(":")
-        if not path:
-            return Confident(threshold)
-        value = float(threshold) if threshold.replace(".", "", 1).isdigit() else -1.0
-        if not 0 <= value <= 1:
+        threshold, path = _thresholded(text, "confidence:THRESHOLD:DRAFT_LM")
+        if threshold is None:
+            return Confident(path)
+        if not 0 <= threshold <= 1:
             raise DraftsmithError(f"drafter {text!r}: expected confidence:THRESHOLD:DRAFT_LM, THRESHOLD in [0, 1]")
-        return Confident(path, value)
+        return Confident(path, threshold)
     if text == "ngram" or text.startswith("ngram:"):
         parts = text.split(":")[1:]
         if len(parts) > 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
@@ -117,6 +111,18 @@ def _parse(text: str) -> DrafterSpec:
     if path.suffix == ".ckpt" or is_native(path):
         return Trained(text)
     return DraftModel(text)
+
+
+def _thresholded(text: str, form: str) -> tuple[float | None, str]:
+    """``KIND:THRESHOLD:REST`` -> (THRESHOLD, REST); ``KIND:REST`` -> (None, REST). ``form`` names the shorthand in
+    the error for a THRESHOLD that is no number."""
+    first, _, rest = text.partition(":")[2].partition(":")
+    if not rest:
+        return None, first
+    try:
+        return float(first), rest
+    except ValueError:
+        raise DraftsmithError(f"drafter {text!r}: expected {form}, THRESHOLD in [0, 1]") from None
 
 
 def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:

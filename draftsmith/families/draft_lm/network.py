@@ -12,7 +12,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 from draftsmith.core.draft import Draft, Drafter, DrafterNetwork
 from draftsmith.core.sampling import Sampling, probs, sample
-from draftsmith.core.target import TargetOutput, compiled_forward, load_causal_lm, new_cache, rollback, tokenizer_hash
+from draftsmith.core.target import (
+    TargetOutput,
+    compiled_forward,
+    load_causal_lm,
+    model_dir,
+    new_cache,
+    rollback,
+    tokenizer_hash,
+)
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
 
@@ -56,9 +64,7 @@ class DraftLM(Drafter):
     def from_pretrained(
         cls, path: str | Path, dtype: str = "float32", device: str = "cpu", stop_below: float = 0.0
     ) -> DraftLM:
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise DraftsmithError(f"drafter: {path} is not a model directory (no config.json)")
+        path = model_dir(path, "drafter")
         model = load_causal_lm(path, dtype, device, "drafter")
         tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
         return cls(model, tokenizer, stop_below)
