@@ -174,10 +174,13 @@ class Target:
         self.feature_layers = self._check_layers(feature_layers)
         self._final_logits_checked = False
         self._forward = self.model.__call__
+        self.compiled = False
+        """Whether forwards run through ``compiled_forward`` (``compile``)."""
 
     def compile(self) -> None:
         """Run every later forward through ``compiled_forward`` (``draftsmith score --compile``)."""
         self._forward = compiled_forward(self.model)
+        self.compiled = True
 
     @classmethod
     def from_pretrained(
