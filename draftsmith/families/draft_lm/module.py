@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
 from draftsmith.core.sampling import Sampling, probs
-from draftsmith.core.target import TargetOutput, tokenizer_hash
+from draftsmith.core.target import Target, TargetOutput, tokenizer_hash
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 from draftsmith.layers.estimate import acceptance_prob
@@ -113,52 +113,11 @@ class DraftLMModule(DrafterModule):
         if self.init is None:
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed)
-                net = DraftLMNetwork(DraftLMConfig(self._fresh_config(), None))
+                net = DraftLMNetwork(DraftLMConfig(fresh_config(self.target, self.shape), None))
             return DraftLMNetwork(DraftLMConfig(net.cfg.hf_config, lora), net.model) if lora else net
-        model = self._load_init(Path(self.init))
+        model = load_student(Path(self.init), self.target)
         hf_config = json.loads(model.config.to_json_string(use_diff=False))
         return DraftLMNetwork(DraftLMConfig(hf_config, lora), model)
-
-    def _fresh_config(self) -> dict:
-        s, t = self.shape, self.target.config
-        cfg = LlamaConfig(
-            vocab_size=self.target.vocab_size,
-            hidden_size=s.hidden,
-            intermediate_size=s.intermediate,
-            num_hidden_layers=s.layers,
-            num_attention_heads=s.heads,
-            num_key_value_heads=s.heads,
-            max_position_embeddings=t.max_position_embeddings,
-            bos_token_id=t.bos_token_id,
-            eos_token_id=t.eos_token_id,
-            pad_token_id=t.pad_token_id,
-            tie_word_embeddings=s.tie_embeddings,
-        )
-        return json.loads(cfg.to_json_string(use_diff=False))
-
-    def _load_init(self, path: Path):
-        from draftsmith.core.native import is_native
-        from draftsmith.families.registry import load_network
-
-        if not path.exists():
-            raise DraftsmithError(f"model.init: {path} does not exist")
-        if path.suffix == ".ckpt" or is_native(path):
-            network, info = load_network(path, self.target)
-            if info["method"] != "draft_lm":
-                raise DraftsmithError(f"model.init: {path} holds a {info['method']} drafter, not a draft_lm")
-            return network.merged().model.train()
-        if not (path / "config.json").is_file():
-            raise DraftsmithError(f"model.init: {path} is not a model directory, checkpoint or native export")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        vocab = model.get_output_embeddings().weight.shape[0]
-        if vocab != self.target.vocab_size:
-            raise DraftsmithError(f"model.init: {path} has {vocab} output tokens, the target {self.target.vocab_size}")
-        has_tokenizer = (path / "tokenizer_config.json").is_file() and self.target.tokenizer is not None
-        if has_tokenizer and tokenizer_hash(AutoTokenizer.from_pretrained(path)) != tokenizer_hash(
-            self.target.tokenizer
-        ):
-            raise DraftsmithError(f"model.init: {path} has another tokenizer than the target")
-        return model.train()
 
     # -- on-policy data --------------------------------------------------------------------------
     def _generator(self) -> torch.Generator:
@@ -261,6 +220,50 @@ class DraftLMModule(DrafterModule):
         steps = range(self.estimate.k)
         valid = torch.stack([shift(batch["loss_mask"], j + 2).bool() for j in steps])
         return torch.stack([shift(accept, j + 1) for j in steps]), valid
+
+
+def fresh_config(target: Target, shape: StudentShape) -> dict:
+    """The HF config (as a dict) of a fresh Llama student of ``shape`` for ``target``'s tokens."""
+    s, t = shape, target.config
+    cfg = LlamaConfig(
+        vocab_size=target.vocab_size,
+        hidden_size=s.hidden,
+        intermediate_size=s.intermediate,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.heads,
+        max_position_embeddings=t.max_position_embeddings,
+        bos_token_id=t.bos_token_id,
+        eos_token_id=t.eos_token_id,
+        pad_token_id=t.pad_token_id,
+        tie_word_embeddings=s.tie_embeddings,
+    )
+    return json.loads(cfg.to_json_string(use_diff=False))
+
+
+def load_student(path: Path, target: Target) -> PreTrainedModel:
+    """The causal LM ``model.init`` names (an HF dir, or a draft LM checkpoint / native export), in train mode,
+    checked against ``target`` (vocabulary and tokenizer)."""
+    from draftsmith.core.native import is_native
+    from draftsmith.families.registry import load_network
+
+    if not path.exists():
+        raise DraftsmithError(f"model.init: {path} does not exist")
+    if path.suffix == ".ckpt" or is_native(path):
+        network, info = load_network(path, target)
+        if info["method"] != "draft_lm":
+            raise DraftsmithError(f"model.init: {path} holds a {info['method']} drafter, not a draft_lm")
+        return network.merged().model.train()
+    if not (path / "config.json").is_file():
+        raise DraftsmithError(f"model.init: {path} is not a model directory, checkpoint or native export")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if vocab != target.vocab_size:
+        raise DraftsmithError(f"model.init: {path} has {vocab} output tokens, the target {target.vocab_size}")
+    has_tokenizer = (path / "tokenizer_config.json").is_file() and target.tokenizer is not None
+    if has_tokenizer and tokenizer_hash(AutoTokenizer.from_pretrained(path)) != tokenizer_hash(target.tokenizer):
+        raise DraftsmithError(f"model.init: {path} has another tokenizer than the target")
+    return model.train()
 
 
 def export_draft_lm(checkpoint: str | Path, out: str | Path, target: str | Path | None = None) -> Path:

@@ -1,0 +1,1 @@
+from draftsmith.families.pard import network  # noqa: F401  (registers "pard")

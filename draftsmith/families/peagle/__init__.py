@@ -1,0 +1,1 @@
+from draftsmith.families.peagle import network  # noqa: F401  (registers "peagle")

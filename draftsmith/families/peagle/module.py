@@ -1,0 +1,87 @@
+"""``PEagleModule``: trains P-EAGLE drafters (``configs/peagle.yaml``): EAGLE-3's network and draft vocabulary,
+trained to draft ``depth`` positions in one forward with the parallel objective of ``layers/parallel.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from draftsmith.core.target import TargetOutput
+from draftsmith.errors import DraftsmithError
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.eagle.network import EagleConfig
+from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
+from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig
+from draftsmith.layers.parallel import DepthLogits, ParallelModule, parallel_layout, rarest_token, split_depths
+
+
+class PEagleModule(ParallelModule, EagleModule):
+    """P-EAGLE training against a frozen target.
+
+    Args:
+        target: local HF model directory of the target.
+        feature_layers: target hidden_states indices to fuse; default EAGLE-3's low, middle, high.
+        draft_vocab_size: reduced vocabulary size (0 = the full target vocabulary).
+        depth: tokens drafted per forward (K).
+        mask_token_id: the placeholder's token id; None: the rarest token of the training data.
+        keep_ratio: conditional token dropping: share of anchors trained at depth d is keep_ratio**d.
+        step_decay: weight of depth d's loss is step_decay**d.
+        optim: optimizer and schedule.
+        estimate: the ``val/tau_est`` estimate.
+    """
+
+    last_real = 0  # anchor i pairs x_{i+1} with the feature of position i, at position i
+
+    def __init__(
+        self,
+        target: str,
+        feature_layers: list[int] | None = None,
+        draft_vocab_size: int = 0,
+        depth: int = 4,
+        mask_token_id: int | None = None,
+        keep_ratio: float = 0.5,
+        step_decay: float = 0.8,
+        optim: OptimConfig | None = None,
+        estimate: EstimateConfig | None = None,
+    ) -> None:
+        if depth < 1:
+            raise DraftsmithError(f"model.depth must be at least 1, got {depth}")
+        if not 0 < keep_ratio <= 1:
+            raise DraftsmithError(f"model.keep_ratio must be in (0, 1], got {keep_ratio}")
+        self.version, self.requested_layers, self.draft_vocab_size, self.depth = (
+            3,
+            feature_layers,
+            draft_vocab_size,
+            depth,
+        )
+        self.mask_token_id = mask_token_id
+        DrafterModule.__init__(self, target, optim, estimate)
+        self.save_hyperparameters()
+        self.keep_ratio, self.step_decay = keep_ratio, step_decay
+
+    def build_drafter(self) -> PEagleModel:
+        eagle3 = EagleConfig.from_target(self.target.config, 3, self.target.feature_layers, self.draft_vocab_size)
+        fields = {f.name: getattr(eagle3, f.name) for f in dataclasses.fields(eagle3)}
+        model = PEagleModel(PEagleConfig(**fields, depth=self.depth, mask_token_id=self.mask_token_id or 0))
+        model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
+        return model
+
+    def prepare_from_data(self, datamodule) -> None:
+        super().prepare_from_data(datamodule)  # EAGLE-3's draft vocabulary
+        if self.mask_token_id is None:
+            self.drafter.cfg.mask_token_id = rarest_token(datamodule.token_counts(self.target.vocab_size))
+        elif not 0 <= self.mask_token_id < self.target.vocab_size:
+            raise DraftsmithError(
+                f"model.mask_token_id must be a token id below {self.target.vocab_size}, got {self.mask_token_id}"
+            )
+
+    def draft_ids(self) -> torch.Tensor:
+        return self.drafter.draft_ids
+
+    def depth_logits(self, batch: dict, out: TargetOutput, anchors: list[torch.Tensor]) -> list[DepthLogits]:
+        ids = batch["input_ids"]
+        layout = parallel_layout(batch["attention_mask"], anchors, self.last_real)
+        logits = self.drafter.logits(self.drafter.parallel(ids, out.features, layout))
+        real = DepthLogits(torch.arange(ids.shape[1], device=ids.device), logits[:, : ids.shape[1]])
+        return [real] + [DepthLogits(a, x) for a, x in zip(anchors, split_depths(logits, layout), strict=True)]

@@ -1,0 +1,214 @@
+"""Parallel drafters (PARD, P-EAGLE, DFlash): one forward drafts every depth, the training forward computes
+exactly what drafting computes, and the verifier stays exact (greedy) and lossless (sampling)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import datasets
+import pytest
+import torch
+from conftest import VOCAB, make_llama
+from test_train import datamodule, setup, trainer  # noqa: F401 - module fixture: tiny target and its data
+from test_trees import soft_target  # noqa: F401 - module fixture: a soft 8-token target
+from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
+
+from draftsmith.core.draft import Draft
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.score import score_drafters
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.families.eagle.network import EagleConfig
+from draftsmith.families.pard.module import PardModule
+from draftsmith.families.pard.network import PardConfig, PardNetwork
+from draftsmith.families.peagle.module import PEagleModule
+from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
+from draftsmith.families.registry import load_trained
+from draftsmith.layers.module import OptimConfig
+from draftsmith.layers.parallel import keep_anchors, parallel_layout, split_depths
+from draftsmith.layers.tree_draft import TreePolicy
+
+FAMILIES = ["pard", "peagle"]
+CONTEXT = [3, 14, 15, 9, 26, 5, 7]
+
+
+def build(family: str, target_model, depth: int = 4, seed: int = 0, sharpen: float = 1.0):
+    """An untrained network of ``family`` for ``target_model`` with random (not zero) placeholders; ``sharpen``
+    scales its LM head (a confident drafter: q far from the target's p, what the chi-square tests need)."""
+    torch.manual_seed(seed)
+    vocab = target_model.config.vocab_size
+    if family == "pard":
+        student = make_llama(seed=seed + 3, layers=1, vocab=vocab)
+        student.lm_head.weight.data.mul_(sharpen)
+        return PardNetwork(PardConfig(student.config.to_dict(), vocab - 1, depth), student).eval()
+    layers = (1, 1, 2) if target_model.config.num_hidden_layers >= 2 else (1, 1, 1)
+    eagle3 = EagleConfig.from_target(target_model.config, 3, layers, max(4, vocab // 2))
+    cfg = PEagleConfig(**{f.name: getattr(eagle3, f.name) for f in dataclasses.fields(eagle3)}, depth=depth)
+    cfg.mask_token_id = vocab - 1
+    model = PEagleModel(cfg)
+    model.set_draft_vocab(torch.arange(vocab).flip(0).float())
+    model.init_from_target(target_model.model.embed_tokens.weight, target_model.lm_head.weight)
+    torch.nn.init.normal_(model.mask_hidden)
+    model.lm_head.weight.data.mul_(sharpen)
+    return model.eval()
+
+
+def training_logits(family: str, net, target: Target, ids: torch.Tensor, anchors):
+    """Per depth, (anchors, logits over the target vocabulary) of the parallel training forward."""
+    if family == "pard":
+        layout = parallel_layout(torch.ones_like(ids), anchors, 1)
+        masks = torch.full((1, layout.mask.shape[-1] - ids.shape[1]), net.cfg.mask_token_id)
+        logits = net(torch.cat([ids, masks], 1), layout)
+        first = logits[:, 1 : ids.shape[1]]
+    else:
+        layout = parallel_layout(torch.ones_like(ids), anchors, 0)
+        draft = net.logits(net.parallel(ids, target(ids).features, layout))
+        logits = torch.full((*draft.shape[:-1], target.vocab_size), float("-inf"))
+        logits[..., net.draft_ids] = draft
+        first = logits[:, : ids.shape[1]]
+    return [first[0]] + [part[0] for part in split_depths(logits, layout)]
+
+
+def test_keep_anchors_shrink_and_nest():
+    kept = keep_anchors(40, 4, 0.5, torch.Generator().manual_seed(0))
+    assert [len(k) for k in kept] == [20, 10, 5]
+    assert all(set(deeper.tolist()) <= set(k.tolist()) for k, deeper in zip(kept, kept[1:], strict=False))
+    assert [len(k) for k in keep_anchors(40, 3, 1.0, None)] == [40, 40]
+
+
+def test_a_placeholder_sees_its_anchors_context_and_its_own_chain_only():
+    anchors = [torch.tensor([0, 2]), torch.tensor([2])]
+    layout = parallel_layout(torch.ones(1, 4), anchors, 1)
+    mask = layout.mask[0, 0]
+    # rows: real 0..3, depth-1 placeholders of anchors 0 and 2, depth-2 placeholder of anchor 2
+    assert mask[6].tolist() == [True, True, True, True, False, True, True]
+    assert mask[4].tolist() == [True, True, False, False, True, False, False]
+    assert layout.positions[0].tolist() == [0, 1, 2, 3, 2, 4, 5]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_forward_equals_drafting(tokenizer, family):
+    base = make_llama(seed=0)
+    net = build(family, base)
+    target = Target(base, tokenizer, getattr(net.cfg, "feature_layers", (-1,)))
+    drafter = net.as_drafter()
+    ids = torch.tensor([CONTEXT])
+    n = len(CONTEXT) - (1 if family == "pard" else 0)
+    anchors = keep_anchors(n, 4, 1.0, None)
+    depths = training_logits(family, net, target, ids, anchors)
+    out = target(ids)
+    for anchor in (0, 3, 5):
+        committed = torch.tensor(CONTEXT[: anchor + 2])
+        state = drafter.begin(committed, out.positions(slice(0, anchor + 1)))
+        block = drafter.block_logits(state, 4)
+        torch.testing.assert_close(block[0], depths[0][anchor], atol=1e-5, rtol=1e-4)
+        for d in range(1, 4):
+            row = int((anchors[d - 1] == anchor).nonzero()[0, 0])
+            torch.testing.assert_close(block[d], depths[d][row], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tree", ["chain", "static", "dynamic"])
+def test_greedy_with_a_parallel_drafter_equals_plain_greedy(tokenizer, prompts, family, tree):
+    base = make_llama(seed=0)
+    net = build(family, base)
+    target = Target(base, tokenizer, getattr(net.cfg, "feature_layers", (-1,)))
+    accuracy = [[0.5, 0.3, 0.1]] * 4
+    drafter = net.as_drafter(accuracy)
+    drafter.set_tree(TreePolicy(tree, size=8, top_k=2), 4)
+    for k in (1, 4):
+        decoder = SpeculativeDecoder(target, drafter, k, Sampling())
+        for prompt in prompts:
+            result = decoder.generate(prompt, 25)
+            assert result.tokens == plain_decode(target, prompt, 25, Sampling()).tokens
+            assert max(result.depth) <= k
+
+
+def test_a_parallel_drafter_drafts_every_depth_in_one_forward(tokenizer, prompts):
+    base = make_llama(seed=0)
+    net = build("pard", base)
+    calls = []
+    net.model.register_forward_hook(lambda *_: calls.append(1))
+    decoder = SpeculativeDecoder(Target(base, tokenizer), net.as_drafter(), 4, Sampling())
+    result = decoder.generate(prompts[0], 25)
+    assert len(calls) == len(result.drafted) - result.drafted.count(0) and max(result.drafted) == 4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sampling_with_a_parallel_drafter_is_distributed_as_the_target(soft_target, family):  # noqa: F811
+    net = build(family, soft_target.model, depth=2, sharpen=4.0)
+    if family == "peagle":
+        soft_target = Target(soft_target.model, None, net.cfg.feature_layers)
+    sampling = Sampling(temperature=1.0)
+    decoder = SpeculativeDecoder(soft_target, net.as_drafter(), 2, sampling)
+    counts, g = torch.zeros(SMALL_V * SMALL_V), torch.Generator().manual_seed(7)
+    for _ in range(1500):
+        result = decoder.generate([1, 2, 3], 4, g)  # one depth-2 round
+        counts[result.tokens[0] * SMALL_V + result.tokens[1]] += 1
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) > 1e-3
+
+
+def test_chi_square_catches_a_parallel_draft_that_misreports_its_q(soft_target, monkeypatch):  # noqa: F811
+    """Each depth's token drawn from its own q but reported with the other depth's q: biased."""
+    drafter = build("pard", soft_target.model, depth=2, sharpen=4.0).as_drafter()
+    honest = drafter.propose
+    monkeypatch.setattr(drafter, "propose", lambda *a: (lambda d: Draft(d.tokens, d.parents, d.q.flip(0)))(honest(*a)))
+    sampling = Sampling(temperature=1.0)
+    decoder = SpeculativeDecoder(soft_target, drafter, 2, sampling)
+    counts, g = torch.zeros(SMALL_V * SMALL_V), torch.Generator().manual_seed(7)
+    for _ in range(1500):
+        result = decoder.generate([1, 2, 3], 4, g)
+        counts[result.tokens[0] * SMALL_V + result.tokens[1]] += 1
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_raises_tau_estimate_and_scores_as_estimated(setup, tmp_path, family):  # noqa: F811
+    torch.manual_seed(0)
+    optim = OptimConfig(lr=3e-3, warmup_steps=5)
+    if family == "pard":
+        model = PardModule(str(setup["target"]), depth=4, keep_ratio=0.5, optim=optim)
+    else:
+        model = PEagleModule(str(setup["target"]), draft_vocab_size=48, depth=4, keep_ratio=0.5, optim=optim)
+    data = datamodule(setup)
+    before = trainer(tmp_path, 0).validate(model, data, verbose=False)[0]
+    trainer(tmp_path, 60).fit(model, data)
+    after = trainer(tmp_path, 0).validate(model, data, verbose=False)[0]
+    print(family, {k: (round(before[k], 3), round(after[k], 3)) for k in before})
+    # soft cross-entropy against a sampled (T = 1) target: its entropy, about 4.2 nats per depth, is the floor
+    assert after["val/loss"] < before["val/loss"] - 0.2 * model.depth
+    assert after["val/tau_est"] > before["val/tau_est"] + 0.2
+    assert model.drafter.cfg.mask_token_id == rarest(data)
+
+    # on greedy validation data the estimate replays the verifier's rounds exactly, and save/load keeps drafts
+    target = Target.from_pretrained(setup["target"])
+    rows = datasets.load_from_disk(str(setup["data-val"]))
+    prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
+    saved = save_native(model.drafter, target, tmp_path / "native")
+    drafters = {"trained": model.drafter.as_drafter(), "loaded": load_trained(saved, target)}
+    scored = score_drafters(target, drafters, prompts, 4, Sampling(0.0), 24, 0)[1]
+    assert [row["greedy_exact"] for row in scored] == [len(prompts)] * 2
+    assert scored[0]["tau_full"] == pytest.approx(after["val/tau_est"], rel=1e-6)
+    assert scored[1]["tau"] == scored[0]["tau"]
+
+
+def rarest(data) -> int:
+    counts = data.token_counts(VOCAB)
+    return int((counts == counts.min()).nonzero()[-1])
+
+
+@pytest.mark.parametrize(
+    ("family", "kwargs", "message"),
+    [
+        ("pard", {"depth": 0}, "model.depth must be at least 1"),
+        ("pard", {"keep_ratio": 0.0}, "model.keep_ratio must be in (0, 1]"),
+        ("pard", {"mask_token_id": 96}, "model.mask_token_id must be a token id below 96"),
+        ("peagle", {"depth": 0}, "model.depth must be at least 1"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(setup, family, kwargs, message):  # noqa: F811
+    cls = PardModule if family == "pard" else PEagleModule
+    with pytest.raises(DraftsmithError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        cls(str(setup["target"]), **kwargs)
