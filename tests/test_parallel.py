@@ -20,6 +20,8 @@ from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.families.dflash.module import DFlashModule
+from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
 from draftsmith.families.eagle.network import EagleConfig
 from draftsmith.families.pard.module import PardModule
 from draftsmith.families.pard.network import PardConfig, PardNetwork
@@ -30,7 +32,7 @@ from draftsmith.layers.module import OptimConfig
 from draftsmith.layers.parallel import keep_anchors, parallel_layout, split_depths
 from draftsmith.layers.tree_draft import TreePolicy
 
-FAMILIES = ["pard", "peagle"]
+FAMILIES = ["pard", "peagle", "dflash"]
 CONTEXT = [3, 14, 15, 9, 26, 5, 7]
 
 
@@ -44,6 +46,12 @@ def build(family: str, target_model, depth: int = 4, seed: int = 0, sharpen: flo
         student.lm_head.weight.data.mul_(sharpen)
         return PardNetwork(PardConfig(student.config.to_dict(), vocab - 1, depth), student).eval()
     layers = (1, 1, 2) if target_model.config.num_hidden_layers >= 2 else (1, 1, 1)
+    if family == "dflash":
+        model = DFlashModel(DFlashConfig.from_target(target_model.config, layers, depth, num_layers=2))
+        model.init_from_target(target_model.model.embed_tokens.weight, target_model.lm_head.weight)
+        torch.nn.init.normal_(model.mask_embedding)
+        model.lm_head.weight.data.mul_(sharpen)
+        return model.eval()
     eagle3 = EagleConfig.from_target(target_model.config, 3, layers, max(4, vocab // 2))
     cfg = PEagleConfig(**{f.name: getattr(eagle3, f.name) for f in dataclasses.fields(eagle3)}, depth=depth)
     cfg.mask_token_id = vocab - 1
@@ -56,7 +64,11 @@ def build(family: str, target_model, depth: int = 4, seed: int = 0, sharpen: flo
 
 
 def training_logits(family: str, net, target: Target, ids: torch.Tensor, anchors):
-    """Per depth, (anchors, logits over the target vocabulary) of the parallel training forward."""
+    """Per depth, {anchor: logits over the target vocabulary} of the parallel training forward."""
+    if family == "dflash":
+        every = torch.arange(ids.shape[1] - 1)
+        logits = net(ids, target(ids).features, torch.ones_like(ids), every)[0]  # (n, depth, V)
+        return [dict(zip(every.tolist(), logits[:, d], strict=True)) for d in range(net.cfg.depth)]
     if family == "pard":
         layout = parallel_layout(torch.ones_like(ids), anchors, 1)
         masks = torch.full((1, layout.mask.shape[-1] - ids.shape[1]), net.cfg.mask_token_id)
@@ -68,7 +80,10 @@ def training_logits(family: str, net, target: Target, ids: torch.Tensor, anchors
         logits = torch.full((*draft.shape[:-1], target.vocab_size), float("-inf"))
         logits[..., net.draft_ids] = draft
         first = logits[:, : ids.shape[1]]
-    return [first[0]] + [part[0] for part in split_depths(logits, layout)]
+    depths = [dict(enumerate(first[0]))]
+    for a, part in zip(anchors, split_depths(logits, layout), strict=True):
+        depths.append(dict(zip(a.tolist(), part[0], strict=True)))
+    return depths
 
 
 def test_keep_anchors_shrink_and_nest():
@@ -95,6 +110,8 @@ def test_training_forward_equals_drafting(tokenizer, family):
     target = Target(base, tokenizer, getattr(net.cfg, "feature_layers", (-1,)))
     drafter = net.as_drafter()
     ids = torch.tensor([CONTEXT])
+    if family == "dflash":  # the block's masks see each other: drafting the whole block is what it trains
+        drafter.max_depth = 4
     n = len(CONTEXT) - (1 if family == "pard" else 0)
     anchors = keep_anchors(n, 4, 1.0, None)
     depths = training_logits(family, net, target, ids, anchors)
@@ -103,10 +120,8 @@ def test_training_forward_equals_drafting(tokenizer, family):
         committed = torch.tensor(CONTEXT[: anchor + 2])
         state = drafter.begin(committed, out.positions(slice(0, anchor + 1)))
         block = drafter.block_logits(state, 4)
-        torch.testing.assert_close(block[0], depths[0][anchor], atol=1e-5, rtol=1e-4)
-        for d in range(1, 4):
-            row = int((anchors[d - 1] == anchor).nonzero()[0, 0])
-            torch.testing.assert_close(block[d], depths[d][row], atol=1e-5, rtol=1e-4)
+        for d in range(4):
+            torch.testing.assert_close(block[d], depths[d][anchor], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -139,7 +154,7 @@ def test_a_parallel_drafter_drafts_every_depth_in_one_forward(tokenizer, prompts
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sampling_with_a_parallel_drafter_is_distributed_as_the_target(soft_target, family):  # noqa: F811
     net = build(family, soft_target.model, depth=2, sharpen=4.0)
-    if family == "peagle":
+    if family != "pard":
         soft_target = Target(soft_target.model, None, net.cfg.feature_layers)
     sampling = Sampling(temperature=1.0)
     decoder = SpeculativeDecoder(soft_target, net.as_drafter(), 2, sampling)
@@ -170,6 +185,8 @@ def test_training_raises_tau_estimate_and_scores_as_estimated(setup, tmp_path, f
     optim = OptimConfig(lr=3e-3, warmup_steps=5)
     if family == "pard":
         model = PardModule(str(setup["target"]), depth=4, keep_ratio=0.5, optim=optim)
+    elif family == "dflash":
+        model = DFlashModule(str(setup["target"]), depth=4, anchors=16, optim=optim)
     else:
         model = PEagleModule(str(setup["target"]), draft_vocab_size=48, depth=4, keep_ratio=0.5, optim=optim)
     data = datamodule(setup)
@@ -206,9 +223,11 @@ def rarest(data) -> int:
         ("pard", {"keep_ratio": 0.0}, "model.keep_ratio must be in (0, 1]"),
         ("pard", {"mask_token_id": 96}, "model.mask_token_id must be a token id below 96"),
         ("peagle", {"depth": 0}, "model.depth must be at least 1"),
+        ("dflash", {"depth": 0}, "dflash: depth and num_layers must be at least 1"),
+        ("dflash", {"anchors": 0}, "model.anchors must be at least 1"),
     ],
 )
 def test_bad_settings_are_one_line_errors(setup, family, kwargs, message):  # noqa: F811
-    cls = PardModule if family == "pard" else PEagleModule
+    cls = {"pard": PardModule, "peagle": PEagleModule, "dflash": DFlashModule}[family]
     with pytest.raises(DraftsmithError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
         cls(str(setup["target"]), **kwargs)

@@ -1,0 +1,1 @@
+from draftsmith.families.dflash import network  # noqa: F401  (registers "dflash")

@@ -1,0 +1,91 @@
+"""``DFlashModule``: trains DFlash-style block drafters (``configs/dflash.yaml``).
+
+Each training row gets blocks at ``anchors`` random anchors (all of them in validation), each the committed
+token plus ``depth`` masks seeing the context up to its anchor: one forward, every block's masks distilled from
+the target's distributions of the tokens they stand for (soft cross-entropy, weighted ``step_decay**d``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig
+
+from draftsmith.core.target import TargetOutput
+from draftsmith.errors import DraftsmithError
+from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
+from draftsmith.families.eagle.module import default_feature_layers
+from draftsmith.layers.module import EstimateConfig, OptimConfig
+from draftsmith.layers.parallel import DepthLogits, ParallelModule, rarest_token
+
+EVAL_CHUNK = 64
+"""Anchors per forward in validation (each adds a block of depth + 1 queries)."""
+
+
+class DFlashModule(ParallelModule):
+    """A DFlash block drafter trained against a frozen target.
+
+    Args:
+        target: local HF model directory of the target.
+        feature_layers: target hidden_states indices fused into the context; default EAGLE-3's low, middle, high.
+        depth: masks per block, the tokens one forward drafts (K).
+        num_layers: drafter layers.
+        anchors: blocks per training row (random anchors; fewer rows are cheaper).
+        mask_token_id: the id engines mark masks with; None: the rarest token of the training data.
+        step_decay: weight of mask d's loss is step_decay**d.
+        optim: optimizer and schedule.
+        estimate: the ``val/tau_est`` estimate.
+    """
+
+    last_real = 1  # anchors stop one short of the row: a block needs the committed token x_{a+1}
+
+    def __init__(
+        self,
+        target: str,
+        feature_layers: list[int] | None = None,
+        depth: int = 4,
+        num_layers: int = 1,
+        anchors: int = 64,
+        mask_token_id: int | None = None,
+        step_decay: float = 0.8,
+        optim: OptimConfig | None = None,
+        estimate: EstimateConfig | None = None,
+    ) -> None:
+        if anchors < 1:
+            raise DraftsmithError(f"model.anchors must be at least 1, got {anchors}")
+        self.requested_layers, self.depth, self.num_layers = feature_layers, depth, num_layers
+        self.mask_token_id = mask_token_id
+        super().__init__(target, optim, estimate)
+        self.save_hyperparameters()
+        self.anchors, self.step_decay = anchors, step_decay
+
+    def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
+        if self.requested_layers:
+            return tuple(self.requested_layers)
+        config = AutoConfig.from_pretrained(target_path)
+        return default_feature_layers(config.get_text_config(decoder=True).num_hidden_layers, 3)
+
+    def build_drafter(self) -> DFlashModel:
+        cfg = DFlashConfig.from_target(self.target.config, self.target.feature_layers, self.depth, self.num_layers)
+        cfg.mask_token_id = self.mask_token_id or 0
+        model = DFlashModel(cfg)
+        model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
+        return model
+
+    def prepare_from_data(self, datamodule) -> None:
+        vocab = self.target.vocab_size
+        if self.mask_token_id is None:
+            self.drafter.cfg.mask_token_id = rarest_token(datamodule.token_counts(vocab))
+        elif not 0 <= self.mask_token_id < vocab:
+            raise DraftsmithError(f"model.mask_token_id must be a token id below {vocab}, got {self.mask_token_id}")
+
+    def _forward_depths(self, batch: dict, out: TargetOutput, train: bool) -> list[DepthLogits]:
+        ids, valid = batch["input_ids"], batch["attention_mask"]
+        n = ids.shape[1] - 1
+        if train:
+            generator = torch.Generator().manual_seed(self.global_step)
+            chunks = [torch.randperm(n, generator=generator)[: self.anchors].sort().values]
+        else:
+            chunks = list(torch.arange(n).split(EVAL_CHUNK))
+        logits = torch.cat([self.drafter(ids, out.features, valid, a.to(ids.device)) for a in chunks], dim=1)
+        anchors = torch.cat(chunks)
+        return [DepthLogits(anchors, logits[:, :, d]) for d in range(self.depth)]

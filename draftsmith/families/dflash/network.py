@@ -1,0 +1,265 @@
+"""DFlash-style block drafter (z-lab; vLLM 0.32's ``DFlashDraftModel``): a few layers denoise a block of masks.
+
+The target's multi-layer features are fused (``fc``, then ``hidden_norm``) into one context state per committed
+position, which enters every layer only as keys/values (``k_norm(k_proj(c))`` with RoPE, ``v_proj(c)``): the
+context runs through no layer. The block is the last committed token followed by K masks (a learned
+``mask_embedding``) at the next positions; its queries attend to the whole context and to the whole block
+(bidirectional), and mask j's output predicts the token at its own position. One forward drafts K tokens, each
+with its own distribution q. Layers are Qwen3-shaped (``q_norm`` / ``k_norm`` per head), the embedding and LM
+head are the target's (frozen copies), as vLLM shares them.
+
+Positions: anchor a (layers/estimate.py) has context features f_0..f_a, the committed token x_{a+1} at position
+a + 1 and masks at a + 2 .. a + 1 + K; mask d + 1 predicts x_{a+d+2}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from draftsmith.core.draft import DrafterNetwork
+from draftsmith.core.target import TargetOutput
+from draftsmith.errors import DraftsmithError
+from draftsmith.families.eagle.network import ROPE_THETA, borrowed_shape
+from draftsmith.families.registry import register
+from draftsmith.layers.parallel import ParallelDrafter
+
+
+@dataclass
+class DFlashConfig:
+    """Shape of a DFlash drafter; target-derived fields are filled by ``from_target``."""
+
+    feature_layers: tuple[int, ...] = (-1,)
+    """Target hidden_states indices fused into the context."""
+    depth: int = 4
+    """Masks per block: tokens one forward drafts (vLLM's ``num_speculative_tokens``; block size depth + 1)."""
+    num_layers: int = 1
+    """Drafter layers."""
+    mask_token_id: int = 0
+    """The id engines mark masks with (its embedding is replaced by ``mask_embedding``)."""
+    hidden_size: int = 0
+    num_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    target_hidden_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = ROPE_THETA
+    max_position_embeddings: int = 2048
+    extra: dict = field(default_factory=dict)
+
+    @staticmethod
+    def from_target(target_config, feature_layers: tuple[int, ...], depth: int, num_layers: int) -> DFlashConfig:
+        if depth < 1 or num_layers < 1:
+            raise DraftsmithError(f"dflash: depth and num_layers must be at least 1, got {depth} and {num_layers}")
+        shape = borrowed_shape(target_config, "DFlash")
+        return DFlashConfig(
+            feature_layers=tuple(feature_layers),
+            depth=depth,
+            num_layers=num_layers,
+            num_heads=shape.pop("num_attention_heads"),
+            vocab_size=target_config.vocab_size,
+            target_hidden_size=shape["hidden_size"],
+            **shape,
+        )
+
+    def llama_config(self) -> LlamaConfig:
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            max_position_embeddings=self.max_position_embeddings,
+            vocab_size=self.vocab_size,
+        )
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3-style attention whose keys/values are the context's (passed in) followed by the block's own."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        inner = cfg.num_heads * cfg.head_dim
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
+        self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+        self.q_norm = LlamaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(-3, -2)  # (B, nh, T, hd)
+
+    def context_kv(self, context: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S, H) fused context states -> this layer's keys and values (B, nh, S, hd)."""
+        k = self.k_norm(self._heads(self.k_proj(context)))
+        return apply_rotary_pos_emb(k, k, cos, sin)[0], self._heads(self.v_proj(context))
+
+    def forward(self, x, cos, sin, context_k, context_v, mask):
+        """x (B, Q, H) block rows; context_k/v (B, nh, S, hd); mask (B or 1, 1, Q, S + Q) bool or None (all)."""
+        q = self.q_norm(self._heads(self.q_proj(x)))
+        k = self.k_norm(self._heads(self.k_proj(x)))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys = torch.cat([context_k, k], dim=2)
+        values = torch.cat([context_v, self._heads(self.v_proj(x))], dim=2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.llama_config())
+
+    def forward(self, h, cos, sin, context_k, context_v, mask):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, context_k, context_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+@register("dflash", config=DFlashConfig)
+class DFlashModel(DrafterNetwork):
+    """The trainable block drafter plus frozen copies of the target's embedding and LM head."""
+
+    method = "dflash"
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h).requires_grad_(False)
+        self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False).requires_grad_(False)
+        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden_size, h, bias=False)
+        self.hidden_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(h))
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
+
+    @property
+    def reads_layers(self) -> tuple[int, ...]:
+        return tuple(self.cfg.feature_layers)
+
+    @property
+    def output_size(self) -> int:
+        return self.cfg.hidden_size
+
+    def as_drafter(self, topk_accuracy: list[list[float]] | None = None) -> DFlashDrafter:
+        return DFlashDrafter(self, topk_accuracy)
+
+    def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(embed)
+            self.lm_head.weight.copy_(lm_head)
+            self.mask_embedding.copy_(embed.mean(0))
+
+    def context(self, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Target features (each (.., S, Ht)) -> fused, normed context states (.., S, H)."""
+        return self.hidden_norm(self.fc(torch.cat(features, dim=-1).to(self.fc.weight.dtype)))
+
+    def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the context's keys and values at ``positions`` (B, S)."""
+        cos, sin = self.rotary(context, positions)
+        return [layer.self_attn.context_kv(context, cos, sin) for layer in self.layers]
+
+    def block(self, tokens: torch.Tensor, depth: int, positions, kv, mask) -> torch.Tensor:
+        """Blocks of (the committed token (B, n), then ``depth`` masks) at ``positions`` (B, n * (depth + 1)):
+        (B, n * depth, V) logits of the mask rows, block by block."""
+        b, n = tokens.shape
+        embeds = torch.cat([self.embed_tokens(tokens)[:, :, None], self.mask_embedding.expand(b, n, depth, -1)], 2)
+        h = embeds.reshape(b, n * (depth + 1), -1)
+        cos, sin = self.rotary(h, positions)
+        for layer, (k, v) in zip(self.layers, kv, strict=True):
+            h = layer(h, cos, sin, k, v, mask)
+        masks = h.view(b, n, depth + 1, -1)[:, :, 1:]
+        return self.lm_head(self.norm(masks)).reshape(b, n * depth, -1)
+
+    def forward(self, input_ids: torch.Tensor, features, valid: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """Training: one block per anchor, each seeing the context up to its anchor.
+
+        Args:
+            input_ids: (B, T) the sequence.
+            features: the target's features at each position, each (B, T, Ht).
+            valid: (B, T) 1 on real tokens.
+            anchors: (n,) anchors (each < T - 1).
+
+        Returns:
+            (B, n, depth, V): anchor a's mask d + 1 predicts x_{a+d+2}.
+        """
+        b, t = input_ids.shape
+        n, depth, device = len(anchors), self.cfg.depth, input_ids.device
+        positions = torch.arange(t, device=device).expand(b, t)
+        kv = self.context_kv(self.context(features), positions)
+        block_pos = (anchors[:, None] + 1 + torch.arange(depth + 1, device=device)).flatten()  # (n * (depth+1),)
+        owner = anchors.repeat_interleave(depth + 1)  # each block row's anchor
+        sees_context = torch.arange(t, device=device)[None, :] <= owner[:, None]
+        same_block = owner[:, None] == owner[None, :]
+        mask = torch.cat([sees_context[None] & valid.bool()[:, None, :], same_block.expand(b, -1, -1)], dim=2)
+        logits = self.block(input_ids[:, anchors + 1], depth, block_pos.expand(b, -1), kv, mask[:, None])
+        return logits.view(b, n, depth, -1)
+
+
+@dataclass
+class DFlashState:
+    tokens: list[int]
+    pending: torch.Tensor
+    """(m, H) context states not yet turned into keys/values."""
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.kv is None else self.kv[0][0].shape[2]
+
+
+class DFlashDrafter(ParallelDrafter):
+    """One block forward per round over the cached context keys/values."""
+
+    needs_features = True
+
+    def __init__(self, model: DFlashModel, topk_accuracy: list[list[float]] | None = None) -> None:
+        self.model = model.eval()
+        self.vocab_size = model.cfg.vocab_size
+        self.feature_layers = model.cfg.feature_layers
+        self.max_depth = model.cfg.depth
+        self.topk_accuracy = topk_accuracy
+
+    @torch.no_grad()
+    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> DFlashState:
+        return DFlashState(tokens.tolist(), self.model.context(target_out.features))
+
+    @torch.no_grad()
+    def advance(self, state: DFlashState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+        state.tokens.extend(tokens.tolist())
+        state.pending = torch.cat([state.pending, self.model.context(target_out.features)])
+
+    @torch.no_grad()
+    def block_logits(self, state: DFlashState, k: int) -> torch.Tensor:
+        model, device = self.model, state.pending.device
+        start = state.cached
+        if len(state.pending):
+            positions = torch.arange(start, start + len(state.pending), device=device)[None]
+            new = model.context_kv(state.pending[None], positions)
+            state.kv = (
+                new
+                if state.kv is None
+                else [
+                    (torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2))
+                    for (k0, v0), (k1, v1) in zip(state.kv, new, strict=True)
+                ]
+            )
+            state.pending = state.pending[:0]
+        depth = model.cfg.depth  # always the whole block it was trained on (masks attend to each other)
+        last = len(state.tokens) - 1  # the committed token the target has not read yet
+        positions = (last + torch.arange(depth + 1, device=device))[None]
+        tokens = torch.tensor([[state.tokens[-1]]], device=device)
+        return model.block(tokens, depth, positions, state.kv, None)[0, :k]
