@@ -26,9 +26,13 @@ from draftsmith.core.native import save_native
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.export import vllm_check
-from draftsmith.export.registry import export
+from draftsmith.export.registry import export, write_export
+from draftsmith.families.dflash.module import DFlashModule
+from draftsmith.families.draft_lm.module import StudentShape
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.medusa.module import MedusaModule
+from draftsmith.families.pard.module import PardModule
+from draftsmith.families.peagle.module import PEagleModule
 from draftsmith.families.registry import load_trained
 from draftsmith.layers.module import OptimConfig
 from draftsmith.train.data import GeneratedDataModule
@@ -104,6 +108,9 @@ def served(tmp_path_factory) -> dict:
         "eagle3": EagleModule(str(root / "target"), 3, [1, 2, 3], draft_vocab_size=48, optim=optim),
         "eagle1": EagleModule(str(root / "target"), 1, optim=optim),
         "medusa1": MedusaModule(str(root / "target"), num_heads=K, optim=optim),
+        "pard": PardModule(str(root / "target"), shape=StudentShape(1, 128, 2, 256), depth=K, optim=optim),
+        "peagle": PEagleModule(str(root / "target"), [1, 2, 3], draft_vocab_size=48, depth=K, optim=optim),
+        "dflash": DFlashModule(str(root / "target"), [1, 2, 3], depth=K, anchors=16, optim=optim),
     }
     for name, module in modules.items():
         train(module, data, root, STEPS)
@@ -114,17 +121,15 @@ def served(tmp_path_factory) -> dict:
         "medusa": ("vllm", "medusa1"),
         "eagle3-sglang-dir": ("sglang", "eagle3"),
         "eagle3-speculators": ("speculators", "eagle3"),
+        "pard": ("vllm", "pard"),
+        "peagle": ("vllm", "peagle"),
+        "dflash": ("vllm", "dflash"),
     }
     runs = [{"name": "plain", "speculative_config": None}]
     for name, (fmt, method) in exports.items():
-        out = export(root / method, fmt, root / "out" / name)
-        vllm_method = {"eagle1": "eagle", "medusa1": "medusa"}.get(method, method)
-        runs.append(
-            {
-                "name": name,
-                "speculative_config": {"method": vllm_method, "model": str(out), "num_speculative_tokens": K},
-            }
-        )
+        command = write_export(root / method, fmt, root / "out" / name)
+        printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))  # served as printed
+        runs.append({"name": name, "speculative_config": printed | {"num_speculative_tokens": K}})
     target = Target.from_pretrained(root / "target")
     g = torch.Generator().manual_seed(1)
     prompts = vllm_check.eos_free(

