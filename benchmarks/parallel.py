@@ -6,7 +6,7 @@ Stages (each reused from ``--out`` when finished, so an interrupted run resumes)
 1. the target's data and its EAGLE-3 and distilled draft LM (``train.suite``: the quickstart's plan; for
    SmolLM2 the real-target benchmark's ``runs/real_target`` is reused when it is there);
 2. PARD (from the distilled draft LM), P-EAGLE and DFlash from the target's recipes (``configs/[smollm2/]``),
-   trained on the same data (SmolLM2: from its feature cache);
+   trained on the same data (SmolLM2: from its feature cache, rebuilt when the data changed);
 3. the verifier on held-out prompts: greedy at every ``--ks``, sampled (T = 0.7, top-p 0.9) at ``--sampled-ks``,
    each block one interleaved run with plain decoding of the same target. A parallel drafter drafts at most the
    depth it was trained for (its recipe's ``depth``).
@@ -26,9 +26,11 @@ from common import HELDOUT, machine, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.data.feature_cache import cache_features
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.score import score_drafters
+from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
 from draftsmith.targets import resolve
 from draftsmith.train.fit import FitRun
@@ -95,8 +97,10 @@ def main() -> None:
     drafters = out / "drafters"
     if not all((drafters / name / "config.json").is_file() for name in BASELINES):
         train_all(target_dir, data, out, plan.budget, plan)
-    features = out / "data" / "train-features"
-    features = features if plan.features and (features / "features.json").is_file() else None
+    features = None
+    if plan.features:  # the cache of the recipes' layers (EAGLE-3's and the final state), reused when current
+        layers = Target.from_config(target_dir).num_layers
+        features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
     for name in PARALLEL:
         run = FitRun(model={"init": str(drafters / "draft_lm")}) if name == "pard" else None
         print(f"  {name} (recipe {plan.recipe(name)})")
