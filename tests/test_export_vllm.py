@@ -128,8 +128,21 @@ def served(tmp_path_factory) -> dict:
     runs = [{"name": "plain", "speculative_config": None}]
     for name, (fmt, method) in exports.items():
         command = write_export(root / method, fmt, root / "out" / name)
-        printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))  # served as printed
-        runs.append({"name": name, "speculative_config": printed | {"num_speculative_tokens": K}})
+        if method in ("pard", "peagle", "dflash"):  # served as the printed command says (parallel_drafting included)
+            printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))
+            runs.append({"name": name, "speculative_config": printed | {"num_speculative_tokens": K}})
+            continue
+        vllm_method = {"eagle1": "eagle", "medusa1": "medusa"}.get(method, method)
+        runs.append(
+            {
+                "name": name,
+                "speculative_config": {
+                    "method": vllm_method,
+                    "model": str(root / "out" / name),
+                    "num_speculative_tokens": K,
+                },
+            }
+        )
     target = Target.from_pretrained(root / "target")
     g = torch.Generator().manual_seed(1)
     prompts = vllm_check.eos_free(

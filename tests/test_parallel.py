@@ -4,6 +4,7 @@ exactly what drafting computes, and the verifier stays exact (greedy) and lossle
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import datasets
 import pytest
@@ -231,3 +232,57 @@ def test_bad_settings_are_one_line_errors(setup, family, kwargs, message):  # no
     cls = {"pard": PardModule, "peagle": PEagleModule, "dflash": DFlashModule}[family]
     with pytest.raises(DraftsmithError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
         cls(str(setup["target"]), **kwargs)
+
+
+def exported(setup, tmp_path, module) -> tuple[dict, dict, str]:  # noqa: F811
+    from safetensors.torch import load_file
+
+    from draftsmith.export.registry import write_export
+
+    save_native(module.drafter, module.target, tmp_path / "native")
+    command = write_export(tmp_path / "native", "vllm", tmp_path / "vllm")
+    out = tmp_path / "vllm"
+    tensors = load_file(out / "model.safetensors")
+    return json.loads((out / "config.json").read_text()), tensors, command
+
+
+def test_pard_exports_a_causal_lm_with_its_mask_token_for_vllm_parallel_drafting(setup, tmp_path):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    module = PardModule(str(setup["target"]), depth=3, mask_token_id=90)
+    config, _, command = exported(setup, tmp_path, module)
+    assert config["pard_token"] == 90 and config["vocab_size"] == VOCAB
+    assert '"method": "draft_model"' in command and '"parallel_drafting": true' in command
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "vllm")
+    ids = torch.tensor([CONTEXT])
+    torch.testing.assert_close(reloaded(ids).logits, module.drafter.model.eval()(ids).logits)
+
+
+def test_peagle_exports_eagle3_with_mask_hidden_and_mask_token(setup, tmp_path):  # noqa: F811
+    module = PEagleModule(str(setup["target"]), [1, 2, 3], draft_vocab_size=48, depth=3, mask_token_id=90)
+    module.drafter.set_draft_vocab(torch.arange(VOCAB).float())  # what fit's data does
+    config, tensors, command = exported(setup, tmp_path, module)
+    assert config["pard_token"] == 90 and config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert tensors["mask_hidden"].shape == (3 * module.target.hidden_size,)
+    assert tensors["fc.weight"].shape == (module.drafter.cfg.hidden_size, 3 * module.target.hidden_size)
+    assert '"method": "eagle3"' in command and '"parallel_drafting": true' in command
+
+
+def test_dflash_exports_vllms_dflash_draft_model(setup, tmp_path):  # noqa: F811
+    module = DFlashModule(str(setup["target"]), [1, 2, 3], depth=3, mask_token_id=90)
+    config, tensors, command = exported(setup, tmp_path, module)
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["dflash_config"] == {"mask_token_id": 90, "target_layer_ids": [0, 1, 2]}
+    layer = {k.removeprefix("layers.0.") for k in tensors if k.startswith("layers.0.")}
+    assert {"self_attn.q_norm.weight", "self_attn.k_norm.weight", "input_layernorm.weight"} <= layer
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight"} <= set(tensors)
+    assert not any(k.startswith(("embed_tokens", "lm_head")) for k in tensors)  # shared with the target
+    mask = torch.load(tmp_path / "vllm" / "mask_embedding.pt")
+    torch.testing.assert_close(mask, module.drafter.mask_embedding.detach())
+    assert '"method": "dflash"' in command and '"num_speculative_tokens": 3' in command
+
+
+def test_a_two_layer_dflash_is_refused_for_vllm_naming_why(setup, tmp_path):  # noqa: F811
+    module = DFlashModule(str(setup["target"]), [1, 2, 3], depth=3, num_layers=2)
+    with pytest.raises(DraftsmithError, match="first layer's k_norm.*num_layers: 1"):
+        exported(setup, tmp_path, module)
