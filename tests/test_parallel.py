@@ -286,3 +286,23 @@ def test_a_two_layer_dflash_is_refused_for_vllm_naming_why(setup, tmp_path):  # 
     module = DFlashModule(str(setup["target"]), [1, 2, 3], depth=3, num_layers=2)
     with pytest.raises(DraftsmithError, match="first layer's k_norm.*num_layers: 1"):
         exported(setup, tmp_path, module)
+
+
+def test_peagle_started_from_an_eagle3_drafts_its_first_token_as_that_eagle3(setup, tmp_path):  # noqa: F811
+    from draftsmith.families.eagle.module import EagleModule
+
+    eagle3 = EagleModule(str(setup["target"]), 3, [1, 2, 3], draft_vocab_size=48)
+    eagle3.drafter.set_draft_vocab(torch.arange(VOCAB).float())
+    save_native(eagle3.drafter, eagle3.target, tmp_path / "eagle3")
+    module = PEagleModule(str(setup["target"]), init=str(tmp_path / "eagle3"), depth=3, mask_token_id=90)
+    assert module.drafter.cfg.feature_layers == (1, 2, 3) and module.drafter.cfg.draft_vocab_size == 48
+    target = Target.from_pretrained(setup["target"], feature_layers=(1, 2, 3))
+    ids = torch.tensor([CONTEXT])
+    out = target(ids)
+    ours, theirs = module.drafter.as_drafter(), eagle3.drafter.as_drafter()
+    first = [d.propose(d.begin(ids[0], out.positions(slice(0, len(CONTEXT) - 1))), 3, Sampling(1.0), None).q[0]
+             for d in (ours, theirs)]  # fmt: skip
+    torch.testing.assert_close(first[0], first[1])
+    with pytest.raises(DraftsmithError, match="holds a peagle drafter, not eagle3"):
+        save_native(module.drafter, module.target, tmp_path / "peagle")
+        PEagleModule(str(setup["target"]), init=str(tmp_path / "peagle"))

@@ -23,6 +23,8 @@ class PEagleModule(ParallelModule, EagleModule):
         target: local HF model directory of the target.
         feature_layers: target hidden_states indices to fuse; default EAGLE-3's low, middle, high.
         draft_vocab_size: reduced vocabulary size (0 = the full target vocabulary).
+        init: an EAGLE-3 drafter (checkpoint or native export) to start from: its layer, fc, head and draft
+            vocabulary, with its feature layers and vocabulary size; None: a fresh network.
         depth: tokens drafted per forward (K).
         mask_token_id: the placeholder's token id; None: the rarest token of the training data.
         keep_ratio: conditional token dropping: share of anchors trained at depth d is keep_ratio**d.
@@ -38,6 +40,7 @@ class PEagleModule(ParallelModule, EagleModule):
         target: str,
         feature_layers: list[int] | None = None,
         draft_vocab_size: int = 0,
+        init: str | None = None,
         depth: int = 4,
         mask_token_id: int | None = None,
         keep_ratio: float = 0.5,
@@ -55,7 +58,16 @@ class PEagleModule(ParallelModule, EagleModule):
             draft_vocab_size,
             depth,
         )
-        self.mask_token_id = mask_token_id
+        self.mask_token_id, self.init, self._start = mask_token_id, init, None
+        if init is not None:  # its record decides the feature layers and vocabulary before the target loads
+            from draftsmith.core import native
+
+            self._start = native.read(init)
+            start_cfg = self._start[0].get("config", {})
+            if self._start[0].get("method") != "eagle3":
+                raise DraftsmithError(f"model.init: {init} holds a {self._start[0].get('method')} drafter, not eagle3")
+            self.requested_layers = list(start_cfg["feature_layers"])
+            self.draft_vocab_size = start_cfg["draft_vocab_size"]
         DrafterModule.__init__(self, target, optim, estimate)
         self.save_hyperparameters()
         self.keep_ratio, self.step_decay = keep_ratio, step_decay
@@ -65,10 +77,20 @@ class PEagleModule(ParallelModule, EagleModule):
         fields = {f.name: getattr(eagle3, f.name) for f in dataclasses.fields(eagle3)}
         model = PEagleModel(PEagleConfig(**fields, depth=self.depth, mask_token_id=self.mask_token_id or 0))
         model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
+        if self._start is not None:
+            from draftsmith.core.target import check_fingerprint
+
+            check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
+            missing, unexpected = model.load_state_dict(self._start[1], strict=False)
+            if missing != ["mask_hidden"] or unexpected:
+                raise DraftsmithError(
+                    f"model.init: {self.init} does not fit (missing {missing}, unexpected {unexpected})"
+                )
         return model
 
     def prepare_from_data(self, datamodule) -> None:
-        super().prepare_from_data(datamodule)  # EAGLE-3's draft vocabulary
+        if self.init is None:
+            super().prepare_from_data(datamodule)  # EAGLE-3's draft vocabulary (an init brings its own)
         if self.mask_token_id is None:
             self.drafter.cfg.mask_token_id = rarest_token(datamodule.token_counts(self.target.vocab_size))
         elif not 0 <= self.mask_token_id < self.target.vocab_size:
