@@ -1,11 +1,11 @@
 """Parallel drafters (PARD, P-EAGLE, DFlash) beside EAGLE-3 and the draft LM, on one target, in one run.
 
-    python benchmarks/parallel.py [--target default|smollm2] [--out DIR] [--ks 4 8 16] [--num-prompts 6]
+    python benchmarks/parallel.py [--target default|smollm2] [--out DIR] [--ks 2 4 8 16] [--num-prompts 6]
 
 Stages (each reused from ``--out`` when finished, so an interrupted run resumes):
 1. the target's data and its EAGLE-3 and distilled draft LM (``train.suite``: the quickstart's plan; for
    SmolLM2 the real-target benchmark's ``runs/real_target`` is reused when it is there);
-2. PARD (from the distilled draft LM), P-EAGLE and DFlash from the target's recipes (``configs/[smollm2/]``),
+2. PARD (from the distilled draft LM), P-EAGLE (fresh, and from the EAGLE-3) and DFlash from the target's recipes (``configs/[smollm2/]``),
    trained on the same data (SmolLM2: from its feature cache, rebuilt when the data changed);
 3. the verifier on held-out prompts: greedy at every ``--ks``, sampled (T = 0.7, top-p 0.9) at ``--sampled-ks``,
    each block one interleaved run with plain decoding of the same target. A parallel drafter drafts at most the
@@ -37,7 +37,8 @@ from draftsmith.train.fit import FitRun
 from draftsmith.train.suite import PLANS, make_data, train_all, train_drafter
 
 BASELINES = ["eagle3", "draft_lm"]
-PARALLEL = ["pard", "peagle", "dflash"]
+PARALLEL = ["pard", "peagle", "peagle_eagle3", "dflash"]
+"""Trained here; ``peagle_eagle3`` is P-EAGLE's recipe started from the EAGLE-3 row's drafter (``model.init``)."""
 
 
 def scored(path: Path, run) -> dict:
@@ -86,7 +87,7 @@ def main() -> None:
     )
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16], help="greedy blocks")
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8, 16], help="greedy blocks")
     parser.add_argument("--sampled-ks", type=int, nargs="*", default=[4, 8], help="sampled blocks (T 0.7, top-p 0.9)")
     args = parser.parse_args()
     out = args.out or Path("runs/real_target" if args.target == "smollm2" else "runs/parallel")
@@ -101,10 +102,12 @@ def main() -> None:
     if plan.features:  # the cache of the recipes' layers (EAGLE-3's and the final state), reused when current
         layers = Target.from_config(target_dir).num_layers
         features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+    starts = {"pard": "draft_lm", "peagle_eagle3": "eagle3"}
     for name in PARALLEL:
-        run = FitRun(model={"init": str(drafters / "draft_lm")}) if name == "pard" else None
-        print(f"  {name} (recipe {plan.recipe(name)})")
-        train_drafter(plan.recipe(name), target_dir, data, out, plan.budget, name=name, features=features, run=run)
+        run = FitRun(model={"init": str(drafters / starts[name])}) if name in starts else None
+        recipe = plan.recipe(name.split("_")[0])
+        print(f"  {name} (recipe {recipe})")
+        train_drafter(recipe, target_dir, data, out, plan.budget, name=name, features=features, run=run)
     target = Target.from_pretrained(target_dir)
     prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
     n, blocks = args.max_new_tokens, {}
