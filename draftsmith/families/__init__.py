@@ -8,7 +8,18 @@ and a recipe in ``configs/``. Exporters name the methods they hold in ``export/<
 """
 
 from draftsmith.families import registry  # noqa: I001  (the registry first: the families register into it)
-from draftsmith.families import acceptance_head, draft_lm, eagle, hydra, medusa, ngram, online, pard, peagle, dflash  # noqa: F401
+from draftsmith.families import (  # noqa: F401
+    acceptance_head,
+    dflash,
+    draft_lm,
+    eagle,
+    hydra,
+    medusa,
+    ngram,
+    online,
+    pard,
+    peagle,
+)
 from draftsmith.families.registry import build_network, load_network, load_trained, methods
 from draftsmith.families.specs import load_drafter
 

@@ -166,6 +166,9 @@ class ParallelModule(DrafterModule):
     keep_ratio: float = 1.0
     """Conditional token dropping: share of anchors kept at depth d is keep_ratio**d (training only)."""
     step_decay: float = 1.0
+    """Weight of depth d's loss: step_decay**d."""
+    last_real: int = 0
+    """Anchor a's last real input sits at position a + last_real (``parallel_layout``)."""
 
     def depth_logits(self, batch: dict, out: TargetOutput, anchors: list[torch.Tensor]) -> list[DepthLogits]:
         """Per depth 0..D-1, the drafter's logits from one forward (``anchors``: those kept at depths 1..D-1)."""
@@ -175,14 +178,16 @@ class ParallelModule(DrafterModule):
         """(Vd,) target id of each draft-vocabulary entry, or None for the target's whole vocabulary."""
         return None
 
-    def _forward_depths(self, batch: dict, out: TargetOutput, train: bool) -> list[DepthLogits]:
+    def forward_depths(self, batch: dict, out: TargetOutput, train: bool) -> list[DepthLogits]:
+        """Every depth's logits from every anchor (``train``: with conditional token dropping), by default one
+        ``depth_logits`` forward of the placeholder-chain layout."""
         n = batch["input_ids"].shape[1] - self.last_real
         ratio = self.keep_ratio if train else 1.0
         generator = torch.Generator().manual_seed(self.global_step) if train else None
         return self.depth_logits(batch, out, keep_anchors(n, self.depth, ratio, generator))
 
     def _targets(self, batch: dict, out: TargetOutput, level: DepthLogits, d: int):
-        """(target probs (B, n, V) of the token depth d predicts from each anchor, checkable (B, n))."""
+        """(the target's logits (B, n, V) for the token depth d predicts from each anchor, checkable (B, n))."""
         anchors = level.anchors.to(out.logits.device)
         row = (anchors + d + 1).clamp(max=out.logits.shape[1] - 1)  # target row a+d+1 predicts x_{a+d+2}
         label = anchors + d + 2
@@ -194,7 +199,7 @@ class ParallelModule(DrafterModule):
     def losses(self, batch: dict, out: TargetOutput) -> dict[str, torch.Tensor]:
         ids = self.draft_ids()
         total, logs = 0.0, {}
-        for d, level in enumerate(self._forward_depths(batch, out, self.training)):
+        for d, level in enumerate(self.forward_depths(batch, out, self.training)):
             logits, checkable = self._targets(batch, out, level, d)
             p = torch.softmax(logits.float(), -1)
             if ids is not None:
@@ -220,7 +225,7 @@ class ParallelModule(DrafterModule):
         b, t = batch["input_ids"].shape
         accept = torch.zeros(self.estimate.k, b, t, device=out.logits.device)
         valid = torch.zeros(self.estimate.k, b, t, dtype=torch.bool, device=out.logits.device)
-        for d, level in enumerate(self._forward_depths(batch, out, False)[: self.estimate.k]):
+        for d, level in enumerate(self.forward_depths(batch, out, False)[: self.estimate.k]):
             logits, checkable = self._targets(batch, out, level, d)
             q = probs(self._full(level.logits), sampling)
             accept[d][:, level.anchors] = acceptance_prob(probs(logits, sampling), q, sampling.greedy)
@@ -234,7 +239,7 @@ class ParallelModule(DrafterModule):
         b, t = batch["input_ids"].shape
         ranks = torch.zeros(self.depth, b, t, dtype=torch.long, device=out.logits.device)
         checkable = torch.zeros(self.depth, b, t, dtype=torch.bool, device=out.logits.device)
-        for d, level in enumerate(self._forward_depths(batch, out, False)):
+        for d, level in enumerate(self.forward_depths(batch, out, False)):
             logits, ok = self._targets(batch, out, level, d)
             q = self._full(level.logits)
             token = logits.argmax(-1, keepdim=True)

@@ -36,8 +36,6 @@ class DFlashModule(ParallelModule):
         estimate: the ``val/tau_est`` estimate.
     """
 
-    last_real = 1  # anchors stop one short of the row: a block needs the committed token x_{a+1}
-
     def __init__(
         self,
         target: str,
@@ -78,7 +76,9 @@ class DFlashModule(ParallelModule):
         elif not 0 <= self.mask_token_id < vocab:
             raise DraftsmithError(f"model.mask_token_id must be a token id below {vocab}, got {self.mask_token_id}")
 
-    def _forward_depths(self, batch: dict, out: TargetOutput, train: bool) -> list[DepthLogits]:
+    def forward_depths(self, batch: dict, out: TargetOutput, train: bool) -> list[DepthLogits]:
+        """Blocks at random anchors (``anchors`` of them) in training, at every anchor (in chunks) otherwise: each
+        stops one short of the row, as a block needs the committed token x_{a+1}."""
         ids, valid = batch["input_ids"], batch["attention_mask"]
         n = ids.shape[1] - 1
         if train:
