@@ -24,6 +24,7 @@ import torch
 
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import TargetOutput
+from draftsmith.errors import DraftsmithError
 from draftsmith.layers.estimate import acceptance_prob
 from draftsmith.layers.losses import masked_mean, soft_cross_entropy
 from draftsmith.layers.module import DrafterModule, shift
@@ -114,7 +115,8 @@ def split_depths(out: torch.Tensor, layout: ParallelLayout) -> list[torch.Tensor
 
 
 class ParallelDrafter(TreeDrafter):
-    """A drafter whose one forward gives every depth's logits (``block_logits``); trees come for free.
+    """A drafter whose one forward gives every depth's logits (``block_logits``); trees come for free (Medusa's
+    heads are one too).
 
     Attributes:
         max_depth: the most positions one forward drafts (what it was trained for).
@@ -169,6 +171,13 @@ class ParallelModule(DrafterModule):
     """Weight of depth d's loss: step_decay**d."""
     last_real: int = 0
     """Anchor a's last real input sits at position a + last_real (``parallel_layout``)."""
+
+    def check_settings(self, depth: int, keep_ratio: float) -> None:
+        """One-line errors for the settings every parallel recipe has."""
+        if depth < 1:
+            raise DraftsmithError(f"model.depth must be at least 1, got {depth}")
+        if not 0 < keep_ratio <= 1:
+            raise DraftsmithError(f"model.keep_ratio must be in (0, 1], got {keep_ratio}")
 
     def depth_logits(self, batch: dict, out: TargetOutput, anchors: list[torch.Tensor]) -> list[DepthLogits]:
         """Per depth 0..D-1, the drafter's logits from one forward (``anchors``: those kept at depths 1..D-1)."""

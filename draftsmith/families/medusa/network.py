@@ -21,7 +21,7 @@ from torch import nn
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import Target, TargetOutput
 from draftsmith.families.registry import register
-from draftsmith.layers.tree_draft import TreeDrafter
+from draftsmith.layers.parallel import ParallelDrafter
 
 
 @dataclass
@@ -121,7 +121,7 @@ class MedusaState:
     """(H,) the target's final hidden state at the position that predicted the last committed token."""
 
 
-class MedusaDrafter(TreeDrafter):
+class MedusaDrafter(ParallelDrafter):
     """Drafting with Medusa heads: every depth's distribution comes from one call on one feature."""
 
     needs_features = True
@@ -140,12 +140,5 @@ class MedusaDrafter(TreeDrafter):
         state.feature = target_out.features[0][-1]
 
     @torch.no_grad()
-    def root(self, state: MedusaState) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(state.feature).float()  # (num_heads, V)
-        return logits, logits[0]
-
-    def grow(self, state, scratch: torch.Tensor, tokens, parents, new) -> torch.Tensor:
-        depth, p = 1, parents[new[0]]
-        while p >= 0:
-            depth, p = depth + 1, parents[p]
-        return scratch[depth].expand(len(new), -1)
+    def block_logits(self, state: MedusaState, k: int) -> torch.Tensor:
+        return self.model(state.feature)[:k]  # (k, V): the heads run together anyway

@@ -55,10 +55,7 @@ class PardModule(ParallelModule):
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
     ) -> None:
-        if depth < 1:
-            raise DraftsmithError(f"model.depth must be at least 1, got {depth}")
-        if not 0 < keep_ratio <= 1:
-            raise DraftsmithError(f"model.keep_ratio must be in (0, 1], got {keep_ratio}")
+        self.check_settings(depth, keep_ratio)
         self.init, self.shape, self.seed, self.depth = init, shape or StudentShape(), seed, depth
         self.mask_token_id = mask_token_id
         super().__init__(target, optim, estimate)

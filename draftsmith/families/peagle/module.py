@@ -48,10 +48,7 @@ class PEagleModule(ParallelModule, EagleModule):
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
     ) -> None:
-        if depth < 1:
-            raise DraftsmithError(f"model.depth must be at least 1, got {depth}")
-        if not 0 < keep_ratio <= 1:
-            raise DraftsmithError(f"model.keep_ratio must be in (0, 1], got {keep_ratio}")
+        self.check_settings(depth, keep_ratio)
         self.version, self.requested_layers, self.draft_vocab_size, self.depth = (
             3,
             feature_layers,
