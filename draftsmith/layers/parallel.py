@@ -179,6 +179,15 @@ class ParallelModule(DrafterModule):
         if not 0 < keep_ratio <= 1:
             raise DraftsmithError(f"model.keep_ratio must be in (0, 1], got {keep_ratio}")
 
+    def placeholder_token(self, requested: int | None, datamodule=None) -> int:
+        """The mask token: ``requested`` (checked to be a target id), else the training data's rarest token."""
+        vocab = self.target.vocab_size
+        if requested is None:
+            return rarest_token(datamodule.token_counts(vocab))
+        if not 0 <= requested < vocab:
+            raise DraftsmithError(f"model.mask_token_id must be a token id below {vocab}, got {requested}")
+        return requested
+
     def depth_logits(self, batch: dict, out: TargetOutput, anchors: list[torch.Tensor]) -> list[DepthLogits]:
         """Per depth 0..D-1, the drafter's logits from one forward (``anchors``: those kept at depths 1..D-1)."""
         raise NotImplementedError

@@ -15,7 +15,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
 from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.layers.module import EstimateConfig, OptimConfig
-from draftsmith.layers.parallel import DepthLogits, ParallelModule, rarest_token
+from draftsmith.layers.parallel import DepthLogits, ParallelModule
 
 EVAL_CHUNK = 64
 """Anchors per forward in validation (each adds a block of depth + 1 queries)."""
@@ -70,11 +70,7 @@ class DFlashModule(ParallelModule):
         return model
 
     def prepare_from_data(self, datamodule) -> None:
-        vocab = self.target.vocab_size
-        if self.mask_token_id is None:
-            self.drafter.cfg.mask_token_id = rarest_token(datamodule.token_counts(vocab))
-        elif not 0 <= self.mask_token_id < vocab:
-            raise DraftsmithError(f"model.mask_token_id must be a token id below {vocab}, got {self.mask_token_id}")
+        self.drafter.cfg.mask_token_id = self.placeholder_token(self.mask_token_id, datamodule)
 
     def forward_depths(self, batch: dict, out: TargetOutput, train: bool) -> list[DepthLogits]:
         """Blocks at random anchors (``anchors`` of them) in training, at every anchor (in chunks) otherwise: each

@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.eagle.network import ROPE_THETA, borrowed_shape
+from draftsmith.families.eagle.network import ROPE_THETA, EagleConfig, borrowed_shape
 from draftsmith.families.registry import register
 from draftsmith.layers.parallel import ParallelDrafter
 
@@ -68,17 +67,8 @@ class DFlashConfig:
             **shape,
         )
 
-    def llama_config(self) -> LlamaConfig:
-        return LlamaConfig(
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            max_position_embeddings=self.max_position_embeddings,
-            vocab_size=self.vocab_size,
-        )
+    llama_config = EagleConfig.llama_config
+    """The Llama-shaped config its MLP and rotary embedding are built from (the same fields as EAGLE's layer)."""
 
 
 class DFlashAttention(nn.Module):

@@ -16,11 +16,10 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.target import TargetOutput
-from draftsmith.errors import DraftsmithError
 from draftsmith.families.draft_lm.module import StudentShape, fresh_config, load_student
 from draftsmith.families.pard.network import PardConfig, PardNetwork
 from draftsmith.layers.module import EstimateConfig, OptimConfig
-from draftsmith.layers.parallel import DepthLogits, ParallelModule, parallel_layout, rarest_token, split_depths
+from draftsmith.layers.parallel import DepthLogits, ParallelModule, parallel_layout, split_depths
 
 
 class PardModule(ParallelModule):
@@ -79,10 +78,7 @@ class PardModule(ParallelModule):
 
     def set_mask_token(self, network: PardNetwork, token: int) -> None:
         """Make ``token`` the placeholder, its embedding row reset to the mean of the others."""
-        vocab = self.target.vocab_size
-        if not 0 <= token < vocab:
-            raise DraftsmithError(f"model.mask_token_id must be a token id below {vocab}, got {token}")
-        network.cfg.mask_token_id = token
+        network.cfg.mask_token_id = token = self.placeholder_token(token)
         with torch.no_grad():
             embed = network.model.get_input_embeddings().weight
             others = torch.ones(len(embed), dtype=torch.bool, device=embed.device)
@@ -91,7 +87,7 @@ class PardModule(ParallelModule):
 
     def prepare_from_data(self, datamodule) -> None:
         if self.mask_token_id is None:
-            self.set_mask_token(self.drafter, rarest_token(datamodule.token_counts(self.target.vocab_size)))
+            self.set_mask_token(self.drafter, self.placeholder_token(None, datamodule))
 
     def depth_logits(self, batch: dict, out: TargetOutput, anchors: list[torch.Tensor]) -> list[DepthLogits]:
         ids = batch["input_ids"]

@@ -13,7 +13,7 @@ from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import EagleConfig
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig
-from draftsmith.layers.parallel import DepthLogits, ParallelModule, parallel_layout, rarest_token, split_depths
+from draftsmith.layers.parallel import DepthLogits, ParallelModule, parallel_layout, split_depths
 
 
 class PEagleModule(ParallelModule, EagleModule):
@@ -88,12 +88,7 @@ class PEagleModule(ParallelModule, EagleModule):
     def prepare_from_data(self, datamodule) -> None:
         if self.init is None:
             super().prepare_from_data(datamodule)  # EAGLE-3's draft vocabulary (an init brings its own)
-        if self.mask_token_id is None:
-            self.drafter.cfg.mask_token_id = rarest_token(datamodule.token_counts(self.target.vocab_size))
-        elif not 0 <= self.mask_token_id < self.target.vocab_size:
-            raise DraftsmithError(
-                f"model.mask_token_id must be a token id below {self.target.vocab_size}, got {self.mask_token_id}"
-            )
+        self.drafter.cfg.mask_token_id = self.placeholder_token(self.mask_token_id, datamodule)
 
     def draft_ids(self) -> torch.Tensor:
         return self.drafter.draft_ids
