@@ -46,10 +46,6 @@ class ParallelLayout:
     mask: torch.Tensor
     positions: torch.Tensor
 
-    @property
-    def depth(self) -> int:
-        return len(self.anchors) + 1
-
 
 def keep_anchors(t: int, depth: int, keep_ratio: float, generator: torch.Generator | None) -> list[torch.Tensor]:
     """Conditional token dropping: per depth d = 1..depth-1, ceil(t * keep_ratio**d) anchors, each depth a random
