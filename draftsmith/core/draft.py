@@ -108,6 +108,10 @@ class Drafter(ABC):
     def propose(self, state: Any, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
         """Propose up to ``k`` tokens after the committed ones (a chain of depth <= k)."""
 
+    def bind(self, target: Any) -> None:  # noqa: B027 (optional: most drafters need nothing of the target)
+        """Called by the verifier with the target it verifies for, before ``begin`` (a self-drafter runs its
+        layers); by default nothing."""
+
     def compile(self) -> None:  # noqa: B027 (optional: most drafters have nothing worth compiling)
         """Compile the drafter's forward (``core.target.compiled_forward``) where that pays; by default nothing."""
 

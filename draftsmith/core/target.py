@@ -39,8 +39,9 @@ class TargetOutput:
     past_key_values: DynamicCache | None = None
 
     def positions(self, index: torch.Tensor | slice) -> TargetOutput:
-        """The first batch row at ``index`` positions, without batch dim: logits (n, V), features (n, H)."""
-        return TargetOutput(self.logits[0, index], tuple(f[0, index] for f in self.features))
+        """The first batch row at ``index`` positions, without batch dim: logits (n, V), features (n, H); the cache
+        is passed along (self-drafters share the target's)."""
+        return TargetOutput(self.logits[0, index], tuple(f[0, index] for f in self.features), self.past_key_values)
 
 
 def tokenizer_hash(tokenizer) -> str:

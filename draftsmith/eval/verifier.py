@@ -55,6 +55,7 @@ class SpeculativeDecoder:
         if k <= 0:
             raise DraftsmithError(f"k (draft length) must be a positive integer, got {k}")
         self.target, self.drafter, self.k, self.sampling = target, drafter, k, sampling
+        drafter.bind(target)
 
     def _verify(self, logits: torch.Tensor, draft: Draft, generator) -> tuple[int, int]:
         tokens = draft.tokens.tolist()

@@ -14,6 +14,7 @@ from draftsmith.families import (  # noqa: F401
     draft_lm,
     eagle,
     hydra,
+    kangaroo,
     medusa,
     ngram,
     online,

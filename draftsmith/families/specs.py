@@ -68,7 +68,18 @@ class Confident:
     """HF's starting threshold by default."""
 
 
-DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident
+@dataclass(frozen=True)
+class SkipLayers:
+    """SWIFT-style self-speculation without training: the target drafts for itself skipping a share of its layers
+    (``layers/self_draft.py``)."""
+
+    ratio: float = 0.5
+    """Share of the target's layers skipped while drafting."""
+    threshold: float = 0.0
+    """Stop a draft before its first token of top-1 probability below this (0: draft all K)."""
+
+
+DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,7 @@ class Named:
 def parse_spec(text: str) -> Named:
     """Shorthand -> spec: ``[NAME=]SPEC`` with SPEC ``ngram``, ``ngram:N``, ``ngram:N:W``, ``target``,
     ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), ``confidence:THRESHOLD:DRAFT_LM`` (or
-    ``confidence:DRAFT_LM``), a trained drafter (``.ckpt`` or native dir) or a HF draft-model dir. A bare SPEC
+    ``confidence:DRAFT_LM``), ``skip``, ``skip:RATIO`` or ``skip:RATIO:THRESHOLD``, a trained drafter (``.ckpt`` or native dir) or a HF draft-model dir. A bare SPEC
     names itself."""
     name, eq, rest = text.partition("=")
     name, body = (name, rest) if eq and name and "/" not in name else (text, text)
@@ -107,10 +118,23 @@ def _parse(text: str) -> DrafterSpec:
         return NGram(*[int(x) for x in parts])
     if text == "target":
         return SelfDraft()
+    if text == "skip" or text.startswith("skip:"):
+        return _skip(text)
     path = Path(text)
     if path.suffix == ".ckpt" or is_native(path):
         return Trained(text)
     return DraftModel(text)
+
+
+def _skip(text: str) -> SkipLayers:
+    form = f"drafter {text!r}: expected skip, skip:RATIO or skip:RATIO:THRESHOLD, RATIO in [0, 1), THRESHOLD in [0, 1]"
+    try:
+        values = [float(x) for x in text.split(":")[1:]]
+    except ValueError:
+        raise DraftsmithError(form) from None
+    if len(values) > 2 or (values and not 0 <= values[0] < 1) or (len(values) == 2 and not 0 <= values[1] <= 1):
+        raise DraftsmithError(form)
+    return SkipLayers(*values)
 
 
 def _thresholded(text: str, form: str) -> tuple[float | None, str]:
@@ -131,12 +155,15 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
     from draftsmith.families.draft_lm.network import DraftLM
     from draftsmith.families.ngram.drafter import NGramDrafter
     from draftsmith.families.registry import load_trained
+    from draftsmith.layers.self_draft import LayerSkipDrafter
 
     match spec:
         case NGram(max_ngram, width):
             return NGramDrafter(max_ngram=max_ngram, width=width)
         case SelfDraft():
             return DraftLM(target.model, target.tokenizer)
+        case SkipLayers(ratio, threshold):
+            return LayerSkipDrafter(ratio, threshold)
         case Adaptive(head, threshold):
             return load_adaptive(head, target, threshold)
         case Confident(path, threshold):

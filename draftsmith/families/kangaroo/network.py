@@ -1,0 +1,99 @@
+"""Kangaroo (Liu et al. 2024): self-speculative decoding with double early exiting.
+
+The drafter is the target's own first ``exit_layer`` layers (shared weights, frozen, and the target's KV cache for
+them: see ``layers/self_draft.py``), a small trained *adapter* and the target's LM head. The adapter is one
+attention layer between two RMSNorms: out = norm(h + attn(input_norm(h))) over the shallow hidden states h (its own
+keys/values, caught up on committed tokens from the verification pass's hidden state at ``exit_layer``). Its
+attention output starts at zero and its final norm as the target's, so an untrained adapter is plain early exit.
+
+The second early exit stops a round's draft before the first token whose top-1 probability is below
+``threshold``. The adapter is all the weights a Kangaroo checkpoint holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+from draftsmith.core.draft import DrafterNetwork
+from draftsmith.families.eagle.network import EagleAttention, EagleConfig, borrowed_shape
+from draftsmith.families.registry import register
+from draftsmith.layers.self_draft import SelfDrafter
+
+
+@dataclass
+class KangarooConfig:
+    """Shape of a Kangaroo adapter. Target-derived fields are filled by ``from_target``."""
+
+    exit_layer: int = 2
+    """The shallow sub-network: the target's layers 0..exit_layer-1."""
+    threshold: float = 0.6
+    """Stop a draft before its first token of top-1 probability below this (0: draft all K)."""
+    hidden_size: int = 0
+    num_attention_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+
+    @classmethod
+    def from_target(cls, target_config, vocab_size: int, exit_layer: int, threshold: float) -> KangarooConfig:
+        return cls(exit_layer, threshold, vocab_size=vocab_size, **borrowed_shape(target_config, "Kangaroo"))
+
+    def attention_shape(self) -> EagleConfig:
+        """The adapter attention's shape (an EAGLE layer's: same heads and RoPE as the target)."""
+        return EagleConfig(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_attention_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+
+
+@register("kangaroo", config=KangarooConfig)
+class KangarooModel(DrafterNetwork):
+    """The adapter: ``input_norm``, ``attn`` (q/k/v/o projections) and ``norm``."""
+
+    method = "kangaroo"
+
+    def __init__(self, cfg: KangarooConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        shape = cfg.attention_shape()
+        self.input_norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = EagleAttention(shape, cfg.hidden_size)
+        self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = LlamaRotaryEmbedding(shape.llama_config())
+        nn.init.zeros_(self.attn.o_proj.weight)  # start as early exit: norm(h)
+
+    @property
+    def reads_layers(self) -> tuple[int, ...]:
+        return (self.cfg.exit_layer,)
+
+    @property
+    def output_size(self) -> int:
+        return self.cfg.hidden_size
+
+    def init_from_target(self, final_norm: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.norm.weight.copy_(final_norm)
+
+    def forward(self, hidden, positions, past_k=None, past_v=None, mask=None):
+        """(B, T, H) shallow hidden states at ``positions`` (B, T) after cached keys/values -> (normed (B, T, H),
+        new k, new v); ``mask`` (.., T, S+T) bool, True = attend (None: attend to all)."""
+        hidden = hidden.to(self.norm.weight.dtype)
+        cos, sin = self.rotary(hidden, positions)
+        out, k, v = self.attn(self.input_norm(hidden), cos, sin, past_k, past_v, mask)
+        return self.norm(hidden + out), k, v
+
+    def as_drafter(self, topk_accuracy: list[list[float]] | None = None) -> SelfDrafter:
+        return SelfDrafter(self.cfg.exit_layer, (), self.eval(), self.cfg.threshold)
