@@ -1,96 +1,173 @@
-"""Medusa-1, Medusa-2, Hydra, Hydra++ (and EAGLE-3) on the default target: chain vs static vs dynamic trees.
+"""Heads and self-drafters on one target, in one run: Medusa-1, Hydra, Hydra++, Clover and Falcon (chains, static and
+dynamic trees), and Kangaroo beside its untrained adapter (plain early exit) and the untrained layer skipper.
 
-Run: ``.venv/bin/python benchmarks/heads.py [--steps 240] [--k 4] [--tree-size 16]``.
-Every drafter trains on the same on-policy data for the same steps (the quickstart's recipe), then
-the verifier scores each one three ways — chain, static tree (from its held-out top-k
-accuracies) and dynamic tree (EAGLE-2) — side by side with plain decoding of the same target on
-the same held-out prompts, greedy, in one run. Medusa-2 fine-tunes its target, so it is compared
-with plain decoding of its own (adapted) target, in the same loop.
+    python benchmarks/heads.py [--target default|smollm2] [--out DIR] [--ks 4] [--num-prompts 6] [--families ...]
+
+Stages (each reused from ``--out`` when finished, so an interrupted run resumes):
+1. the target's data (``train.suite``'s plan: the quickstart's on the default target; for SmolLM2 the real-target
+   benchmark's ``runs/real_target`` data and feature cache are reused when current);
+2. each family from its recipe (``configs/[smollm2/]NAME.yaml``) on the same data: ``--steps`` each on the default
+   target, the recipes' budgets on SmolLM2; exports of the same resolved config are reused;
+3. the verifier on held-out prompts, greedy, one block per K: every head family as a chain, a static tree (from its
+   held-out top-k accuracies) and a dynamic tree (EAGLE-2), Kangaroo as a chain with its early exit, ``kangaroo_exit``
+   (the same target layers with the untrained adapter: what training buys) and ``skip`` (SWIFT-style: the target
+   skipping half its layers, no training). One interleaved run with plain decoding of the same target per block.
+
+Writes ``benchmarks/results/heads_<target>.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
-from common import machine, write
+from common import HELDOUT, machine, write
 
+from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.data.feature_cache import cache_features
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.registry import load_trained
-from draftsmith.layers.tree_draft import TreePolicy
-from draftsmith.targets import default as default_target
-from draftsmith.train.fit import FitRun
-from draftsmith.train.suite import Budget, make_data, train_drafter
+from draftsmith.families.eagle.module import default_feature_layers
+from draftsmith.families.kangaroo.module import KangarooModule
+from draftsmith.families.specs import load_drafter
+from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
+from draftsmith.targets import resolve
+from draftsmith.train.fit import FitRun, load_recipe
+from draftsmith.train.suite import PLANS, make_data, train_drafter
 
-FAMILIES = ("medusa1", "medusa2", "hydra", "hydrapp", "eagle3")
+TREE_FAMILIES = ["medusa1", "hydra", "hydrapp", "clover", "falcon"]
+CHAIN_FAMILIES = ["kangaroo"]
+UNTRAINED = {"kangaroo_exit": None, "skip": "skip:0.5"}
+"""Rows without training: Kangaroo's adapter as it starts (early exit at its layer), and the layer skipper."""
+
+
+def scored(path: Path, names: list[str], run) -> dict:
+    """A block's result, computed once (``run()``) and saved; a saved block of other drafters is computed again."""
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if [row["name"] for row in saved["drafters"]] == names:
+            return saved
+    result = run()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def drafters_for(target: Target, exports: dict[str, Path], k: int, tree_size: int, top_k: int) -> dict:
+    out = {}
+    for name, path in exports.items():
+        spec = UNTRAINED.get(name) or str(path)
+        kinds = ("chain", "static", "dynamic") if name in TREE_FAMILIES else ("chain",)
+        for kind in kinds:
+            drafter = load_drafter(spec, target)
+            if isinstance(drafter, TreeDrafter):
+                drafter.set_tree(TreePolicy(kind, tree_size, top_k), k)
+            out[f"{name}/{kind}" if name in TREE_FAMILIES else name] = drafter
+    return out
+
+
+def block(target: Target, drafters: dict, prompts, k: int, max_new: int) -> dict:
+    plain, rows = score_drafters(target, drafters, prompts, k, Sampling(0.0), max_new)
+    return {"k": k, "plain": plain, "drafters": rows}
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [
+        f"# Heads and self-drafters on the {result['target']} target",
+        "",
+        f"`{m['command']}` at `{m['git']}` on {m['date']} ({m['platform']}, {m['threads']} threads; load average "
+        f"before / after {result['load'][0]} / {result['load'][1]}). Greedy; held-out prompts: {result['num_prompts']}"
+        f" × {result['max_new_tokens']} new tokens; trees of {result['tree_size']} nodes (dynamic: top-"
+        f"{result['top_k']} per depth). Each table is one run, every row interleaved per prompt with plain decoding of "
+        "the same target; `c` is the drafter's time per drafted token over a decode step.",
+        "",
+        "Training: " + ", ".join(f"{n} {s} steps" for n, s in result["steps"].items()) + ". `val/tau_est` (K = 4) "
+        "of the exports: " + ", ".join(f"{n} {v:.2f}" for n, v in result["training"].items() if v is not None) + ".",
+    ]
+    for title, b in result["blocks"].items():
+        rows = {r["name"]: r for r in b["drafters"]}
+        summary = ["| drafter | chain τ | static τ | dynamic τ | chain × | static × | dynamic × |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for name in [n for n in TREE_FAMILIES if f"{n}/chain" in rows]:
+            c, s, d = (rows[f"{name}/{kind}"] for kind in ("chain", "static", "dynamic"))
+            summary.append(
+                f"| {name} | {c['tau']:.2f} | {s['tau']:.2f} | {d['tau']:.2f} | {c['speedup']:.2f}× "
+                f"| {s['speedup']:.2f}× | {d['speedup']:.2f}× |"
+            )
+        for name in [n for n in (*CHAIN_FAMILIES, *UNTRAINED) if n in rows]:
+            summary.append(f"| {name} | {rows[name]['tau']:.2f} | – | – | {rows[name]['speedup']:.2f}× | – | – |")
+        lines += ["", f"## {title}", "", *summary, "", "### All rows", "", markdown_table(b["drafters"], b["plain"])]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=240)
-    parser.add_argument("--train-prompts", type=int, default=1000)
-    parser.add_argument("--score-prompts", type=int, default=20)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="default", choices=["default", "smollm2"])
+    parser.add_argument("--out", type=Path, default=None, help="default: runs/real_target for SmolLM2, else runs/heads")
+    parser.add_argument("--steps", type=int, default=None, help="default target: 120 per family; SmolLM2: the recipes'")
+    parser.add_argument("--num-prompts", type=int, default=6)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--ks", type=int, nargs="+", default=[4])
     parser.add_argument("--tree-size", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=4)
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES))
-    parser.add_argument("--out", type=Path, default=Path("runs/bench-heads"))
-    parser.add_argument("--retrain", action="store_true", help="train again even if an export exists")
+    parser.add_argument("--families", nargs="+", default=TREE_FAMILIES + CHAIN_FAMILIES + list(UNTRAINED))
+    parser.add_argument("--train-only", action="store_true", help="stop after training (score in a later run)")
     args = parser.parse_args()
-    budget = Budget(args.train_prompts, args.new_tokens, args.score_prompts)
-    run = FitRun(steps=args.steps, lr=0.002)  # every family at one learning rate, as measured before
+    out = args.out or Path("runs/real_target" if args.target == "smollm2" else "runs/heads")
+    steps = args.steps or (None if args.target == "smollm2" else 120)
+    load_before = os.getloadavg()[0]
+    plan = replace(PLANS[args.target], acceptance_head=False)
+    target_dir = resolve(args.target)
+    data = make_data(target_dir, out, plan.budget, plan)
+    features = None
+    if plan.features:  # the cache of EAGLE-3's layers and the final state: Kangaroo's exit layer is among them
+        layers = Target.from_config(target_dir).num_layers
+        features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+    exports, budget = {}, {}
+    for name in [n for n in args.families if n in TREE_FAMILIES + CHAIN_FAMILIES]:
+        recipe = plan.recipe(name)
+        budget[name] = steps or load_recipe(recipe)["trainer"]["max_steps"]
+        print(f"  {name} (recipe {recipe}, {budget[name]} steps)")
+        run = FitRun(steps=budget[name])
+        exports[name] = train_drafter(recipe, target_dir, data, out, plan.budget, name=name, features=features, run=run)
+    if "kangaroo_exit" in args.families:
+        exit_layer = load_recipe(plan.recipe("kangaroo"))["model"]["init_args"]["exit_layer"]
+        module = KangarooModule(str(target_dir), exit_layer=exit_layer)
+        exports["kangaroo_exit"] = save_native(module.drafter, module.target, out / "drafters" / "kangaroo_exit")
+    exports.update({name: None for name in UNTRAINED if name in args.families and name not in exports})
+    if args.train_only:
+        return
 
-    target_dir = default_target.build()
-    data = make_data(target_dir, args.out, budget)
     target = Target.from_pretrained(target_dir)
-    exports, fit_seconds = {}, {}
-    for name in args.families:
-        start = time.perf_counter()
-        exports[name] = train_drafter(name, target_dir, data, args.out, budget, force=args.retrain, run=run)
-        fit_seconds[name] = round(time.perf_counter() - start, 1)
-    drafters = {}
-    for name, path in exports.items():
-        for kind in ("chain", "static", "dynamic"):
-            drafter = load_trained(path, target)
-            drafter.set_tree(TreePolicy(kind, args.tree_size, args.top_k), args.k)
-            drafters[f"{name}/{kind}"] = drafter
-    prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.score_prompts)]
-    plain, rows = score_drafters(target, drafters, prompts, args.k, Sampling(), args.new_tokens)
-
-    by = {r["name"]: r for r in rows}
-    lines = ["| drafter | fit | chain τ | static τ | dynamic τ | chain × | static × | dynamic × |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for name in exports:
-        c, s, d = (by[f"{name}/{kind}"] for kind in ("chain", "static", "dynamic"))
-        lines.append(
-            f"| {name} | {fit_seconds[name]:.0f} s | {c['tau']:.2f} | {s['tau']:.2f} | {d['tau']:.2f} "
-            f"| {c['speedup']:.2f} | {s['speedup']:.2f} | {d['speedup']:.2f} |"
+    prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
+    blocks = {}
+    for k in args.ks:
+        drafters = drafters_for(target, exports, k, args.tree_size, args.top_k)
+        blocks[f"greedy, K = {k}"] = scored(
+            out / "bench" / "heads" / f"greedy-k{k}.json",
+            list(drafters),
+            lambda d=drafters, k=k: block(target, d, prompts, k, args.max_new_tokens),
         )
-    out = {
+    records = {n: json.loads((p / "config.json").read_text()) for n, p in exports.items() if p is not None}
+    result = {
         "machine": machine(),
-        "target": target.fingerprint,
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "fit_seconds": fit_seconds,
-        "plain": plain,
-        "drafters": rows,
+        "target": args.target,
+        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "tree_size": args.tree_size,
+        "top_k": args.top_k,
+        "steps": budget,
+        "training": {n: r.get("val_tau_est") for n, r in records.items()},
+        "blocks": blocks,
     }
-    m = out["machine"]
-    md = (
-        "## Medusa / Hydra heads on the default target: chains and trees\n\n"
-        f"`{m['command']}` on {m['date']} ({m['platform']}, {m['threads']} threads). Greedy, K = {args.k} "
-        f"(depth), trees of {args.tree_size} nodes (dynamic: top-{args.top_k} per depth), "
-        f"{len(prompts)} held-out prompts × {args.new_tokens} tokens; speedup × is against plain decoding "
-        "of the same target in the same run (Medusa-2: its adapted target).\n\n"
-        + "\n".join(lines)
-        + "\n\n### All rows\n\n"
-        + markdown_table(rows, plain)
-    )
-    write("heads", out, md)
+    write(f"heads_{args.target}", result, markdown(result))
 
 
 if __name__ == "__main__":
