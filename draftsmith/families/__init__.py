@@ -10,6 +10,7 @@ and a recipe in ``configs/``. Exporters name the methods they hold in ``export/<
 from draftsmith.families import registry  # noqa: I001  (the registry first: the families register into it)
 from draftsmith.families import (  # noqa: F401
     acceptance_head,
+    clover,
     dflash,
     draft_lm,
     eagle,

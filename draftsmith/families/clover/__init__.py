@@ -1,0 +1,1 @@
+from draftsmith.families.clover import network  # noqa: F401  (registers the family)
