@@ -15,6 +15,9 @@ FORMATS = {"native": native, "hf": hf, "vllm": vllm, "sglang": sglang, "speculat
 WHY_NOT = {
     "hydra": "no serving engine loads Hydra heads",
     "hydrapp": "no serving engine loads Hydra heads",
+    "clover": "no serving engine loads Clover heads",
+    "falcon": "no serving engine loads Falcon's semi-autoregressive drafter",
+    "kangaroo": "no serving engine drafts with the target's own layers and an adapter",
 }
 """Methods that engines cannot serve, and why (said in the refusal)."""
 
