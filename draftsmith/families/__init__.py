@@ -14,6 +14,7 @@ from draftsmith.families import (  # noqa: F401
     dflash,
     draft_lm,
     eagle,
+    falcon,
     hydra,
     kangaroo,
     medusa,
