@@ -41,7 +41,10 @@ from draftsmith.targets import resolve
 from draftsmith.train.fit import FitRun, load_recipe
 from draftsmith.train.suite import PLANS, make_data, train_drafter
 
-TREE_FAMILIES = ["medusa1", "hydra", "hydrapp", "clover", "falcon"]
+TREE_FAMILIES = ["medusa1", "hydra", "hydrapp", "clover", "falcon", "falcon_k1"]
+VARIANTS = {"falcon_k1": ("falcon", {"block": 1})}
+"""Rows trained from another family's recipe with other settings: Falcon drafting one token per forward (EAGLE-1
+with a two-pass training-time test), what the semi-autoregressive block costs at these budgets."""
 CHAIN_FAMILIES = ["kangaroo"]
 UNTRAINED = {"kangaroo_exit": None, "skip": "skip:0.5"}
 """Rows without training: Kangaroo's adapter as it starts (early exit at its layer), and the layer skipper."""
@@ -131,10 +134,11 @@ def main() -> None:
         features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
     exports, budget = {}, {}
     for name in [n for n in args.families if n in TREE_FAMILIES + CHAIN_FAMILIES]:
-        recipe = plan.recipe(name)
+        family, settings = VARIANTS.get(name, (name, {}))
+        recipe = plan.recipe(family)
         budget[name] = steps or load_recipe(recipe)["trainer"]["max_steps"]
-        print(f"  {name} (recipe {recipe}, {budget[name]} steps)")
-        run = FitRun(steps=budget[name])
+        print(f"  {name} (recipe {recipe} {settings or ''}, {budget[name]} steps)")
+        run = FitRun(steps=budget[name], model=settings)
         exports[name] = train_drafter(recipe, target_dir, data, out, plan.budget, name=name, features=features, run=run)
     if "kangaroo_exit" in args.families:
         exit_layer = load_recipe(plan.recipe("kangaroo"))["model"]["init_args"]["exit_layer"]
