@@ -29,11 +29,11 @@ from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import borrowed_shape
-from draftsmith.families.hydra.network import HydraConfig, PrefixLayer
+from draftsmith.families.hydra.network import HydraConfig, HydraDrafter, PrefixLayer
 from draftsmith.families.medusa.network import ResidualBlock
 from draftsmith.families.registry import register
 from draftsmith.layers.module import shift
-from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
+from draftsmith.layers.tree_draft import FeatureState
 
 
 @dataclass
@@ -199,24 +199,12 @@ class CloverRound:
     """node -> (H,) the state its child is drafted from (filled by ``grow``)."""
 
 
-class CloverDrafter(TreeDrafter):
-    """Drafting with Clover: each depth's state comes from its parent's state and token (batched per depth)."""
-
-    needs_features = True
-    feature_layers = (-1,)
-
-    def __init__(self, model: CloverModel, topk_accuracy: list[list[float]] | None = None) -> None:
-        self.model = model.eval()
-        self.vocab_size = model.cfg.vocab_size
-        self.max_depth = model.cfg.num_heads
-        self.topk_accuracy = topk_accuracy
+class CloverDrafter(HydraDrafter):
+    """Drafting with Clover: each depth's state comes from its parent's state and token (batched per depth).
+    Hydra's drafter but for the state it keeps (``CloverState``) and how a depth's logits are made."""
 
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> CloverState:
         return CloverState(tokens.tolist(), target_out.features[0])
-
-    def advance(self, state: CloverState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
-        state.tokens.extend(tokens.tolist())
-        state.features = torch.cat([state.features, target_out.features[0]])
 
     def _catch_up(self, state: CloverState) -> torch.Tensor:
         """Run the rows not yet seen through the augmenting block and cache both layers' keys/values; (H,) h'_t."""
