@@ -10,7 +10,8 @@ Stages (each reused from ``--out`` when finished, so an interrupted run resumes)
    target, the recipes' budgets on SmolLM2; exports of the same resolved config are reused;
 3. the verifier on held-out prompts, greedy, one block per K: every head family as a chain, a static tree (from its
    held-out top-k accuracies) and a dynamic tree (EAGLE-2), Kangaroo as a chain with its early exit, ``kangaroo_exit``
-   (the same target layers with the untrained adapter: what training buys) and ``skip`` (SWIFT-style: the target
+   (the same target layers with the untrained adapter: what training buys), ``kangaroo_noexit`` (the trained one
+   without its early exit) and ``skip`` (SWIFT-style: the target
    skipping half its layers, no training). One interleaved run with plain decoding of the same target per block.
 
 Writes ``benchmarks/results/heads_<target>.{json,md}``.
@@ -48,6 +49,8 @@ with a two-pass training-time test), what the semi-autoregressive block costs at
 CHAIN_FAMILIES = ["kangaroo"]
 UNTRAINED = {"kangaroo_exit": None, "skip": "skip:0.5"}
 """Rows without training: Kangaroo's adapter as it starts (early exit at its layer), and the layer skipper."""
+NO_EXIT = "kangaroo_noexit"
+"""The trained Kangaroo without its second early exit (threshold 0: it always drafts K)."""
 
 
 def scored(path: Path, names: list[str], run) -> dict:
@@ -72,6 +75,9 @@ def drafters_for(target: Target, exports: dict[str, Path], k: int, tree_size: in
             if isinstance(drafter, TreeDrafter):
                 drafter.set_tree(TreePolicy(kind, tree_size, top_k), k)
             out[f"{name}/{kind}" if name in TREE_FAMILIES else name] = drafter
+        if name == "kangaroo":
+            out[NO_EXIT] = load_drafter(spec, target)
+            out[NO_EXIT].threshold = 0.0
     return out
 
 
@@ -103,7 +109,7 @@ def markdown(result: dict) -> str:
                 f"| {name} | {c['tau']:.2f} | {s['tau']:.2f} | {d['tau']:.2f} | {c['speedup']:.2f}× "
                 f"| {s['speedup']:.2f}× | {d['speedup']:.2f}× |"
             )
-        for name in [n for n in (*CHAIN_FAMILIES, *UNTRAINED) if n in rows]:
+        for name in [n for n in (*CHAIN_FAMILIES, NO_EXIT, *UNTRAINED) if n in rows]:
             summary.append(f"| {name} | {rows[name]['tau']:.2f} | – | – | {rows[name]['speedup']:.2f}× | – | – |")
         lines += ["", f"## {title}", "", *summary, "", "### All rows", "", markdown_table(b["drafters"], b["plain"])]
     return "\n".join(lines) + "\n"
