@@ -127,6 +127,21 @@ class EagleConfig:
             **shape,
         )
 
+    @classmethod
+    def layer_shape(cls, shape) -> EagleConfig:
+        """An EAGLE-layer shape from any config holding ``borrowed_shape``'s fields (and ``vocab_size``): how other
+        families (Hydra++'s prefix layer, Kangaroo's adapter) build a layer of their target's size."""
+        return cls(
+            hidden_size=shape.hidden_size,
+            num_heads=shape.num_attention_heads,
+            head_dim=shape.head_dim,
+            intermediate_size=shape.intermediate_size,
+            vocab_size=shape.vocab_size,
+            rms_norm_eps=shape.rms_norm_eps,
+            rope_theta=shape.rope_theta,
+            max_position_embeddings=shape.max_position_embeddings,
+        )
+
     def llama_config(self) -> LlamaConfig:
         return LlamaConfig(
             hidden_size=self.hidden_size,

@@ -57,17 +57,7 @@ class HydraConfig:
 
     def llama_config(self) -> LlamaConfig:
         """The one-layer Llama shape of the prefix layer (the same as an EAGLE layer's)."""
-        shape = EagleConfig(
-            hidden_size=self.hidden_size,
-            num_heads=self.num_attention_heads,
-            head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size,
-            vocab_size=self.vocab_size,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=self.max_position_embeddings,
-        )
-        return shape.llama_config()
+        return EagleConfig.layer_shape(self).llama_config()
 
 
 @dataclass(frozen=True)

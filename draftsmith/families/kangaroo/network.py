@@ -47,16 +47,7 @@ class KangarooConfig:
 
     def attention_shape(self) -> EagleConfig:
         """The adapter attention's shape (an EAGLE layer's: same heads and RoPE as the target)."""
-        return EagleConfig(
-            hidden_size=self.hidden_size,
-            num_heads=self.num_attention_heads,
-            head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size,
-            vocab_size=self.vocab_size,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=self.max_position_embeddings,
-        )
+        return EagleConfig.layer_shape(self)
 
 
 @register("kangaroo", config=KangarooConfig)
