@@ -93,8 +93,8 @@ class Named:
 def parse_spec(text: str) -> Named:
     """Shorthand -> spec: ``[NAME=]SPEC`` with SPEC ``ngram``, ``ngram:N``, ``ngram:N:W``, ``target``,
     ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), ``confidence:THRESHOLD:DRAFT_LM`` (or
-    ``confidence:DRAFT_LM``), ``skip``, ``skip:RATIO`` or ``skip:RATIO:THRESHOLD``, a trained drafter (``.ckpt`` or native dir) or a HF draft-model dir. A bare SPEC
-    names itself."""
+    ``confidence:DRAFT_LM``), ``skip``, ``skip:RATIO`` or ``skip:RATIO:THRESHOLD``, a trained drafter (``.ckpt``
+    or native dir) or a HF draft-model dir. A bare SPEC names itself."""
     name, eq, rest = text.partition("=")
     name, body = (name, rest) if eq and name and "/" not in name else (text, text)
     return Named(name, _parse(body))

@@ -126,10 +126,9 @@ class SelfDrafter(Drafter):
 
     def _hidden(self, target_out: TargetOutput, layer: int) -> torch.Tensor:
         """The target's hidden state after ``layer`` layers at the rows of ``target_out`` (n, H)."""
-        index = self.feature_layers.index(layer) if layer in self.feature_layers else None
-        if index is None:
+        if layer not in self.feature_layers:
             raise DraftsmithError(f"self-drafter: the verifier gave no hidden state of layer {layer}")
-        return target_out.features[index]
+        return target_out.features[self.feature_layers.index(layer)]
 
     @torch.no_grad()
     def _catch_up(self, state: SelfDraftState, hidden: torch.Tensor) -> None:
