@@ -5,7 +5,7 @@ from __future__ import annotations
 import datasets
 import pytest
 import torch
-from conftest import make_llama
+from conftest import VOCAB, make_llama
 from test_train import datamodule, setup, trainer  # noqa: F401 - module fixture: tiny target and its data
 from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 
@@ -182,3 +182,19 @@ def test_bad_settings_are_one_line_errors(setup, kwargs, message):  # noqa: F811
 def test_bad_skip_specs_are_one_line_errors(spec, target):
     with pytest.raises(DraftsmithError, match="expected skip, skip:RATIO or skip:RATIO:THRESHOLD"):
         load_drafter(spec, target)
+
+
+def test_layer_skipping_refuses_a_target_without_a_middle_layer_in_one_line(target):
+    with pytest.raises(DraftsmithError, match="drafter skip: the target's 2 layers have no middle layer to skip"):
+        SpeculativeDecoder(target, load_drafter("skip:0.5", target), 4, Sampling())
+
+
+def test_self_drafting_refuses_a_target_that_is_not_llama_shaped(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=2, n_positions=64)
+    gpt2 = Target(GPT2LMHeadModel(config).eval(), tokenizer)
+    with pytest.raises(
+        DraftsmithError, match="needs a Llama-style decoder .* GPT2LMHeadModel does not have that shape"
+    ):
+        SpeculativeDecoder(gpt2, LayerSkipDrafter(0.5), 4, Sampling())
