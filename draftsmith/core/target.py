@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
-from draftsmith.core.dtypes import torch_dtype
+from draftsmith.core.dtypes import DTYPES, torch_dtype
+from draftsmith.core.numerics import is_batch_invariant, make_batch_invariant
 from draftsmith.errors import DraftsmithError
 
 # Layer types whose attention draftsmith can express in one additive mask (see ``Target.layer_masks``).
@@ -156,6 +158,9 @@ class Target:
         feature_layers: indices into HF ``hidden_states`` to return as features;
             negative indices count from the end (-1 = final normed hidden state).
         name: path or hub name recorded in the fingerprint.
+        batch_invariant: compute every row as it would be computed alone (``core.numerics``), so that greedy
+            speculative decoding equals plain greedy decoding bit for bit; None: on for bfloat16 and float16
+            models (where kernels round differently by row count), off for float32.
 
     Raises:
         DraftsmithError: for an architecture whose drafts cannot be verified exactly (``attention_windows``).
@@ -167,8 +172,13 @@ class Target:
         tokenizer=None,
         feature_layers: tuple[int, ...] = (-1,),
         name: str = "",
+        batch_invariant: bool | None = None,
     ) -> None:
         self.attention_windows = attention_windows(model)
+        if batch_invariant is None:
+            batch_invariant = model.dtype != torch.float32
+        if batch_invariant and not is_batch_invariant(model):
+            make_batch_invariant(model)
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name or str(getattr(model.config, "_name_or_path", ""))
@@ -190,25 +200,27 @@ class Target:
         feature_layers: tuple[int, ...] = (-1,),
         dtype: str = "float32",
         device: str = "cpu",
+        batch_invariant: bool | None = None,
     ) -> Target:
-        """Load a local model + tokenizer dir with ``from_pretrained`` (built-in names: ``targets.load_target``)."""
+        """Load a local model + tokenizer dir with ``from_pretrained`` in ``dtype`` (built-in names and ``auto``:
+        ``targets.load_target``)."""
         path = model_dir(path, "target")
         model = load_causal_lm(path, dtype, device, "target")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(model, tokenizer, feature_layers, name=str(path))
+        return cls(model, tokenizer, feature_layers, name=str(path), batch_invariant=batch_invariant)
 
     @classmethod
-    def from_config(cls, path: str | Path, feature_layers: tuple[int, ...] = (-1,)) -> Target:
+    def from_config(cls, path: str | Path, feature_layers: tuple[int, ...] = (-1,), dtype: str = "float32") -> Target:
         """The target of a local model dir without its weights (on the meta device): its tokenizer, EOS list, context
-        and fingerprint, for work another process does with the weights (``generate --engine vllm``)."""
+        and fingerprint (in ``dtype``), for work another process does with the weights (``generate --engine vllm``)."""
         from transformers import AutoConfig, GenerationConfig
 
         path = model_dir(path, "target")
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch_dtype(dtype))
         if (path / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(path)
-        return cls(model, AutoTokenizer.from_pretrained(path), feature_layers, name=str(path))
+        return cls(model, AutoTokenizer.from_pretrained(path), feature_layers, name=str(path), batch_invariant=False)
 
     def _check_layers(self, layers: tuple[int, ...]) -> tuple[int, ...]:
         n = self.num_layers
@@ -230,6 +242,16 @@ class Target:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the target computes in, by name (``float32``, ``bfloat16``, ``float16``)."""
+        return next(name for name, d in DTYPES.items() if d == self.model.dtype)
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether its rows are computed as they would be alone (``core.numerics``)."""
+        return is_batch_invariant(self.model)
 
     @property
     def vocab_size(self) -> int:
@@ -365,7 +387,8 @@ class Target:
             output_hidden_states=with_features,
         )
         layers = self.feature_layers if feature_layers is None else feature_layers
-        features = tuple(out.hidden_states[i] for i in layers) if with_features else ()
+        # float32 like the logits: drafters hold float32 weights whatever the target's dtype (values unchanged)
+        features = tuple(out.hidden_states[i].float() for i in layers) if with_features else ()
         return TargetOutput(out.logits.float(), features, out.past_key_values)
 
     @property
@@ -380,15 +403,30 @@ class Target:
             "num_layers": self.num_layers,
             "tokenizer_hash": tokenizer_hash(self.tokenizer) if self.tokenizer is not None else None,
             "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16],
+            "dtype": self.dtype,
         }
 
 
 IDENTITY_KEYS = ("model_type", "vocab_size", "hidden_size", "num_layers", "tokenizer_hash", "config_hash")
+ALLOW_DTYPE_MISMATCH = "DRAFTSMITH_ALLOW_DTYPE_MISMATCH"
+"""Environment variable: ``1`` uses data, feature caches and drafters made against the same target in another
+dtype, with a warning, instead of refusing them."""
 
 
 def check_fingerprint(expected: dict, actual: dict, what: str) -> None:
-    """Raise a clear error when an artifact was made for another target."""
+    """Raise a clear error when an artifact was made for another target, or for the same one in another dtype
+    (artifacts that record no dtype were made in float32, the only one before dtypes were recorded)."""
     diff = [k for k in IDENTITY_KEYS if expected.get(k) != actual.get(k)]
+    made, used = expected.get("dtype", "float32"), actual.get("dtype", "float32")
+    if not diff and made != used:
+        if os.environ.get(ALLOW_DTYPE_MISMATCH) == "1":
+            print(f"warning: {what} was made with the target in {made}; using it in {used} ({ALLOW_DTYPE_MISMATCH}=1)")
+            return
+        raise DraftsmithError(
+            f"{what} was made with target {expected.get('name')!r} in {made} but is used with it in {used}; "
+            f"use the target in {made} (--dtype {made}, or the target spec TARGET:{made}), or set "
+            f"{ALLOW_DTYPE_MISMATCH}=1 to use it anyway"
+        )
     if diff:
         detail = ", ".join(f"{k}: {expected.get(k)!r} vs {actual.get(k)!r}" for k in diff)
         raise DraftsmithError(

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.core.dtypes import canonical_dtype
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target
+from draftsmith.targets import load_target, parse_target
 
 FORMAT = "draftsmith.features/1"
 META = "features.json"
@@ -59,7 +59,8 @@ def cache_features(
     added) over every row of the generated dataset ``data``; resumes an unfinished cache at ``out``.
 
     Args:
-        target: the target that generated ``data`` (a local dir, ``default`` or ``smollm2``).
+        target: the target that generated ``data`` (a local dir, ``default`` or ``smollm2``), in the dtype the data
+            was generated in unless a ``:DTYPE`` suffix says otherwise.
         data: a ``draftsmith generate`` output dir.
         layers: hidden-state indices the drafters to train need (EAGLE-3: its three; EAGLE-1/Medusa/Hydra: the last).
         out: the cache dir (default: ``<data>-features``).
@@ -73,7 +74,8 @@ def cache_features(
 
     dtype = canonical_dtype(dtype, "features: dtype", DTYPES)
     ds, metadata = load_generated(data)
-    t = load_target(target)
+    spec = parse_target(target)  # no dtype given: the one the data was generated in
+    t = load_target(spec, dtype=metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None)
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
     out = Path(out or f"{str(data).rstrip('/')}-features")

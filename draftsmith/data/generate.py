@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.core.dtypes import canonical_dtype
 from draftsmith.core.manifest import git_sha, versions, write_manifest
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
@@ -30,7 +29,7 @@ from draftsmith.data.engines import HFEngine, Request, VLLMEngine, check_engine,
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target, resolve
+from draftsmith.targets import load_target, parse_target, resolve, target_dtype
 
 __all__ = ["GenerateRun", "GenerateSettings", "check_dataset_target", "generate", "generate_data", "load_generated"]
 
@@ -65,7 +64,7 @@ class GenerateSettings:
     store_topk: int
     """Target top-k log-probabilities stored per generated token (0: none)."""
     dtype: str
-    """Target weights' dtype."""
+    """The dtype the target computes in (resolved: never ``auto``)."""
     engine: str = "hf"
     """What decodes: ``hf`` (transformers, in this process) or ``vllm`` (vLLM in its own venv). Greedy data agrees
     between them up to floating-point ties; sampled data follows each engine's own random streams."""
@@ -151,7 +150,7 @@ def generate(
     resume: bool = False,
     overwrite: bool = False,
     device: str = "auto",
-    dtype: str = "float32",
+    dtype: str | None = None,
     rank: int = 0,
     world_size: int = 1,
     engine: str = "hf",
@@ -188,7 +187,8 @@ def generate(
         resume: continue an interrupted run in ``out`` from its completed shards.
         overwrite: delete an earlier ``generate`` run in ``out`` first.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ...
-        dtype: the target's weights: float32, bfloat16 or float16.
+        dtype: the dtype the target computes in: float32, bfloat16, float16 or auto (the checkpoint's, in bf16 only
+            where this machine multiplies it natively); default: the target's ``:DTYPE`` suffix, else auto.
         rank: this process's index among ``world_size`` (``$SLURM_PROCID`` in ``pipeline/slurm/templates/generate.sbatch``).
         world_size: with N > 1, this process generates only shards ``s`` with ``s % N == rank``, into
             ``out/ranks/rank-<R>``; the same command without rank/world size and with ``--resume`` then
@@ -216,7 +216,7 @@ def generate(
         seed=seed,
         shard_size=shard_size,
         store_topk=store_topk,
-        dtype=canonical_dtype(dtype),
+        dtype=target_dtype(parse_target(target, dtype), resolve(target)),
         engine=engine,
     )
     run = GenerateRun(batch_size, device, resume, overwrite, rank, world_size, vllm_python, tensor_parallel_size)
@@ -241,7 +241,7 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
     python = None
     if settings.engine == "vllm":  # vLLM loads the weights in its own process
         python = vllm_python(run.vllm_python)  # missing: say so before any work
-        t = Target.from_config(resolve(target))
+        t = Target.from_config(resolve(target), dtype=settings.dtype)
     else:
         device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
         t = load_target(target, dtype=settings.dtype, device=device)

@@ -39,6 +39,25 @@ def online_table(drafters: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def category_table(drafters: list[dict]) -> str:
+    """τ and speedup per prompt category (MT-bench's), one column pair per drafter; "" without categories."""
+    rows = [d for d in drafters if d.get("categories")]
+    if not rows:
+        return ""
+    lines = [
+        "| category | " + " | ".join(f"{d['name']} τ | {d['name']} ×" for d in rows) + " |",
+        "|---|" + "---|---|" * len(rows),
+    ]
+    for category in rows[0]["categories"]:
+        cells = [d["categories"].get(category) for d in rows]
+        lines.append(
+            f"| {category} | "
+            + " | ".join(f"{c['tau']:.2f} | {c['speedup']:.2f}×" if c else "– | –" for c in cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def write_report(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
@@ -46,7 +65,9 @@ def write_report(out: Path, report: dict) -> None:
     md = [
         "# draftsmith score",
         "",
-        f"Target `{report['target']['name']}` on {cfg['num_prompts']} prompts from `{cfg['prompts']}`, "
+        f"Target `{report['target']['name']}` in {cfg.get('dtype', 'float32')}"
+        f"{' (batch-invariant)' if cfg.get('batch_invariant') else ''} on {cfg['num_prompts']} prompts from "
+        f"`{cfg['prompts']}`, k {cfg['k']}, "
         f"temperature {cfg['temperature']}, top-p {cfg['top_p']}, up to {cfg['max_new_tokens']} new tokens, "
         f"seed {cfg['seed']}; plain and speculative decoding measured in the same run.",
         "",
@@ -58,6 +79,27 @@ def write_report(out: Path, report: dict) -> None:
         "run), c = drafter time per drafted token / target time per decoding step.",
         "",
     ]
+    machine = report.get("machine", {})
+    if "cpu" in machine:
+        md += [f"Machine: {machine['cpu']} ({', '.join(machine['cpu_flags'])}), {machine['threads']} threads.", ""]
+    auto = [d for d in report["drafters"] if d.get("auto_k")]
+    if auto:
+        md += [
+            "## --k auto",
+            "",
+            "| drafter | chosen K | tree size | source | predicted τ | predicted × | measured τ | measured × |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for d in auto:
+            a = d["auto_k"]
+            md.append(
+                f"| {d['name']} | {a['k']} | {a['tree_size'] or '–'} | {a['source']} | {a['predicted_tau']:.2f} | "
+                f"{a['predicted_speedup']:.2f}× | {d['tau']:.2f} | {d['speedup']:.2f}× |"
+            )
+        md.append("")
+    categories = category_table(report["drafters"])
+    if categories:
+        md += ["## Per category", "", categories, ""]
     online = online_table(report["drafters"])
     if online:
         md += [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import statistics
 import sys
 import time
@@ -12,34 +11,38 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.core.draft import Drafter
+from draftsmith.core.draft import DecodeResult, Drafter
+from draftsmith.core.machine import machine_record
 from draftsmith.core.manifest import write_manifest
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, rollback
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.metrics import drafter_metrics, plain_metrics
+from draftsmith.eval.metrics import by_category, drafter_metrics, plain_metrics
 from draftsmith.eval.report import markdown_table, write_report
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, plain_decode
 from draftsmith.families.specs import Named, build_drafter, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.targets import load_target
+from draftsmith.targets import TargetSpec, load_target, parse_target
 
 
 def score_drafters(
     target: Target,
     drafters: dict[str, Drafter],
     prompts: list[list[int]],
-    k: int,
+    k: int | str,
     sampling: Sampling,
     max_new_tokens: int,
     seed: int = 0,
     progress: bool = True,
+    categories: list[str | None] | None = None,
 ) -> tuple[dict, list[dict]]:
     """Decode every prompt plainly and with each drafter, interleaved so all see the same machine state.
 
     A drafter that fine-tuned its target (``own_target``, Medusa-2) decodes with that target and is
-    compared with plain decoding of it, in the same interleaved loop.
+    compared with plain decoding of it, in the same interleaved loop. ``k="auto"`` picks each drafter's K (and
+    static tree size) of highest predicted speed before the scored pass (``choose_shapes``). ``categories``
+    (one per prompt, e.g. MT-bench's) adds each row's τ and speedup per category.
 
     Returns:
         (plain metrics of ``target``, per-drafter metrics) as dicts.
@@ -47,7 +50,9 @@ def score_drafters(
     targets = {name: d.own_target or target for name, d in drafters.items()}
     for name, drafter in drafters.items():
         check_compatible(targets[name], drafter, name)
-    decoders = {name: SpeculativeDecoder(targets[name], d, k, sampling) for name, d in drafters.items()}
+    shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
+    ks = {name: shapes[name].k if name in shapes else int(k) for name in drafters}
+    decoders = {name: SpeculativeDecoder(targets[name], d, ks[name], sampling) for name, d in drafters.items()}
     baselines = {id(t): t for t in [target, *targets.values()]}
     # warm-up: first calls pay one-off allocation costs that would bias whichever runs first; a compiled target
     # also compiles a graph per new shape family (prefill lengths, each drafted length), so it warms up on two
@@ -59,7 +64,8 @@ def score_drafters(
             plain_decode(t, prompt, budget, sampling, torch.Generator().manual_seed(seed))
         for dec in decoders.values():
             dec.generate(prompt, budget, torch.Generator().manual_seed(seed))
-    ratios, _ = verify_ratios(target, prompts[0], sorted({k + 1, *(most_verified(d, k) for d in drafters.values())}))
+    counts = {c for name, d in drafters.items() for c in (ks[name] + 1, most_verified(d, ks[name]))}
+    ratios, _ = verify_ratios(target, prompts[0], sorted(counts))
     plain, spec = {key: [] for key in baselines}, {name: [] for name in drafters}
     for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress)):
         for key, t in baselines.items():
@@ -70,8 +76,15 @@ def score_drafters(
             spec[name].append(dec.generate(prompt, max_new_tokens, torch.Generator().manual_seed(seed + i)))
     rows = []
     for name in drafters:
-        m = drafter_metrics(name, k, spec[name], plain[id(targets[name])], sampling.greedy, ratios).to_dict()
+        m = drafter_metrics(name, ks[name], spec[name], plain[id(targets[name])], sampling.greedy, ratios).to_dict()
         m["prompts"] = len(prompts)
+        if name in shapes:
+            m["auto_k"] = shapes[name].record()
+        if sampling.greedy and m["greedy_exact"] < len(prompts):
+            m["divergences"] = divergences(targets[name], prompts, spec[name], plain[id(targets[name])])
+        if categories is not None:
+            by = by_category(categories, {name: spec[name]}, plain[id(targets[name])], ks[name], sampling.greedy)
+            m["categories"] = {c: rows_[name] for c, rows_ in by.items()}
         m |= drafters[name].extra_metrics(spec[name])  # --online-adapt: α and τ over time
         if targets[name] is not target:
             m["target"] = targets[name].name
@@ -88,6 +101,110 @@ def most_verified(drafter: Drafter, k: int) -> int:
     if isinstance(drafter, NGramDrafter):
         return k * drafter.width + 1
     return k + 1
+
+
+AUTO_K = "auto"
+AUTO_MAX_K = 8
+"""``--k auto`` searches chains of 1..8 tokens (and static trees of up to 64 nodes)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The draft shape ``--k auto`` chose for one drafter, and why."""
+
+    k: int
+    tree_size: int | None
+    predicted_tau: float
+    predicted_speedup: float
+    cost: float
+    """c measured in the calibration decode (per drafted token; per drafter forward for static trees)."""
+    source: str
+    """Where the acceptance profile came from: ``validation`` (the drafter's recorded held-out top-1 accuracy per
+    depth) or ``calibration`` (an untimed decode of the first prompt at K = 8)."""
+    candidates: list[dict]
+
+    def record(self) -> dict:
+        return {
+            "k": self.k,
+            "tree_size": self.tree_size,
+            "predicted_tau": round(self.predicted_tau, 4),
+            "predicted_speedup": round(self.predicted_speedup, 4),
+            "cost": round(self.cost, 5),
+            "source": self.source,
+            "candidates": self.candidates,
+        }
+
+
+def choose_shapes(
+    targets: dict[str, Target], drafters: dict[str, Drafter], prompt: list[int], sampling: Sampling, seed: int
+) -> dict[str, Shape]:
+    """Each drafter's K (and static tree size) of highest predicted speed τ(K) / (r(K+1) + K·c) on this machine.
+
+    One untimed decode of ``prompt`` per drafter at K = 8 measures its cost c (and, for a drafter with no
+    recorded validation profile, its per-position acceptance); r(m) is measured on the same prompt. The choice
+    itself is ``eval.auto_k``'s.
+    """
+    from draftsmith.eval import auto_k
+
+    shapes = {}
+    counts = [*range(2, AUTO_MAX_K + 2), *(n + 1 for n in auto_k.TREE_SIZES)]
+    for name, drafter in drafters.items():
+        target = targets[name]
+        ratios, _ = verify_ratios(target, prompt, counts, 3)
+        tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
+        if tree is not None:  # calibrate as a chain: one drafter forward per drafted token
+            drafter.set_tree(TreePolicy("chain", tree.size, tree.top_k), AUTO_MAX_K)
+        decoder = SpeculativeDecoder(target, drafter, AUTO_MAX_K, sampling)
+        result = decoder.generate(prompt, 64, torch.Generator().manual_seed(seed))
+        plain = plain_decode(target, prompt, 16, sampling, torch.Generator().manual_seed(seed))
+        cost = result.draft_seconds / max(1, sum(result.drafted)) / (plain.seconds / plain.target_calls)
+        accuracy = getattr(drafter, "topk_accuracy", None)
+        if accuracy:
+            accept, source = [row[0] for row in accuracy], "validation"
+        else:
+            metrics = drafter_metrics(name, AUTO_MAX_K, [result], [plain], sampling.greedy)
+            accept, source = metrics.accept_given_reached, "calibration"
+        if tree is not None and tree.kind == "static" and accuracy:
+            choice = auto_k.choose_tree(accuracy, ratios, cost, max_depth=AUTO_MAX_K)
+            drafter.set_tree(TreePolicy("static", choice.tree_size, tree.top_k), choice.k)
+        else:
+            choice = auto_k.choose_chain_k(accept, ratios, cost, ks=range(1, AUTO_MAX_K + 1))
+            if tree is not None:
+                drafter.set_tree(TreePolicy(tree.kind, tree.size, tree.top_k), choice.k)
+        shapes[name] = Shape(
+            choice.k, choice.tree_size, choice.predicted_tau, choice.predicted_speedup, cost, source,
+            choice.candidates,
+        )  # fmt: skip
+    return shapes
+
+
+@torch.no_grad()
+def divergences(
+    target: Target, prompts: list[list[int]], spec: list[DecodeResult], plain: list[DecodeResult]
+) -> list[dict]:
+    """Where greedy speculative output left plain greedy output: per diverging prompt, the first differing
+    position and the target's logit gap there between its plain token and the speculative one, recomputed in one
+    teacher-forced forward (a gap within the target's rounding noise is a near-tie, not a verifier bug)."""
+    out = []
+    for i, (s, p) in enumerate(zip(spec, plain, strict=True)):
+        if s.tokens == p.tokens:
+            continue
+        shared = min(len(s.tokens), len(p.tokens))
+        pos = next((j for j in range(shared) if s.tokens[j] != p.tokens[j]), shared)
+        if pos == shared:  # one stopped earlier (an EOS only one of them produced)
+            out.append({"prompt": i, "position": pos, "gap": None})
+            continue
+        logits = target(torch.tensor([prompts[i] + p.tokens[:pos]]), with_features=False).logits[0, -1]
+        top2 = logits.topk(2).values
+        out.append(
+            {
+                "prompt": i,
+                "position": pos,
+                "gap": round(float(logits[p.tokens[pos]] - logits[s.tokens[pos]]), 4),
+                "top2_gap": round(float(top2[0] - top2[1]), 4),
+            }
+        )
+    return out
 
 
 @torch.no_grad()
@@ -125,8 +242,9 @@ class ScoreConfig:
     """The prompt's field name in JSONL / dataset sources."""
     num_prompts: int = 20
     """How many prompts to use (the first N)."""
-    k: int = 4
-    """Tokens drafted per round."""
+    k: int | str = 4
+    """Tokens drafted per round, or ``auto``: per drafter, the K (and static tree size) of highest predicted speed
+    on this machine (``choose_shapes``)."""
     sampling: Sampling = Sampling(0.0)
     """Greedy (temperature 0) or lossless speculative sampling at this temperature / top-p."""
     max_new_tokens: int = 64
@@ -140,10 +258,13 @@ class ScoreConfig:
     compile: bool = False
     """``torch.compile`` the target's and the draft LMs' forwards (``Target.compile``), for plain and speculative
     decoding alike: pays on small models, whose eager forward is mostly Python and dispatch overhead."""
+    batch_invariant: bool | None = None
+    """Compute the target's rows as they would be computed alone (``core.numerics``): greedy speculative output
+    then equals plain greedy output bit for bit in bf16 too, at a cost to plain decoding. None: on for bf16/fp16."""
 
     def __post_init__(self) -> None:
-        if self.k <= 0:
-            raise DraftsmithError(f"-k must be a positive integer, got {self.k}")
+        if self.k != AUTO_K and not (isinstance(self.k, int) and self.k > 0):
+            raise DraftsmithError(f"-k must be a positive integer or auto, got {self.k!r}")
         if self.max_new_tokens <= 0:
             raise DraftsmithError(f"--max-new-tokens must be positive, got {self.max_new_tokens}")
 
@@ -152,7 +273,7 @@ def score(
     target: str,
     drafter: list[str],
     prompts: str = "builtin:heldout",
-    k: int = 4,
+    k: int | str = 4,
     temperature: float = 0.0,
     top_p: float = 1.0,
     max_new_tokens: int = 64,
@@ -165,15 +286,19 @@ def score(
     tree_size: int = 16,
     tree_top_k: int = 4,
     compile: bool = False,
+    dtype: str | None = None,
+    batch_invariant: bool | None = None,
 ) -> dict:
     """Score drafters against a target by real speculative decoding.
 
     Args:
-        target: local Hugging Face model directory of the target.
+        target: ``default``, ``smollm2`` or a local Hugging Face model directory, optionally ``:DTYPE``.
         drafter: one or more drafters, each ``[NAME=]SPEC`` with SPEC ``ngram[:N]``, ``target``, a
             trained drafter's ``.ckpt`` or native dir, or a Hugging Face draft-model directory.
-        prompts: ``builtin:heldout``, a JSONL file or a local dataset.
-        k: tokens drafted per round.
+        prompts: ``builtin:heldout``, ``builtin:chat-heldout``, ``builtin:mt-bench`` (its 80 first turns, scored per
+            category too), a JSONL file or a local dataset.
+        k: tokens drafted per round, or ``auto``: per drafter, the K (and static tree size) that maximises the
+            predicted speed τ(K) / (r(K+1) + K·c) from its validation acceptance and this machine's r and c.
         temperature: 0 for greedy verification, > 0 for lossless speculative sampling.
         top_p: nucleus mass applied to the target's distribution.
         max_new_tokens: tokens generated per prompt.
@@ -191,6 +316,11 @@ def score(
         tree_top_k: dynamic trees: nodes expanded per depth, children per expanded node.
         compile: ``torch.compile`` the target's and the draft LMs' forwards (plain decoding included); a warm-up
             (the first two prompts, decoded untimed before the scored pass) pays the compilation.
+        dtype: the dtype the target computes in: float32, bfloat16, float16 or auto (its checkpoint's, in bf16
+            only where this machine multiplies bf16 natively); default: the target's ``:DTYPE``, else auto.
+        batch_invariant: the target computes each row as it would alone, so greedy output is exact in bf16 too
+            (default: on for bf16/fp16 targets; ``--batch_invariant false`` for the fastest kernels, whose
+            divergences the report then locates and measures).
     """
     try:
         sampling = Sampling(temperature, top_p)
@@ -198,17 +328,17 @@ def score(
         raise DraftsmithError(str(e)) from None
     config = ScoreConfig(
         prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
-        TreePolicy(tree, tree_size, tree_top_k), compile,
+        TreePolicy(tree, tree_size, tree_top_k), compile, batch_invariant,
     )  # fmt: skip
-    return score_specs(target, [parse_spec(d) for d in drafter], config, Path(out))
+    return score_specs(parse_target(target, dtype), [parse_spec(d) for d in drafter], config, Path(out))
 
 
 def score_specs(
-    target: str | Path, drafters: list[Named], cfg: ScoreConfig, out: Path, stage: dict | None = None
+    target: str | Path | TargetSpec, drafters: list[Named], cfg: ScoreConfig, out: Path, stage: dict | None = None
 ) -> dict:
-    """Score ``drafters`` on ``target`` (a built-in name or model dir) as ``cfg`` says; writes
+    """Score ``drafters`` on ``target`` (a built-in name or model dir, ``:DTYPE`` optional) as ``cfg`` says; writes
     ``out/report.{json,md}`` and its manifest (``stage``: the inputs ``is_current`` compares), returns the report."""
-    t = load_target(target)
+    t = load_target(target, batch_invariant=cfg.batch_invariant)
     loaded = {d.name: build_drafter(d.spec, t) for d in drafters}
     if cfg.online_adapt:
         from draftsmith.families.online.drafter import adapt_online
@@ -220,8 +350,13 @@ def score_specs(
     if cfg.compile:
         for compiled in [t, *loaded.values()]:
             compiled.compile()
-    ids = [encode(p, t.tokenizer) for p in load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)]
-    plain, rows = score_drafters(t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed)
+    loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
+    ids = [encode(p, t.tokenizer) for p in loaded_prompts]
+    categories = [p.category for p in loaded_prompts]
+    categories = categories if any(c is not None for c in categories) else None
+    plain, rows = score_drafters(
+        t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed, categories=categories
+    )
     report = {
         "config": {
             "prompts": cfg.prompts,
@@ -235,9 +370,11 @@ def score_specs(
             "tree": cfg.tree.kind,
             "tree_size": cfg.tree.size if cfg.tree.kind != "chain" else None,
             "compile": cfg.compile,
+            "dtype": t.dtype,
+            "batch_invariant": t.batch_invariant,
             "command": " ".join(sys.argv),
         },
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": machine_record(),
         "target": t.fingerprint,
         "plain": plain,
         "drafters": rows,

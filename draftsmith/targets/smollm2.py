@@ -116,9 +116,3 @@ def target_dir(dtype: str = "float32") -> Path:
         print(f"target smollm2: converting {source.name} ({dtype}) to {out} (once; ~1 min)")
         convert(source, out, dtype)
     return out
-
-
-def resolve(name: str) -> Path:
-    """``smollm2`` (float32) or ``smollm2:<dtype>`` as a directory."""
-    _, _, dtype = name.partition(":")
-    return target_dir(dtype or "float32")

@@ -107,12 +107,13 @@ def export_pretrained(target_dir: Path, checkpoint: Path, out: Path, name: str =
     import torch
 
     from draftsmith.core.native import save_native
-    from draftsmith.core.target import Target
     from draftsmith.families.registry import load_network
+    from draftsmith.targets import load_target
 
-    target = Target.from_pretrained(target_dir)
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    target = load_target(target_dir, dtype=saved.get("draftsmith", {}).get("target", {}).get("dtype", "float32"))
     network, _ = load_network(checkpoint, target)
-    score = torch.load(checkpoint, map_location="cpu", weights_only=False)["callbacks"]
+    score = saved["callbacks"]
     best = next((v["best_model_score"] for k, v in score.items() if "ModelCheckpoint" in k), None)
     extra = {"checkpoint": str(checkpoint), "val_tau_est": float(best) if best is not None else None}
     return save_native(network, target, out / "drafters" / name, extra)

@@ -271,13 +271,12 @@ def export_draft_lm(checkpoint: str | Path, out: str | Path, target: str | Path 
     Face model dir under ``out/hf`` (``save_pretrained`` + the target's tokenizer; any HF engine loads it)."""
     from draftsmith import targets
     from draftsmith.core.native import save_native
-    from draftsmith.core.target import Target
     from draftsmith.families.registry import load_network
 
     info = torch.load(checkpoint, map_location="cpu", weights_only=False).get("draftsmith", {})
     if info.get("method") != "draft_lm":
         raise DraftsmithError(f"{checkpoint}: not a draft_lm checkpoint")
-    target_obj = Target.from_pretrained(targets.resolve(target or info["target"]["name"]))
+    target_obj = targets.load_target(target or info["target"]["name"], dtype=info["target"].get("dtype", "float32"))
     network, _ = load_network(checkpoint, target_obj)
     out = save_native(network, target_obj, out)
     network.merged().model.save_pretrained(out / "hf")

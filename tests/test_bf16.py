@@ -1,0 +1,227 @@
+"""A bfloat16 target: exact greedy output (batch-invariant numerics), lossless sampling, dtype in the fingerprint,
+the dtype spec and ``auto``, and the report's divergence diagnosis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_llama
+from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, sampled_pairs
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftsmith import targets
+from draftsmith.core import machine
+from draftsmith.core.draft import DecodeResult
+from draftsmith.core.numerics import is_batch_invariant, make_batch_invariant
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import ALLOW_DTYPE_MISMATCH, Target, check_fingerprint, rollback
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval import verifier as verifier_module
+from draftsmith.eval.score import divergences, score_drafters
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.ngram.drafter import NGramDrafter
+
+WIDE_V = 512
+
+
+def wide_bf16_llama(seed: int = 0) -> LlamaForCausalLM:
+    """Two layers of SmolLM2's widths (576 hidden, 1,536 MLP, 9/3 heads) in bf16: wide enough that the CPU's bf16
+    kernels round a one-row Linear differently from a many-row one (measured here: up to 0.014 in the logits)."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=WIDE_V,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=2,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    return model.to(torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def bf16_target() -> Target:
+    return Target(wide_bf16_llama(), name="wide-bf16")
+
+
+def step_and_block_logits(target: Target, ids: torch.Tensor, past: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of ``n`` tokens after ``past`` cached ones: one-token steps (plain decoding) and one forward (a
+    verification)."""
+    cache = target.new_cache()
+    target(ids[:, :past], cache, with_features=False)
+    steps = torch.stack(
+        [target(ids[:, past + j : past + j + 1], cache, with_features=False).logits[0, -1] for j in range(n)]
+    )
+    rollback(cache, past)
+    return steps, target(ids[:, past : past + n], cache, with_features=False).logits[0]
+
+
+def test_bf16_target_is_batch_invariant_by_default_and_float32_is_not_changed(bf16_target, target):
+    assert bf16_target.dtype == "bfloat16" and bf16_target.batch_invariant
+    assert bf16_target.model.config._attn_implementation == "eager"
+    assert target.dtype == "float32" and not target.batch_invariant
+
+
+def test_batch_invariant_bf16_verification_rows_equal_one_token_steps_bit_for_bit(bf16_target):
+    ids = torch.randint(0, WIDE_V, (1, 160), generator=torch.Generator().manual_seed(0))
+    for past in (7, 140):
+        steps, block = step_and_block_logits(bf16_target, ids, past, 8)
+        assert torch.equal(steps, block)
+
+
+def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others():
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(1536, 576, bias=False)).to(torch.bfloat16)
+    x = (torch.randn(8, 1536) * 0.5).to(torch.bfloat16)
+    with torch.no_grad():
+        raw = torch.cat([layer(x[i : i + 1]) for i in range(8)])
+        make_batch_invariant(layer)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(8)])
+        together = layer(x)
+    assert torch.equal(alone, together)
+    if torch.equal(raw, together):
+        pytest.skip("this machine's one-row bf16 Linear already rounds as the many-row one")
+
+
+def test_fast_bf16_kernels_round_rows_differently_here():
+    """What batch invariance fixes: without it, this machine's bf16 kernels give a verification row other values
+    than the same row computed alone (skipped on a machine whose kernels happen to agree)."""
+    fast = Target(wide_bf16_llama(), batch_invariant=False)
+    assert not is_batch_invariant(fast.model)
+    ids = torch.randint(0, WIDE_V, (1, 160), generator=torch.Generator().manual_seed(0))
+    steps, block = step_and_block_logits(fast, ids, 140, 8)
+    if torch.equal(steps, block):
+        pytest.skip("this machine's bf16 kernels are row-invariant without help")
+    assert (steps - block).abs().max() > 0
+
+
+@pytest.mark.parametrize("drafter_kind", ["ngram", "noisy_lm", "self"])
+@pytest.mark.parametrize("k", [2, 5])
+def test_bf16_greedy_speculative_output_equals_plain_greedy(bf16_target, drafter_kind, k):
+    drafter = {
+        "ngram": lambda: NGramDrafter(max_ngram=2),
+        "noisy_lm": lambda: DraftLM(make_llama(seed=5, layers=1, hidden=32, vocab=WIDE_V)),
+        "self": lambda: DraftLM(bf16_target.model),
+    }[drafter_kind]()
+    decoder = SpeculativeDecoder(bf16_target, drafter, k, Sampling())
+    g = torch.Generator().manual_seed(1)
+    for n in (6, 40, 120):
+        prompt = torch.randint(0, WIDE_V, (n,), generator=g).tolist()
+        prompt = prompt + prompt[: n // 2]  # repeats give the n-gram drafter something to propose
+        spec = decoder.generate(prompt, 40)
+        assert spec.tokens == plain_decode(bf16_target, prompt, 40, Sampling()).tokens
+        if drafter_kind == "self":
+            assert all(a == d for a, d in zip(spec.accepted, spec.drafted, strict=True))
+
+
+@pytest.fixture(scope="module")
+def small_bf16_pair():
+    target = Target(make_llama(seed=11, layers=1, hidden=32, vocab=SMALL_V).to(torch.bfloat16))
+    drafter = DraftLM(make_llama(seed=12, layers=1, hidden=32, vocab=SMALL_V))
+    target.model.lm_head.weight.data.mul_(0.15)
+    return target, drafter
+
+
+def test_bf16_speculative_sampling_is_distributed_as_the_target(small_bf16_pair):
+    target, drafter = small_bf16_pair
+    sampling = Sampling(temperature=1.0)
+    counts = sampled_pairs(target, drafter, [1, 2, 3], sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) > 1e-3
+
+
+def test_bf16_chi_square_catches_a_wrong_acceptance_rule(small_bf16_pair, monkeypatch):
+    def broken(p, q, draft, generator):  # resamples from p after a rejection instead of the residual
+        for i, d in enumerate(draft):
+            if torch.rand((), generator=generator) * q[i, d] < p[i, d]:
+                continue
+            return i, int(torch.multinomial(p[i], 1, generator=generator))
+        return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
+
+    monkeypatch.setattr(verifier_module, "verify_chain_sampling", broken)
+    target, drafter = small_bf16_pair
+    sampling = Sampling(temperature=1.0)
+    counts = sampled_pairs(target, drafter, [1, 2, 3], sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) < 1e-3
+
+
+def test_dtype_is_part_of_the_fingerprint_and_a_mismatch_is_one_line_naming_both(bf16_target, monkeypatch, capsys):
+    fp32 = Target(wide_bf16_llama().float(), name="wide-bf16")
+    made, used = fp32.fingerprint, bf16_target.fingerprint
+    assert made["dtype"] == "float32" and used["dtype"] == "bfloat16"
+    with pytest.raises(DraftsmithError, match=r"in float32 but is used with it in bfloat16.*--dtype float32") as e:
+        check_fingerprint(made, used, "feature cache X")
+    assert "\n" not in str(e.value)
+    legacy = {k: v for k, v in made.items() if k != "dtype"}  # made before dtypes were recorded: float32
+    check_fingerprint(legacy, fp32.fingerprint, "old data")
+    with pytest.raises(DraftsmithError, match="in float32 but is used with it in bfloat16"):
+        check_fingerprint(legacy, used, "old data")
+    monkeypatch.setenv(ALLOW_DTYPE_MISMATCH, "1")
+    check_fingerprint(made, used, "feature cache X")
+    assert "warning: feature cache X was made with the target in float32" in capsys.readouterr().out
+
+
+def test_target_spec_carries_the_dtype():
+    assert targets.parse_target("smollm2") == targets.TargetSpec("smollm2", "auto")
+    assert targets.parse_target("smollm2:bf16") == targets.TargetSpec("smollm2", "bfloat16")
+    assert targets.parse_target("runs/m:float32", "bfloat16") == targets.TargetSpec("runs/m", "bfloat16")
+    assert targets.parse_target("dir:with:colons") == targets.TargetSpec("dir:with:colons", "auto")
+    assert str(targets.TargetSpec("smollm2", "bfloat16")) == "smollm2:bfloat16"
+    with pytest.raises(DraftsmithError, match="--dtype must be one of float32, bfloat16, float16"):
+        targets.parse_target("smollm2", "int8")
+
+
+def test_auto_dtype_is_the_checkpoints_in_bf16_only_where_native(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    spec = targets.parse_target(str(tmp_path))
+    monkeypatch.setattr(machine, "native_bf16", lambda device="cpu": (True, "the CPU has avx512_bf16"))
+    assert targets.target_dtype(spec, tmp_path) == "bfloat16"
+    monkeypatch.setattr(machine, "native_bf16", lambda device="cpu": (False, "the CPU has no native bf16"))
+    assert targets.target_dtype(spec, tmp_path) == "float32"
+    assert "--dtype auto: float32, as the CPU has no native bf16" in capsys.readouterr().out
+    assert targets.target_dtype(targets.parse_target(f"{tmp_path}:bfloat16"), tmp_path) == "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    assert targets.target_dtype(spec, tmp_path) == "float32"
+    assert targets.checkpoint_dtype(targets.parse_target("smollm2"), tmp_path) == "bfloat16"
+
+
+def test_machine_record_names_the_cpu_and_whether_bf16_is_native():
+    record = machine.machine_record()
+    assert record["cpu"] and isinstance(record["cpu_flags"], list)
+    assert record["native_bf16"] == any(f in record["cpu_flags"] for f in machine.BF16_FLAGS)
+
+
+def test_divergence_report_locates_the_first_differing_token_and_its_logit_gap(bf16_target):
+    prompt = list(range(10))
+    plain = plain_decode(bf16_target, prompt, 8, Sampling())
+    logits = bf16_target(torch.tensor([prompt + plain.tokens[:3]]), with_features=False).logits[0, -1]
+    second = int(logits.topk(2).indices[1])
+    spec = DecodeResult(tokens=plain.tokens[:3] + [second] + plain.tokens[4:])
+    [d] = divergences(bf16_target, [prompt, prompt], [plain, spec], [plain, plain])
+    assert d["prompt"] == 1 and d["position"] == 3
+    assert d["gap"] == pytest.approx(float(logits[plain.tokens[3]] - logits[second]), abs=1e-3)
+    assert d["gap"] == pytest.approx(d["top2_gap"], abs=1e-3)
+
+
+def test_score_with_k_auto_chooses_a_k_per_drafter_and_stays_exact(bf16_target):
+    prompt = torch.randint(0, WIDE_V, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    prompts = [prompt + prompt[:15], prompt[5:] + prompt[:20]]
+    drafters = {"ngram": NGramDrafter(max_ngram=2), "self": DraftLM(bf16_target.model)}
+    _, rows = score_drafters(bf16_target, drafters, prompts, "auto", Sampling(), 24, progress=False)
+    by_name = {r["name"]: r for r in rows}
+    for row in rows:
+        assert 1 <= row["k"] <= 8 and row["k"] == row["auto_k"]["k"]
+        assert row["greedy_exact"] == len(prompts)
+        assert row["auto_k"]["source"] == "calibration"
+    # the target drafting for itself is always accepted: its predicted τ(K) is K + 1
+    self_auto = by_name["self"]["auto_k"]
+    assert self_auto["predicted_tau"] == pytest.approx(self_auto["k"] + 1)
