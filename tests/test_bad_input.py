@@ -93,7 +93,9 @@ def test_non_positive_k_is_refused(target, k):
 
 def test_cli_non_positive_k_is_one_line(model_dirs, prompt_file, tmp_path, capsys):
     err = run_cli(capsys, "score", "--target", str(model_dirs["target"]), "--drafter", "[ngram]", "-k", "0")
-    assert "-k must be a positive integer, got 0" in err
+    assert "-k must be a positive integer or auto, got 0" in err
+    err = run_cli(capsys, "score", "--target", str(model_dirs["target"]), "--drafter", "[ngram]", "-k", "fast")
+    assert "-k must be a positive integer or auto, got 'fast'" in err
 
 
 def test_cli_missing_target_dir(tmp_path, capsys):
