@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine, write
+from common import machine, mtbench_subset, write
 from tqdm.auto import tqdm
 
-from draftsmith.core.machine import machine_record
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
@@ -47,16 +46,6 @@ def load(target_dir: Path) -> dict[str, Target]:
         "bf16 batch-invariant": Target.from_pretrained(target_dir, dtype="bfloat16", batch_invariant=True),
         "bf16 fast kernels": Target.from_pretrained(target_dir, dtype="bfloat16", batch_invariant=False),
     }
-
-
-def mtbench_subset(n: int) -> list:
-    """``n`` MT-bench first turns, the first n / 8 of each category."""
-    per, picked = max(1, n // 8), {}
-    for p in load_prompts("builtin:mt-bench"):
-        picked.setdefault(p.category, [])
-        if len(picked[p.category]) < per:
-            picked[p.category].append(p)
-    return [p for group in picked.values() for p in group]
 
 
 def ratios(targets: dict[str, Target], prompt: list[int], rounds: int = 5) -> dict:
@@ -209,7 +198,7 @@ def main() -> None:
         chat = encode(load_prompts("builtin:chat-heldout", limit=1)[0], tok)
         r_path.write_text(json.dumps(ratios(targets, chat)))
     result = {
-        "machine": machine() | machine_record(),
+        "machine": machine(),
         "max_new_tokens": args.max_new_tokens,
         "r": json.loads(r_path.read_text()),
         "sets": {},

@@ -16,12 +16,26 @@ HELDOUT = {"default": "builtin:heldout", "smollm2": "builtin:chat-heldout"}
 """Each built-in target's held-out prompt set, what the decoding benchmarks score on."""
 
 
+def mtbench_subset(n: int) -> list:
+    """``n`` MT-bench first turns: the first n / 8 questions of each of its 8 categories."""
+    from draftsmith.data.prompts import load_prompts
+
+    per, picked = max(1, n // 8), {}
+    for p in load_prompts("builtin:mt-bench"):
+        group = picked.setdefault(p.category, [])
+        if len(group) < per:
+            group.append(p)
+    return [p for group in picked.values() for p in group]
+
+
 def machine() -> dict:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         sha = ""
-    return {
+    from draftsmith.core.machine import machine_record
+
+    return machine_record() | {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

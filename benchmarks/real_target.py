@@ -1,6 +1,8 @@
 """Every drafter family on a real pretrained LLM: SmolLM2-135M-Instruct (``--target smollm2``).
 
     python benchmarks/real_target.py [--out runs/real_target] [--num-prompts 8] [--max-new-tokens 64]
+    python benchmarks/real_target.py --dtype bfloat16 --out runs/real_target_bf16 --name real_target_bf16 \
+        --ks 2 4 auto --num-prompts 32 --max-new-tokens 128 --sets chat-heldout mt-bench --blocks greedy --skip-head
 
 Stages (each reused from ``--out`` when finished, so an interrupted run resumes):
 1. the quickstart's SmolLM2 plan: on-policy data on the built-in chat prompts, the feature cache, EAGLE-3,
@@ -13,7 +15,10 @@ Stages (each reused from ``--out`` when finished, so an interrupted run resumes)
 HF transformers' own decoding on the same target and draft LM: ``benchmarks/baselines.py --target smollm2``.
 The defaults fit about an hour of scoring on 2 CPU cores; ``--ks 2 4 6 --trees eagle3-tree medusa1-tree
 hydrapp-tree`` is the full plan.
-Writes ``benchmarks/results/real_target.{json,md}`` and PNG plots beside them.
+``--dtype`` trains and scores against the target in that dtype (bf16: batch-invariant, ``core.numerics``); ``--sets``
+adds MT-bench (``--num-prompts`` / 8 questions per category, τ and speedup per category); ``--ks auto`` adds a block
+where each drafter runs at the K ``score --k auto`` chooses.
+Writes ``benchmarks/results/<--name>.{json,md}`` and PNG plots beside them.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import RESULTS, machine, write
+from common import RESULTS, machine, mtbench_subset, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
@@ -34,7 +39,7 @@ from draftsmith.eval.report import markdown_table
 from draftsmith.eval.score import score_drafters, verify_ratios
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.targets import resolve
+from draftsmith.targets import load_target, resolve
 from draftsmith.train.suite import PLANS, make_data, train_all
 
 CHAINS = ["ngram", "eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm", "draft_lm_undistilled", "eagle1-adaptive"]
@@ -79,8 +84,9 @@ def scored(path: Path, run) -> dict:
     return result
 
 
-def block(target, names, drafters, prompts, k, sampling, max_new) -> dict:
-    plain, rows = score_drafters(target, load(names, target, drafters, k), prompts, k, sampling, max_new)
+def block(target, names, drafters, prompts, k, sampling, max_new, categories=None) -> dict:
+    loaded = load(names, target, drafters, 4 if k == "auto" else k)
+    plain, rows = score_drafters(target, loaded, prompts, k, sampling, max_new, categories=categories)
     return {"k": k, "temperature": sampling.temperature, "top_p": sampling.top_p, "plain": plain, "drafters": rows}
 
 
@@ -91,12 +97,14 @@ def cost_ratios(target: Target, prompt: list[int], ks: list[int], repeats: int =
 
 
 def markdown(result: dict) -> str:
+    m = result["machine"]
     lines = [
-        "# Every family on SmolLM2-135M-Instruct",
+        f"# Every family on SmolLM2-135M-Instruct ({result.get('dtype', 'float32')})",
         "",
-        f"`{result['machine']['command']}` at `{result['machine']['git']}` on {result['machine']['date']} "
-        f"({result['machine']['platform']}, {result['machine']['threads']} threads; load average before / after "
-        f"{result['load'][0]} / {result['load'][1]}). Held-out chat prompts: {result['num_prompts']} × "
+        f"`{m['command']}` at `{m['git']}` on {m['date']} ({m.get('cpu', m['platform'])}"
+        f"{', ' + ', '.join(m['cpu_flags']) if m.get('cpu_flags') else ''}; {m['threads']} threads; load average "
+        f"before / after {result['load'][0]} / {result['load'][1]}). Target in {result.get('dtype', 'float32')}"
+        f"{' (batch-invariant)' if result.get('batch_invariant') else ''}. {result['num_prompts']} prompts per set × "
         f"{result['max_new_tokens']} new tokens. Each table is one run, every row interleaved per prompt with "
         "plain decoding of the same target.",
         "",
@@ -108,49 +116,95 @@ def markdown(result: dict) -> str:
     ]
     for title, b in result["blocks"].items():
         lines += ["", f"## {title}", "", markdown_table(b["drafters"], b["plain"]), ""]
-    lines += ["", "HF transformers' decoding on this target: `benchmarks/results/baselines_smollm2.md`."]
-    lines += ["", "![speedup](real_target_speedup.png) ![tau](real_target_tau_vs_k.png)", ""]
+        auto = [d for d in b["drafters"] if d.get("auto_k")]
+        if auto:
+            lines += ["| drafter | chosen K | source | predicted τ | predicted × | measured τ | measured × |"]
+            lines += ["|---|---|---|---|---|---|---|"]
+            for d in auto:
+                a = d["auto_k"]
+                lines.append(
+                    f"| {d['name']} | {a['k']} | {a['source']} | {a['predicted_tau']:.2f} | "
+                    f"{a['predicted_speedup']:.2f}× | {d['tau']:.2f} | {d['speedup']:.2f}× |"
+                )
+            lines.append("")
+        with_categories = [d for d in b["drafters"] if d.get("categories")]
+        if with_categories:
+            lines += ["Per MT-bench category (τ / speedup):", ""]
+            lines += ["| drafter | " + " | ".join(with_categories[0]["categories"]) + " |"]
+            lines += ["|---|" + "---|" * len(with_categories[0]["categories"])]
+            for d in with_categories:
+                cells = [f"{c['tau']:.2f} / {c['speedup']:.2f}×" for c in d["categories"].values()]
+                lines.append(f"| {d['name']} | " + " | ".join(cells) + " |")
+            lines.append("")
+    if result.get("dtype", "float32") == "float32":
+        lines += ["", "HF transformers' decoding on this target: `benchmarks/results/baselines_smollm2.md`."]
+    lines += ["", f"![speedup]({result['name']}_speedup.png) ![tau]({result['name']}_tau_vs_k.png)", ""]
     return "\n".join(lines)
+
+
+def prompt_sets(names: list[str], plan, tokenizer, n: int) -> dict[str, tuple[list[list[int]], list | None]]:
+    """Each set's encoded prompts and categories (MT-bench: n / 8 per category; chat-heldout: the first n)."""
+    out = {}
+    for name in names:
+        loaded = mtbench_subset(n) if name == "mt-bench" else load_prompts(plan.prompts[1], limit=n)
+        categories = [p.category for p in loaded] if name == "mt-bench" else None
+        out[name] = ([encode(p, tokenizer) for p in loaded], categories)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/real_target"))
+    parser.add_argument("--name", default="real_target", help="results file name under benchmarks/results")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--ks", type=int, nargs="+", default=[4], help="chain draft lengths (4 is always scored)")
+    parser.add_argument("--ks", nargs="+", default=["4"], help="chain draft lengths (4 is always scored) or auto")
+    parser.add_argument("--sets", nargs="+", default=["chat-heldout"], choices=["chat-heldout", "mt-bench"])
+    parser.add_argument("--chains", nargs="+", default=CHAINS, choices=CHAINS, help="drafters scored as chains at K=4")
     parser.add_argument("--trees", nargs="*", default=["eagle3-tree"], choices=list(TREES))
     parser.add_argument("--sampled", nargs="*", default=SAMPLED, help="drafters scored with T = 0.7, top-p 0.9")
     parser.add_argument("--blocks", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     parser.add_argument("--skip-head", action="store_true", help="no SpecDec++ head (no eagle1-adaptive row)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    plan = replace(PLANS["smollm2"], acceptance_head=not args.skip_head)
-    chains = [c for c in CHAINS if not (args.skip_head and c == "eagle1-adaptive")]
+    plan = replace(PLANS["smollm2"], acceptance_head=not args.skip_head, dtype=args.dtype)
+    chains = [c for c in args.chains if not (args.skip_head and c == "eagle1-adaptive")]
     target_dir = resolve("smollm2")
     data = make_data(target_dir, args.out, plan.budget, plan)
     train_all(target_dir, data, args.out, plan.budget, plan)
     drafters = args.out / "drafters"
-    target = Target.from_pretrained(target_dir)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts(plan.prompts[1], limit=args.num_prompts)]
+    target = load_target(plan.target(target_dir))
+    sets = prompt_sets(args.sets, plan, target.tokenizer, args.num_prompts)
     greedy, sampled = Sampling(0.0), Sampling(0.7, 0.9)
     blocks, n = {}, args.max_new_tokens
     scores = args.out / "bench"
-    for k in sorted({4, *args.ks}):
-        names = chains + args.trees if k == 4 else SHORT_LIST
-        title = f"greedy, K = {k}" + (", chains and trees" if k == 4 else "")
-        blocks[title] = scored(
-            scores / f"greedy-k{k}.json", lambda k=k, names=names: block(target, names, drafters, prompts, k, greedy, n)
-        )
-    if "sampled" in args.blocks:
-        blocks["sampled T = 0.7, top-p 0.9, K = 4"] = scored(
-            scores / "sampled-k4.json", lambda: block(target, args.sampled, drafters, prompts, 4, sampled, n)
-        )
-    r = scored(scores / "r.json", lambda: cost_ratios(target, prompts[0], [2, 4, 6]))
+    ks = sorted({4, *(int(k) for k in args.ks if k != "auto")}) + (["auto"] if "auto" in args.ks else [])
+    for set_name, (prompts, categories) in sets.items():
+        tag = "" if set_name == "chat-heldout" else f"-{set_name}"
+        for k in ks:
+            names = chains + args.trees if k == 4 else SHORT_LIST
+            title = f"{set_name}, greedy, K = {k}" + (", chains and trees" if k == 4 else "")
+            blocks[title] = scored(
+                scores / f"greedy-k{k}{tag}.json",
+                lambda k=k, names=names, prompts=prompts, categories=categories: block(
+                    target, names, drafters, prompts, k, greedy, n, categories
+                ),
+            )
+        if "sampled" in args.blocks:
+            blocks[f"{set_name}, sampled T = 0.7, top-p 0.9, K = 4"] = scored(
+                scores / f"sampled-k4{tag}.json",
+                lambda prompts=prompts: block(target, args.sampled, drafters, prompts, 4, sampled, n),
+            )
+    first = next(iter(sets.values()))[0][0]
+    r = scored(scores / "r.json", lambda: cost_ratios(target, first, [2, 4, 6]))
     result = {
         "machine": machine(),
+        "name": args.name,
+        "dtype": target.dtype,
+        "batch_invariant": target.batch_invariant,
         "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "num_prompts": len(prompts),
+        "num_prompts": args.num_prompts,
         "max_new_tokens": n,
         "r": r,
         "blocks": blocks,
@@ -159,11 +213,15 @@ def main() -> None:
             for name in ["eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm"]
         },
     }
-    k4 = blocks["greedy, K = 4, chains and trees"]
-    plots.speedup_bars(k4["drafters"], k4["plain"], RESULTS / "real_target_speedup.png")
-    by_k = {b["k"]: [d for d in b["drafters"] if d["name"] in SHORT_LIST] for t, b in blocks.items() if "greedy" in t}
-    plots.tau_vs_k(by_k, RESULTS / "real_target_tau_vs_k.png")
-    write("real_target", result, markdown(result))
+    k4 = blocks[f"{args.sets[0]}, greedy, K = 4, chains and trees"]
+    plots.speedup_bars(k4["drafters"], k4["plain"], RESULTS / f"{args.name}_speedup.png")
+    by_k = {
+        b["k"]: [d for d in b["drafters"] if d["name"] in SHORT_LIST]
+        for t, b in blocks.items()
+        if "greedy" in t and t.startswith(args.sets[0]) and b["k"] != "auto"
+    }
+    plots.tau_vs_k(by_k, RESULTS / f"{args.name}_tau_vs_k.png")
+    write(args.name, result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -95,3 +95,23 @@ def test_cache_for_other_layers_data_or_length_is_refused(setup, cache, tmp_path
         other.check_target(model.target)
     with pytest.raises(DraftsmithError, match="other settings"):
         cache_features(str(setup["target"]), setup["data-train"], [2], cache, max_length=64, shard_rows=32)
+
+
+def test_bf16_data_caches_in_bf16_trains_a_bf16_drafter_and_refuses_the_float32_target(setup, tmp_path):  # noqa: F811
+    from draftsmith.data.generate import generate
+    from draftsmith.data.shards import read_metadata
+    from draftsmith.families.eagle.module import EagleModule
+
+    target = str(setup["target"])
+    common = {"max_new_tokens": 8, "device": "cpu", "num_prompts": 8}
+    data = generate(f"{target}:bf16", str(setup["train.jsonl"]), tmp_path / "data", temperature=1.0, **common)
+    assert read_metadata(data)["target"]["dtype"] == "bfloat16"
+    cache = cache_features(target, data, [2], tmp_path / "features", max_length=32)  # the data's dtype
+    assert json.loads((cache / "features.json").read_text())["target"]["dtype"] == "bfloat16"
+    with pytest.raises(DraftsmithError, match="in bfloat16 but is used with it in float32.*--dtype bfloat16"):
+        cache_features(f"{target}:float32", data, [2], tmp_path / "features32", max_length=32)
+    model = EagleModule(f"{target}:bfloat16", version=1)
+    assert model.target.dtype == "bfloat16" and model.target.batch_invariant
+    batch = first_batch(GeneratedDataModule(str(data), str(data), batch_size=4, max_length=32))
+    losses = model.losses(batch, model.target_forward(batch))  # float32 drafter on bf16 target features
+    assert torch.isfinite(losses["loss"])

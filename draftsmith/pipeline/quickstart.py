@@ -18,7 +18,7 @@ import logging
 import shutil
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import transformers
@@ -116,7 +116,9 @@ def _target_dir(target: str, fast: bool) -> Path:
     return path
 
 
-def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: str = "default") -> Path:
+def quickstart(
+    out: Path | None = None, fast: bool = False, k: int = 4, target: str = "default", dtype: str = "auto"
+) -> Path:
     """Build (or reuse) a built-in target, generate on-policy data, train every drafter family, score them all
     at several draft lengths, and write the comparison report with plots to ``out/report``.
 
@@ -127,6 +129,8 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
         k: tokens drafted per round in the main table (also scored: the plan's other K).
         target: ``default`` (the embedded toy target, minutes) or ``smollm2`` (SmolLM2-135M-Instruct, about an hour
             on 2 CPU cores).
+        dtype: the dtype the target computes in everywhere (``auto``: its released one, bf16 for ``smollm2``, in
+            bf16 only where this machine multiplies it natively).
     """
     if target not in PLANS:
         raise DraftsmithError(f"quickstart: --target must be one of {', '.join(PLANS)}, got {target!r}")
@@ -141,6 +145,10 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
     stages = Stages(STAGES)
     stages.start("target")
     target_dir = _target_dir(target, fast)
+    resolved = targets.target_dtype(targets.parse_target(target, dtype), target_dir)
+    if resolved != targets.checkpoint_dtype(targets.TargetSpec(str(target_dir)), target_dir):
+        plan = replace(plan, dtype=resolved)
+    print(f"  computing in {resolved}")
     stages.start("on-policy data from the target")
     data = make_data(target_dir, out, budget, plan)
     write_manifest(out, target=shards.read_metadata(data[0])["target"], plan=target, fast=fast, k=k)
@@ -160,7 +168,7 @@ def quickstart(out: Path | None = None, fast: bool = False, k: int = 4, target: 
         config = ScoreConfig(plan.prompts[1], num_prompts=budget.score_prompts, k=kk, max_new_tokens=budget.new_tokens)
         stage = {"score": [asdict(s) | {"kind": type(s.spec).__name__} for s in specs], "config": asdict(config)}
         if not is_current(path, stage):
-            score_specs(target_dir, specs, config, path, stage)
+            score_specs(plan.target(target_dir), specs, config, path, stage)
     stages.start("export the fastest drafter for serving")
     best = export_best(out, {n: p for n, p in trained.items() if not n.endswith("-head")}, k)
     print(

@@ -42,20 +42,22 @@ a minute more when pre-training a fresh student too)."""
 
 
 def pretrain(
-    target_dir: Path, val: Path, out: Path, budget: DraftLMBudget = DraftLMBudget(), force: bool = False
+    target: str | Path, val: Path, out: Path, budget: DraftLMBudget = DraftLMBudget(), force: bool = False
 ) -> Path:
-    """Pre-train a fresh student on the target's corpus (next-token cross-entropy); returns its best
-    checkpoint by ``val/tau_est`` on ``val`` (greedy generated data), reused unless ``force``."""
+    """Pre-train a fresh student on the corpus of ``target`` (a dir or ``DIR:DTYPE``; next-token cross-entropy);
+    returns its best checkpoint by ``val/tau_est`` on ``val`` (greedy generated data), reused unless ``force``."""
+    from draftsmith.targets import resolve
+
     root = out / "fit" / "draft_lm_pretrain"
     best = root / "best.ckpt"
     run = FitRun(
-        target=str(target_dir),
+        target=str(target),
         out=root,
         steps=budget.pretrain_steps,
         lr=budget.lr,
         model={"loss": "ce", "shape": asdict(budget.shape)},
         data={
-            "tokenizer": str(target_dir),
+            "tokenizer": str(resolve(target)),
             "val": str(val),
             "batch_size": budget.pretrain_batch_size,
             "max_tokens": budget.pretrain_steps * budget.pretrain_batch_size * 128,
@@ -71,7 +73,7 @@ def pretrain(
 
 
 def distill(
-    target_dir: Path,
+    target: str | Path,
     data: tuple[Path, Path],
     init: Path,
     out: Path,
@@ -82,11 +84,11 @@ def distill(
     force: bool = False,
 ) -> Path:
     """Distil the student at ``init`` into the target on ``data`` (train, val) with ``loss`` and on-policy
-    share λ = ``on_policy``; exports the best checkpoint to ``out/drafters/<name>`` (reused unless ``force``)."""
+    share λ = ``on_policy`` (``target``: a dir or ``DIR:DTYPE``); exports the best checkpoint to ``out/drafters/<name>`` (reused unless ``force``)."""
     return fit_export(
         "draft_lm",
         FitRun(
-            target=str(target_dir),
+            target=str(target),
             train=str(data[0]),
             val=str(data[1]),
             out=out / "fit" / name,
@@ -96,7 +98,7 @@ def distill(
             model={"init": str(init), "loss": loss, "on_policy": on_policy},
             trainer={"enable_model_summary": False},
         ),
-        target_dir,
+        target,
         out / "drafters" / name,
         force,
     )
@@ -120,7 +122,7 @@ def export_pretrained(target_dir: Path, checkpoint: Path, out: Path, name: str =
 
 
 def train_distilled_draft_lm(
-    target_dir: Path,
+    target: str | Path,
     data: tuple[Path, Path],
     out: Path,
     budget: DraftLMBudget = QUICK,
@@ -135,8 +137,8 @@ def train_distilled_draft_lm(
     ``out/drafters/draft_lm`` (``--drafter draft_lm=<it>``). Each stage's artifact under ``out`` is reused
     unless ``force``."""
     if init is None:
-        init = pretrain(target_dir, data[1], out, budget, force)
-    return distill(target_dir, data, init, out, "draft_lm", loss, on_policy, budget, force)
+        init = pretrain(target, data[1], out, budget, force)
+    return distill(target, data, init, out, "draft_lm", loss, on_policy, budget, force)
 
 
 def truncated_target(target_dir: Path, layers: int, out: Path) -> Path:

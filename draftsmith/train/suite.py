@@ -69,9 +69,16 @@ class Plan:
     draft_lm_layers: int = 0
     """> 0: the draft LM starts as the target's first N layers with its own embeddings, norm and head
     (``truncated_target``); 0: the target's sibling when it has one, else a fresh student pre-trained on the corpus."""
+    dtype: str = "auto"
+    """The dtype the target computes in for data, features, training and scoring (``targets.TargetSpec``; ``auto``:
+    its checkpoint's)."""
 
     def recipe(self, name: str) -> str:
         return f"{self.recipes}/{name}" if self.recipes else name
+
+    def target(self, target_dir: Path) -> str:
+        """The target spec every stage loads: ``target_dir`` in this plan's dtype."""
+        return str(target_dir) if self.dtype == "auto" else f"{target_dir}:{self.dtype}"
 
 
 SMOLLM2 = Plan(
@@ -105,6 +112,7 @@ def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["d
         "train": {"prompts": plan.prompts[0], **sampled, "num_prompts": budget.train_prompts},
         "val": {"prompts": plan.prompts[1], "temperature": 0.0, "num_prompts": budget.score_prompts},
     }
+    runs = {name: settings | _dtype(plan) for name, settings in runs.items()}
     return tuple(
         _generated(target_dir, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
         for name, settings in runs.items()
@@ -114,8 +122,13 @@ def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["d
 def make_head_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> Path:
     """Greedy continuations of built-in training prompts (``data/head``) for the acceptance head: greedy
     verification runs along the target's greedy text, so that is the text whose acceptances it must predict."""
-    settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts}
+    settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts} | _dtype(plan)
     return _generated(target_dir, out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens})
+
+
+def _dtype(plan: Plan) -> dict:
+    """``generate``'s dtype setting for ``plan`` (none for ``auto``, so earlier manifests stay current)."""
+    return {} if plan.dtype == "auto" else {"dtype": plan.dtype}
 
 
 def recipe_steps(recipe: str, budget: Budget) -> int:
@@ -133,16 +146,18 @@ def train_drafter(
     force: bool = False,
     features: Path | None = None,
     run: FitRun | None = None,
+    target: str | None = None,
 ) -> Path:
     """Fit ``recipe`` (its steps scaled by ``budget``) on ``data`` (train, val) and export its best checkpoint by
     ``val/tau_est`` to ``out/drafters/<name>`` (default: the recipe's name); an export of the same resolved config is
-    reused unless ``force``. ``features``: a feature cache of the training data to train from; ``run``: further settings."""
-    name, run = name or Path(recipe).stem, run or FitRun()
+    reused unless ``force``. ``features``: a feature cache of the training data to train from; ``run``: further settings;
+    ``target``: the target spec to train against (default: ``target_dir`` in its checkpoint's dtype)."""
+    name, run, target = name or Path(recipe).stem, run or FitRun(), target or str(target_dir)
     steps = run.steps or recipe_steps(recipe, budget)
     return fit_export(
         recipe,
         FitRun(
-            target=str(target_dir),
+            target=target,
             train=str(data[0]),
             val=str(data[1]),
             features=str(features) if features else None,
@@ -154,13 +169,15 @@ def train_drafter(
             data=run.data,
             trainer={"enable_model_summary": False} | run.trainer,
         ),
-        target_dir,
+        target,
         out / "drafters" / name,
         force,
     )
 
 
-def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget) -> Path:
+def train_acceptance_head(
+    target: str | Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget
+) -> Path:
     """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``), trained on ``data`` (train,
     val); reused when current.
 
@@ -171,10 +188,10 @@ def train_acceptance_head(target_dir: Path, drafter: Path, data: tuple[Path, Pat
 
     export = out / "drafters" / f"{drafter.name}-head"
     steps = max(10, round(budget.head_steps * budget.fit_scale))
-    stage = {"acceptance_head": str(drafter), "target": str(target_dir), "data": data, "steps": steps}
+    stage = {"acceptance_head": str(drafter), "target": str(target), "data": data, "steps": steps}
     if is_current(export, stage):
         return export
-    path, _ = train_head(str(target_dir), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps)
+    path, _ = train_head(str(target), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps)
     write_manifest(path, stage=stage)
     return path
 
@@ -195,7 +212,9 @@ def train_all(
     for name in plan.drafters:
         recipe = plan.recipe(name)
         print(f"  {name} ({recipe_steps(recipe, budget)} steps, recipe {recipe})")
-        trained[name] = train_drafter(recipe, target_dir, data, out, budget, name=name, features=features)
+        trained[name] = train_drafter(
+            recipe, target_dir, data, out, budget, name=name, features=features, target=plan.target(target_dir)
+        )
     if plan.draft_lm_layers:
         init = draft_lm.truncated_target(target_dir, plan.draft_lm_layers, out / "drafters" / "draft_lm_init")
         what = f"the target's first {plan.draft_lm_layers} layers with its embeddings, norm and head"
@@ -204,9 +223,11 @@ def train_all(
         what = "the target's sibling, pre-trained on its corpus" if init else "a student pre-trained on the corpus"
     print(f"  draft_lm (DistillSpec on-policy distillation of {what})")
     lm_budget = draft_lm.FAST if fast else draft_lm.QUICK
-    trained["draft_lm"] = draft_lm.train_distilled_draft_lm(target_dir, data, out, lm_budget, init=init)
+    trained["draft_lm"] = draft_lm.train_distilled_draft_lm(plan.target(target_dir), data, out, lm_budget, init=init)
     if plan.acceptance_head:
         print("  eagle1 acceptance head (SpecDec++)")
         head_data = (make_head_data(target_dir, out, budget, plan), data[1])
-        trained["eagle1-head"] = train_acceptance_head(target_dir, trained["eagle1"], head_data, out, budget)
+        trained["eagle1-head"] = train_acceptance_head(
+            plan.target(target_dir), trained["eagle1"], head_data, out, budget
+        )
     return trained
