@@ -75,7 +75,8 @@ def cache_features(
     dtype = canonical_dtype(dtype, "features: dtype", DTYPES)
     ds, metadata = load_generated(data)
     spec = parse_target(target)  # no dtype given: the one the data was generated in
-    t = load_target(spec, dtype=metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None)
+    dtype = metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None
+    t = load_target(spec, dtype=dtype, batch_invariant=False)  # whole sequences: the fastest kernels
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
     out = Path(out or f"{str(data).rstrip('/')}-features")

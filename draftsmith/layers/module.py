@@ -59,7 +59,9 @@ class DrafterModule(L.LightningModule):
         super().__init__()
         self.optim = optim or OptimConfig()
         self.estimate = estimate or EstimateConfig()
-        self.target = targets.load_target(target, feature_layers=self.feature_layers_for(str(targets.resolve(target))))
+        # training runs the target on whole sequences, never one row: the fastest kernels, no batch invariance
+        layers = self.feature_layers_for(str(targets.resolve(target)))
+        self.target = targets.load_target(target, feature_layers=layers, batch_invariant=False)
         self.drafter = self.build_drafter()
 
     # -- hooks for families ------------------------------------------------------------
