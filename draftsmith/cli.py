@@ -31,6 +31,7 @@ def _commands() -> dict:
     from draftsmith.eval.compare import report
     from draftsmith.eval.score import score
     from draftsmith.export.registry import export
+    from draftsmith.pipeline.local import pipeline
     from draftsmith.pipeline.quickstart import quickstart
     from draftsmith.pipeline.slurm.status import status as slurm_status
     from draftsmith.pipeline.slurm.submit import pipeline as slurm_pipeline
@@ -43,6 +44,7 @@ def _commands() -> dict:
         "score": score,
         "report": report,
         "export": export,
+        "pipeline": pipeline,
         "quickstart": quickstart,
         "slurm": {"submit": slurm_submit, "pipeline": slurm_pipeline, "status": slurm_status},
     }
@@ -58,6 +60,7 @@ LIST_FLAGS = (
     "--generate_set",
     "--score_set",
     "--stages",
+    "--families",
 )
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
 POSITIONAL = {"report": "--runs", "slurm status": "--run_dir", "export": "--src"}

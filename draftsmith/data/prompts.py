@@ -69,13 +69,23 @@ def _read_dataset(path: Path, field: str) -> list[Prompt]:
                 f"prompts: don't know how to read {path} (use .jsonl, .json, .csv, .parquet or a dataset dir)"
             )
         else:
-            ds = datasets.load_dataset(ext, data_files=str(path), split="train")
+            try:
+                ds = datasets.load_dataset(ext, data_files=str(path), split="train")
+            except datasets.exceptions.DatasetGenerationError as e:
+                raise DraftsmithError(f"prompts: {path} could not be read as {ext}: {_root(e)}") from None
     else:
         raise DraftsmithError(f"prompts: {path} does not exist (give a .jsonl file, a dataset dir or builtin:heldout)")
     cols = ds.column_names
     if field not in cols and "messages" not in cols:
         raise DraftsmithError(f"prompts: {path} has no column {field!r} or 'messages' (columns: {cols})")
     return [parse_record(row, f"{path}[{i}]", field) for i, row in enumerate(ds)]
+
+
+def _root(e: BaseException) -> str:
+    """The innermost cause of a dataset loader's error, in one line (e.g. a UnicodeDecodeError)."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def encode(prompt: Prompt, tokenizer, chat_template: bool = True) -> list[int]:

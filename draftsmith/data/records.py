@@ -42,11 +42,17 @@ def read_jsonl(path: Path, field: str = "prompt") -> list[Prompt]:
     if not path.is_file():
         raise DraftsmithError(f"prompts: file not found: {path}")
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DraftsmithError(
+                    f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
-from draftsmith.eval.report import markdown_table
+from draftsmith.eval.report import auto_k_table, markdown_table
 
 
 def _scores(run: Path) -> dict[int, dict]:
@@ -98,15 +98,22 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
             for kk in sorted(by_k)
         ]
         md.append(f"| {name} | " + " | ".join(cells) + " |")
+    for run in runs:
+        auto = run / "score" / "auto" / "report.json"
+        if auto.is_file():
+            data = json.loads(auto.read_text())
+            md += ["", f"## K chosen per drafter (--k auto){f': {run.name}' if len(runs) > 1 else ''}", ""]
+            md += [markdown_table(data["drafters"], data["plain"]), "", auto_k_table(data["drafters"])]
     for e in exported:
-        md += [
-            "",
-            "## Exported for serving",
-            "",
-            f"`{e['name']}` ({e['speedup']:.2f}× at K={e['k']}, τ {e['tau']:.2f}) as {e['format']}: `{e['dir']}`",
-            "",
-            f"```\n{e['command']}\n```",
-        ]
+        md += ["", "## Exported for serving", ""]
+        if e.get("beats_plain", True):
+            md += [
+                f"`{e['name']}` ({e['speedup']:.2f}× at K={e['k']}, τ {e['tau']:.2f}) as {e['format']}: `{e['dir']}`",
+                "",
+                f"```\n{e['command']}\n```",
+            ]
+        else:
+            md.append(f"Nothing to serve: {e['advice']}.")
     (out / "report.md").write_text("\n".join(md) + "\n")
     print(markdown_table(by_k[k], plains[k]))
     print(f"wrote {out}/report.md, report.json and {', '.join(figures)}")

@@ -58,6 +58,24 @@ def category_table(drafters: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def auto_k_table(drafters: list[dict]) -> str:
+    """The draft shape ``--k auto`` chose per drafter, predicted against measured ("" when none chose)."""
+    auto = [d for d in drafters if d.get("auto_k")]
+    if not auto:
+        return ""
+    lines = [
+        "| drafter | chosen K | tree size | source | predicted τ | predicted × | measured τ | measured × |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for d in auto:
+        a = d["auto_k"]
+        lines.append(
+            f"| {d['name']} | {a['k']} | {a['tree_size'] or '–'} | {a['source']} | {a['predicted_tau']:.2f} | "
+            f"{a['predicted_speedup']:.2f}× | {d['tau']:.2f} | {d['speedup']:.2f}× |"
+        )
+    return "\n".join(lines)
+
+
 def write_report(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
@@ -82,21 +100,9 @@ def write_report(out: Path, report: dict) -> None:
     machine = report.get("machine", {})
     if "cpu" in machine:
         md += [f"Machine: {machine['cpu']} ({', '.join(machine['cpu_flags'])}), {machine['threads']} threads.", ""]
-    auto = [d for d in report["drafters"] if d.get("auto_k")]
+    auto = auto_k_table(report["drafters"])
     if auto:
-        md += [
-            "## --k auto",
-            "",
-            "| drafter | chosen K | tree size | source | predicted τ | predicted × | measured τ | measured × |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for d in auto:
-            a = d["auto_k"]
-            md.append(
-                f"| {d['name']} | {a['k']} | {a['tree_size'] or '–'} | {a['source']} | {a['predicted_tau']:.2f} | "
-                f"{a['predicted_speedup']:.2f}× | {d['tau']:.2f} | {d['speedup']:.2f}× |"
-            )
-        md.append("")
+        md += ["## --k auto", "", auto, ""]
     categories = category_table(report["drafters"])
     if categories:
         md += ["## Per category", "", categories, ""]

@@ -43,7 +43,14 @@ class Source:
                 f"--to {fmt} needs the target's model directory: {self.info['target'].get('name')!r} "
                 "(recorded in the drafter) does not exist here; pass --target DIR"
             )
-        return json.loads((self.target_dir / "config.json").read_text())
+        config = json.loads((self.target_dir / "config.json").read_text())
+        if "num_hidden_layers" not in config:  # e.g. GPT-2's n_layer / n_embd: the canonical names, as HF maps them
+            from transformers import AutoConfig
+
+            loaded = AutoConfig.from_pretrained(self.target_dir)
+            for name in ("num_hidden_layers", "hidden_size", "vocab_size"):
+                config.setdefault(name, getattr(loaded, name))
+        return config
 
 
 def target_fingerprint(path: Path, dtype: str = "float32") -> dict:

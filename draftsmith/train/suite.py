@@ -15,6 +15,7 @@ from pathlib import Path
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.data import shards
 from draftsmith.data.generate import generate
+from draftsmith.errors import DraftsmithError
 from draftsmith.train import draft_lm
 from draftsmith.train.fit import FitRun, fit_export, load_recipe
 
@@ -72,6 +73,8 @@ class Plan:
     dtype: str = "auto"
     """The dtype the target computes in for data, features, training and scoring (``targets.TargetSpec``; ``auto``:
     its checkpoint's)."""
+    draft_lm: bool = True
+    """Distil a draft LM too (``drafters/draft_lm``)."""
 
     def recipe(self, name: str) -> str:
         return f"{self.recipes}/{name}" if self.recipes else name
@@ -100,9 +103,22 @@ def _generated(target_dir: Path, path: Path, settings: dict) -> Path:
     """Generate ``path`` with ``settings`` unless it is current (the same settings and target)."""
     stage = {"generate": settings, "target": str(target_dir)}
     if not is_current(path, stage):
-        generate(str(target_dir), out=path, overwrite=True, **settings)
+        if _partial(path):  # an interrupted run: continue from its saved shards if it was made with these settings
+            try:
+                generate(str(target_dir), out=path, resume=True, **settings)
+            except DraftsmithError as e:
+                print(f"  not resuming {path}: {e}")
+                generate(str(target_dir), out=path, overwrite=True, **settings)
+        else:
+            generate(str(target_dir), out=path, overwrite=True, **settings)
         write_manifest(path, target=shards.read_metadata(path)["target"], stage=stage)
     return path
+
+
+def _partial(path: Path) -> bool:
+    """``path`` holds an unfinished ``generate`` run."""
+    meta = path / shards.META
+    return meta.is_file() and json.loads(meta.read_text()).get("status") != "complete"
 
 
 def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> tuple[Path, Path]:
@@ -197,11 +213,20 @@ def train_acceptance_head(
 
 
 def train_all(
-    target_dir: Path, data: tuple[Path, Path], out: Path, budget: Budget, plan: Plan, fast: bool = False
+    target_dir: Path,
+    data: tuple[Path, Path],
+    out: Path,
+    budget: Budget,
+    plan: Plan,
+    fast: bool = False,
+    runs: dict[str, FitRun] | None = None,
+    on_trained=None,
 ) -> dict[str, Path]:
     """Train every family of ``plan`` (each reused when exported already); returns name -> native dir,
-    the acceptance head as ``eagle1-head``."""
-    trained, features = {}, None
+    the acceptance head as ``eagle1-head``. ``runs``: per family, settings on top of its recipe; ``on_trained``:
+    called with each family's name once it is trained (progress and time estimates)."""
+    trained, features, runs = {}, None, runs or {}
+    on_trained = on_trained or (lambda name: None)
     if plan.features:
         from draftsmith.data.feature_cache import cache_features
         from draftsmith.families.eagle.module import default_feature_layers
@@ -213,8 +238,32 @@ def train_all(
         recipe = plan.recipe(name)
         print(f"  {name} ({recipe_steps(recipe, budget)} steps, recipe {recipe})")
         trained[name] = train_drafter(
-            recipe, target_dir, data, out, budget, name=name, features=features, target=plan.target(target_dir)
+            recipe,
+            target_dir,
+            data,
+            out,
+            budget,
+            name=name,
+            features=features,
+            run=runs.get(name),
+            target=plan.target(target_dir),
         )
+        on_trained(name)
+    if plan.draft_lm:
+        trained["draft_lm"] = _draft_lm(target_dir, data, out, plan, fast)
+        on_trained("draft_lm")
+    if plan.acceptance_head:
+        print("  eagle1 acceptance head (SpecDec++)")
+        head_data = (make_head_data(target_dir, out, budget, plan), data[1])
+        trained["eagle1-head"] = train_acceptance_head(
+            plan.target(target_dir), trained["eagle1"], head_data, out, budget
+        )
+    return trained
+
+
+def _draft_lm(target_dir: Path, data: tuple[Path, Path], out: Path, plan: Plan, fast: bool) -> Path:
+    """The distilled draft LM of ``plan`` (``drafters/draft_lm``), from the target's first layers, its sibling or a
+    student pre-trained on the corpus."""
     if plan.draft_lm_layers:
         init = draft_lm.truncated_target(target_dir, plan.draft_lm_layers, out / "drafters" / "draft_lm_init")
         what = f"the target's first {plan.draft_lm_layers} layers with its embeddings, norm and head"
@@ -223,11 +272,4 @@ def train_all(
         what = "the target's sibling, pre-trained on its corpus" if init else "a student pre-trained on the corpus"
     print(f"  draft_lm (DistillSpec on-policy distillation of {what})")
     lm_budget = draft_lm.FAST if fast else draft_lm.QUICK
-    trained["draft_lm"] = draft_lm.train_distilled_draft_lm(plan.target(target_dir), data, out, lm_budget, init=init)
-    if plan.acceptance_head:
-        print("  eagle1 acceptance head (SpecDec++)")
-        head_data = (make_head_data(target_dir, out, budget, plan), data[1])
-        trained["eagle1-head"] = train_acceptance_head(
-            plan.target(target_dir), trained["eagle1"], head_data, out, budget
-        )
-    return trained
+    return draft_lm.train_distilled_draft_lm(plan.target(target_dir), data, out, lm_budget, init=init)

@@ -22,11 +22,13 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.pipeline.slurm import sbatch
 from draftsmith.pipeline.slurm.render import command, render, template_path
 from draftsmith.pipeline.slurm.resources import Resources, validate
+from draftsmith.pipeline.stages import SLURM_JOBS
 from draftsmith.train.fit import recipe_path
 
 RECORD = "jobs.json"
 """Submissions of a run dir, oldest first."""
-STAGES = ("generate", "fit", "score", "export")
+STAGES = SLURM_JOBS
+"""The pipeline stages submitted as jobs (``pipeline.stages``: one list with the local pipeline's)."""
 REQUEUE_CALLBACK = "draftsmith.pipeline.slurm.requeue.RequeueOnSignal"
 
 

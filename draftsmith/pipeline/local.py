@@ -1,0 +1,508 @@
+"""``draftsmith pipeline``: the whole pipeline on any causal LM, locally, in one command.
+
+    draftsmith pipeline --target DIR_OR_NAME [--dtype auto] --prompts SRC --families eagle3,eagle1,draft_lm --out RUN
+
+Stages (``pipeline.stages``, the list ``slurm pipeline`` submits as jobs): the target (checked, its step measured,
+every choice printed) → on-policy data (``data/train`` sampled on the training prompts, ``data/val`` greedy on
+held-out ones split off them) → the feature cache where it pays → each family from the recipe set chosen for the
+target's size → the verifier at K = 4 and ``--k auto`` → the export of the fastest drafter in its serving format →
+the report. Every stage's artifact under ``out`` is reused while its manifest records the same inputs, and an
+interrupted stage resumes (generation from its saved shards, the feature cache from its finished shards, training
+from scratch for the family it was training). When no trained drafter beats plain decoding it says so, and names
+the drafter that does (if any) instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from draftsmith import targets
+from draftsmith.core.manifest import FILE as MANIFEST
+from draftsmith.core.manifest import is_current, write_manifest
+from draftsmith.core.target import check_fingerprint
+from draftsmith.data.prompts import BUILTIN_CHAT, load_prompts
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.compare import report
+from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs
+from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
+from draftsmith.pipeline.stages import STAGES
+from draftsmith.train.fit import RECIPES, FitRun, load_recipe
+from draftsmith.train.suite import FAST, Budget, Plan, make_data, recipe_steps, train_all
+
+DEFAULT_FAMILIES = ("eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm")
+LARGE = "smollm2"
+"""The recipe set tuned on a real 30-layer, 49k-vocabulary LLM (``configs/smollm2/``)."""
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the pipeline's choices are made from: the target's ``config.json``."""
+
+    dir: Path
+    model_type: str
+    layers: int
+    hidden: int
+    vocab: int
+    chat_template: bool
+
+
+def inspect_target(target: str | targets.TargetSpec) -> TargetInfo:
+    """The target's directory (a built-in is built or converted on first use) and shape; a directory that is not a
+    causal LM with a tokenizer is refused in one line."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    path = targets.resolve(target)
+    if not (path / "config.json").is_file():
+        raise DraftsmithError(f"--target {path}: not a model directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as e:
+        raise DraftsmithError(f"--target {path}: config.json is not a model config transformers knows ({e})") from None
+    causal = {n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in ([v] if isinstance(v, str) else v)}
+    archs = getattr(config, "architectures", None) or []
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (archs and not set(archs) & causal):
+        raise DraftsmithError(
+            f"--target {path}: not a causal LM (config.json: model_type {config.model_type!r}, architectures "
+            f"{archs}); draftsmith drafts for models AutoModelForCausalLM loads"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (ValueError, OSError) as e:
+        raise DraftsmithError(f"--target {path}: no tokenizer loads from it ({str(e).splitlines()[0]})") from None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return TargetInfo(
+        path,
+        config.model_type,
+        text.num_hidden_layers,
+        text.hidden_size,
+        text.vocab_size,
+        bool(getattr(tokenizer, "chat_template", None)),
+    )
+
+
+def _recipe_set(info: TargetInfo, recipes: str | None) -> tuple[str, str]:
+    """The recipe directory (``Plan.recipes``) and why it was chosen."""
+    if recipes not in (None, "auto"):
+        given = "" if recipes == "default" else recipes
+        path = RECIPES / given if not Path(given).is_absolute() else Path(given)
+        if not path.is_dir():
+            raise DraftsmithError(f"--recipes {recipes}: no such recipe set (default, {LARGE} or a directory)")
+        return (str(path) if Path(given).is_absolute() else given), "as given (--recipes)"
+    if info.vocab > 8192 or info.layers >= 12:
+        return LARGE, f"{info.layers} layers, vocabulary {info.vocab}: sized like a real LLM (configs/{LARGE}/)"
+    return "", f"{info.layers} layers, vocabulary {info.vocab}: a small model (configs/, tuned on the toy target)"
+
+
+def _families(families: list[str] | None, plan_recipes: str) -> tuple[list[str], bool]:
+    """The recipe-trained families and whether a draft LM is distilled; an unknown name is refused in one line."""
+    wanted = list(families or DEFAULT_FAMILIES)
+    wanted = [f.strip() for name in wanted for f in name.split(",") if f.strip()]
+    folder = Path(plan_recipes) if Path(plan_recipes).is_absolute() else RECIPES / plan_recipes
+    available = sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in ("draft_lm", "acceptance_head"))
+    unknown = [f for f in wanted if f not in available and f != "draft_lm"]
+    if unknown or not wanted:
+        raise DraftsmithError(
+            f"--families {','.join(unknown) or '(none)'}: not a family with a recipe in {folder}; "
+            f"choose from {', '.join([*available, 'draft_lm'])}"
+        )
+    return [f for f in wanted if f != "draft_lm"], "draft_lm" in wanted
+
+
+def _scaled_runs(families: list[str], plan: Plan, info: TargetInfo) -> tuple[dict[str, FitRun], list[str]]:
+    """Per family, what is scaled to the target (a draft vocabulary at most half the target's), and why."""
+    runs, why = {}, []
+    for name in families:
+        args = load_recipe(plan.recipe(name))["model"].get("init_args", {})
+        size = args.get("draft_vocab_size")
+        if size and size > info.vocab // 2:
+            runs[name] = FitRun(model={"draft_vocab_size": info.vocab // 2})
+            why.append(f"{name}: draft vocabulary {info.vocab // 2} (recipe {size}; the target has {info.vocab})")
+    return runs, why
+
+
+def check_families(plan: Plan, target: str, runs: dict[str, FitRun]) -> None:
+    """Build each family's module on the target before any data is made, so a family the target cannot feed is
+    refused in one line now rather than after the data."""
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch import LightningModule
+
+    from draftsmith.train.fit import configure
+
+    for name in plan.drafters:
+        config = configure(plan.recipe(name), replace(runs.get(name, FitRun()), target=target))
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_subclass_arguments(LightningModule, "model")
+        try:
+            parser.instantiate_classes(parser.parse_object({"model": config["model"]}))
+        except Exception as e:  # noqa: BLE001 - jsonargparse wraps the family's own refusal
+            cause = e
+            while cause is not None and not isinstance(cause, DraftsmithError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise DraftsmithError(f"--families {name}: {cause}") from None
+
+
+class Progress:
+    """Prints each stage's header with its estimated time, and records the time it took."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.seconds, self.estimates = names, {}, {}
+        self.started, self.current = time.perf_counter(), None
+
+    def start(self, name: str, estimate_s: float | None = None) -> None:
+        self.stop()
+        self.current, self.at = name, time.perf_counter()
+        guess = f" (estimated {_duration(estimate_s)})" if estimate_s else ""
+        if estimate_s:
+            self.estimates[name] = round(estimate_s)
+        print(f"[{self.names.index(name) + 1}/{len(self.names)}] {name}: {STAGES[name]}{guess}", flush=True)
+
+    def stop(self) -> None:
+        if self.current:
+            self.seconds[self.current] = round(time.perf_counter() - self.at, 1)
+            self.current = None
+
+    def summary(self) -> dict:
+        self.stop()
+        total = round(time.perf_counter() - self.started, 1)
+        return {"stages_seconds": self.seconds, "estimated_seconds": self.estimates, "total_seconds": total}
+
+
+def _duration(seconds: float) -> str:
+    return f"~{seconds:.0f} s" if seconds < 90 else f"~{seconds / 60:.0f} min"
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """The target's speed on this machine, measured in the target stage; the time estimates come from it."""
+
+    step_s: float
+    """One decoding step (one new token, one sequence, a 64-token cache)."""
+    batch_step_s: float
+    """One decoding step of 16 sequences (generation runs batched)."""
+    forward_tokens_s: float
+    """Tokens per second of a full forward over 4 × 128 tokens (training and the feature cache)."""
+
+
+def measure_speeds(t) -> Speeds:
+    """The speeds of a loaded ``Target`` (a few seconds)."""
+    import torch
+
+    ids = torch.randint(0, t.vocab_size, (16, 65))
+
+    def timed(fn, repeats: int = 3) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            at = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - at)
+        return sorted(times)[len(times) // 2]
+
+    with torch.inference_mode():
+        one = t.model(ids[:1, :64], use_cache=True).past_key_values
+        many = t.model(ids[:, :64], use_cache=True).past_key_values
+        step = timed(lambda: t.model(ids[:1, 64:], past_key_values=_copy(one), use_cache=True), 5)
+        batch = timed(lambda: t.model(ids[:, 64:], past_key_values=_copy(many), use_cache=True))
+        long = torch.randint(0, t.vocab_size, (4, 128))
+        forward = timed(lambda: t.model(long), 2)
+    return Speeds(step, batch, long.numel() / forward)
+
+
+def _copy(cache):
+    import copy
+
+    return copy.deepcopy(cache)
+
+
+def _estimates(speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_blocks: int) -> dict[str, float]:
+    """Rough seconds per stage from the target's measured speed (printed as estimates, recorded beside the times
+    taken in ``timings.json``)."""
+    gen_tokens = (budget.train_prompts + budget.score_prompts) * budget.new_tokens
+    train_tokens = budget.train_prompts * (budget.new_tokens + 64)
+    steps = sum(recipe_steps(plan.recipe(n), budget) for n in plan.drafters) + 60 * plan.draft_lm  # distill steps
+    # a training step runs the target forward over its batch (unless cached) and the drafter's forward and backward
+    step_tokens = budget.batch_size * (budget.new_tokens + 64)
+    per_step = step_tokens / speeds.forward_tokens_s * (1.5 if plan.features else 3.0)
+    decode = budget.score_prompts * budget.new_tokens * speeds.step_s
+    return {
+        "generate": gen_tokens / 16 * speeds.batch_step_s,
+        "features": train_tokens / speeds.forward_tokens_s if plan.features else 0.0,
+        "fit": steps * per_step,
+        "score": n_blocks * (n_specs + 1) * decode * 1.2,
+    }
+
+
+def _ngram_command(target: Path, k: int) -> str:
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": NGram().max_ngram}
+    return f"vllm serve {target} --speculative-config '{json.dumps(spec)}'"
+
+
+def export_best(out: Path, trained: dict[str, Path], target_dir: Path) -> dict:
+    """Export the trained drafter with the highest measured speedup (at the K ``--k auto`` chose for it when that
+    block was scored, else at the main K) to ``out/export/<name>``, record it in ``out/export/best.json``
+    (returned), and say plainly when it is slower than plain decoding (then it is not the one to serve; a faster
+    untrained drafter, e.g. the n-gram one, is named instead when there is one). Exporting takes a second, so it is
+    redone every run and can never be stale."""
+    from draftsmith.export.registry import serving_format, write_export
+
+    block = out / "score" / "auto" / "report.json"
+    if not block.is_file():
+        block = max(out.glob("score/k*/report.json"), key=lambda p: int(p.parent.name[1:]))
+    rows = json.loads(block.read_text())["drafters"]
+    best = max((r for r in rows if r["name"] in trained), key=lambda r: (r["speedup"], r["tau"]))
+    k = best.get("auto_k", {}).get("k") or json.loads(block.read_text())["config"]["k"]
+    name = best["name"]
+    fmt = serving_format(json.loads((trained[name] / "config.json").read_text())["method"])
+    dest = out / "export" / name
+    shutil.rmtree(out / "export", ignore_errors=True)
+    record = {"name": name, "scores": str(block.relative_to(out))}
+    try:
+        command = write_export(trained[name], fmt, dest, overwrite=True)
+    except DraftsmithError as e:  # e.g. an EAGLE-3 on a target too shallow for engines to feed it
+        record["refused"] = f"--to {fmt}: {e}"
+        fmt, command = "native", write_export(trained[name], "native", dest, overwrite=True)
+    others = [r for r in rows if r["name"] not in trained and r["speedup"] > 1.0]
+    faster = max(others, key=lambda r: r["speedup"], default=None)
+    record |= {
+        "format": fmt,
+        "dir": str(dest.absolute()),
+        "k": k,
+        "speedup": best["speedup"],
+        "tau": best["tau"],
+        "command": command,
+        "beats_plain": best["speedup"] > 1.0,
+    }
+    if not record["beats_plain"]:
+        record["advice"] = (
+            f"no trained drafter beats plain decoding here: the fastest, {name}, ran at {best['speedup']:.2f}x "
+            f"(exported to {dest} for inspection, not for serving)"
+        )
+        if faster:
+            serve = _ngram_command(target_dir, k) if faster["name"] == "ngram" else ""
+            record["advice"] += f"; {faster['name']} ran at {faster['speedup']:.2f}x" + (f": {serve}" if serve else "")
+        else:
+            record["advice"] += "; nothing scored beat plain decoding: serve the target without speculation"
+    (out / "export" / "best.json").write_text(json.dumps(record, indent=2))
+    if "refused" in record:
+        print(f"  {record['refused']}")
+    if record["beats_plain"]:
+        print(f"  {name} ({best['speedup']:.2f}x at K={k}) -> {record['dir']} ({fmt})\n  {command}")
+    else:
+        print(f"  {record['advice']}")
+    return record
+
+
+def _check_out(out: Path, fingerprint: dict) -> None:
+    """Refuse an output directory that holds another target's run (its ``manifest.json``)."""
+    path = out / MANIFEST
+    if path.is_file():
+        previous = json.loads(path.read_text()).get("target")
+        if previous:
+            check_fingerprint(previous, fingerprint, f"--out {out} (a pipeline run)")
+
+
+def run_pipeline(
+    target: str | Path,
+    plan: Plan,
+    out: Path,
+    budget: Budget,
+    fast: bool = False,
+    k: int = 4,
+    runs: dict[str, FitRun] | None = None,
+    record: dict | None = None,
+) -> Path:
+    """The pipeline's stages on ``target`` (a built-in name or a model dir) as ``plan`` says; returns the report's
+    path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records."""
+    # the stage lines say what runs; Lightning's per-fit banners (accelerators, tips, the srun hint where
+    # SLURM is installed) would bury them
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="The `srun` command is available")
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    progress = Progress(list(STAGES))
+    progress.start("target")
+    target_dir = targets.resolve(target)
+    spec = plan.target(target_dir)
+    loaded = targets.load_target(spec, batch_invariant=False)
+    fingerprint = loaded.fingerprint
+    _check_out(out, fingerprint)
+    speeds = measure_speeds(loaded)
+    del loaded
+    if plan.drafters:
+        check_families(plan, spec, runs or {})
+    print(
+        f"  one decoding step {1e3 * speeds.step_s:.1f} ms; 16 sequences {1e3 * speeds.batch_step_s:.1f} ms; "
+        f"forward {speeds.forward_tokens_s:.0f} tokens/s"
+    )
+    write_manifest(out, target=fingerprint, plan=asdict(plan), fast=fast, k=k, **(record or {}))
+    specs = [Named("ngram", NGram())]
+    ks = sorted({*plan.ks, k})
+    guess = _estimates(speeds, budget, plan, len(plan.drafters) + 2 + plan.acceptance_head, len(ks) + 1)
+    progress.start("generate", guess["generate"])
+    data = make_data(target_dir, out, budget, plan)
+    progress.start("features", guess["features"] or None)
+    if not plan.features:
+        print("  skipped: training runs the target in each step (the cache pays on deep targets; --features true)")
+    progress.start("fit", guess["fit"])
+    trained = train_all(target_dir, data, out, budget, plan, fast, runs)
+    progress.start("score", guess["score"])
+    specs += [Named(name, Trained(str(path))) for name, path in trained.items() if not name.endswith("-head")]
+    if "eagle1-head" in trained:
+        specs.append(Named("eagle1-adaptive", Adaptive(str(trained["eagle1-head"]), 0.5)))
+    if (target_dir / "sibling").is_dir():
+        specs.insert(1, Named("sibling", DraftModel(str(target_dir / "sibling"))))
+    if (out / "drafters" / "draft_lm_init").is_dir():
+        specs.append(Named("draft_lm_undistilled", DraftModel(str(out / "drafters" / "draft_lm_init"))))
+    for kk in [*ks, AUTO_K]:
+        path = out / "score" / (f"k{kk}" if kk != AUTO_K else AUTO_K)
+        config = ScoreConfig(plan.prompts[1], num_prompts=budget.score_prompts, k=kk, max_new_tokens=budget.new_tokens)
+        stage = {"score": [asdict(s) | {"kind": type(s.spec).__name__} for s in specs], "config": asdict(config)}
+        if not is_current(path, stage):
+            print(f"  K = {kk}")
+            score_specs(spec, specs, config, path, stage)
+    progress.start("export")
+    drafters = {n: p for n, p in trained.items() if not n.endswith("-head")}
+    if drafters:
+        export_best(out, drafters, target_dir)
+    else:
+        print("  nothing trained to export")
+    progress.start("report")
+    path = report([out], k=k)
+    timings = progress.summary()
+    (out / "timings.json").write_text(json.dumps(timings, indent=2))
+    minutes, seconds = divmod(round(timings["total_seconds"]), 60)
+    per_stage = ", ".join(f"{name} {secs:.0f} s" for name, secs in timings["stages_seconds"].items())
+    print(f"pipeline done in {minutes} min {seconds} s ({per_stage}); wrote {out / 'timings.json'}")
+    print(f"report: {path / 'report.md'}")
+    return path
+
+
+def split_prompts(source: str, field: str, heldout: int, out: Path) -> tuple[str, str]:
+    """Write the user's prompts as ``out/prompts/train.jsonl`` and ``heldout.jsonl`` (every n-th prompt held out,
+    ``heldout`` of them, so both halves span the file); returns their paths."""
+    prompts = load_prompts(source, field)
+    if source in BUILTIN_CHAT:
+        raise DraftsmithError(f"--prompts {source}: give builtin chat sets as --prompts and --heldout-prompts")
+    if len(prompts) < heldout + 8:
+        raise DraftsmithError(
+            f"--prompts {source}: {len(prompts)} prompts; need at least {heldout + 8} ({heldout} held out for "
+            f"scoring, --heldout) to train on some"
+        )
+    every = len(prompts) / heldout
+    held = {int(i * every) for i in range(heldout)}
+    folder = out / "prompts"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, keep in [("train", lambda i: i not in held), ("heldout", lambda i: i in held)]:
+        lines = [_record(p) for i, p in enumerate(prompts) if keep(i)]
+        path = folder / f"{name}.jsonl"
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:  # rewritten only when it changes
+            path.write_text(text, encoding="utf-8")
+        paths[name] = str(path)
+    return paths["train"], paths["heldout"]
+
+
+def _record(prompt) -> dict:
+    record = {"prompt": prompt.text} if prompt.messages is None else {"messages": list(prompt.messages)}
+    return record | {k: v for k, v in (("source", prompt.source), ("category", prompt.category)) if v is not None}
+
+
+def pipeline(
+    target: str,
+    prompts: str = "builtin:chat-train",
+    heldout_prompts: str | None = None,
+    out: Path | None = None,
+    families: list[str] | None = None,
+    dtype: str = "auto",
+    prompt_field: str = "prompt",
+    num_prompts: int = 400,
+    heldout: int = 16,
+    max_new_tokens: int = 64,
+    steps_scale: float = 1.0,
+    recipes: str | None = None,
+    features: bool | None = None,
+    k: int = 4,
+    fast: bool = False,
+) -> Path:
+    """Train drafters for any causal LM and prove what they buy: on-policy data, the feature cache where it pays,
+    each family from a recipe set chosen for the target's size, the verifier at K and ``--k auto``, the export of
+    the fastest drafter for serving, the report. Every choice is printed; every stage reused when current.
+
+    Args:
+        target: ``default``, ``smollm2`` or a local Hugging Face causal-LM directory, optionally ``:DTYPE``.
+        prompts: the training prompts: a JSONL file, a local dataset, or ``builtin:chat-train`` / ``builtin:train``;
+            without ``--heldout-prompts``, ``--heldout`` of them are held out for validation and scoring.
+        heldout_prompts: a separate held-out prompt set (e.g. ``builtin:chat-heldout``, ``builtin:mt-bench``).
+        out: run directory (default ``runs/pipeline-<target name>``).
+        families: drafter families, e.g. ``eagle3,eagle1,draft_lm`` (default: eagle3, eagle1, medusa1, hydrapp,
+            draft_lm); any recipe of the chosen set, and ``draft_lm``.
+        dtype: the dtype the target computes in (``auto``: its checkpoint's, bf16 only where this CPU has it).
+        prompt_field: the prompt's field name in JSONL / dataset sources.
+        num_prompts: training prompts used (the first N).
+        heldout: held-out prompts (validation data and the verifier's scoring set).
+        max_new_tokens: tokens the target writes per prompt, for data and for scoring.
+        steps_scale: each recipe's training steps times this.
+        recipes: the recipe set: ``auto`` (by the target's size), ``default``, ``smollm2`` or a directory.
+        features: cache the target's hidden states once and train from them (default: on for targets of 12+ layers).
+        k: the main table's draft length (``--k auto`` is scored too and decides the export).
+        fast: tiny budgets everywhere (smoke runs and tests).
+    """
+    spec = targets.parse_target(target, dtype)
+    print("[choices] (each can be overridden; see draftsmith pipeline --help)")
+    info = inspect_target(spec)
+    print(
+        f"  target {info.dir}: {info.model_type}, {info.layers} layers, hidden {info.hidden}, vocab {info.vocab}, "
+        f"{'a' if info.chat_template else 'no'} chat template"
+    )
+    computed = targets.target_dtype(spec, info.dir)
+    print(f"  dtype {computed} (--dtype {spec.dtype})")
+    recipe_dir, why = _recipe_set(info, recipes)
+    print(f"  recipes {recipe_dir or 'default'}: {why} (--recipes)")
+    drafters, draft_lm = _families(families, recipe_dir)
+    out = Path(out or f"runs/pipeline-{Path(spec.source).name}")
+    if heldout_prompts is None:
+        train_src, heldout_src = split_prompts(prompts, prompt_field, heldout, out)
+        print(f"  prompts: {prompts} split into {train_src} and {heldout} held out in {heldout_src} (--heldout)")
+    else:
+        train_src, heldout_src = prompts, heldout_prompts
+        print(f"  prompts: {train_src} for training, {heldout_src} held out (--heldout-prompts)")
+    budget = FAST if fast else Budget(num_prompts, max_new_tokens, heldout, steps_scale, 8, 0, 0)
+    cache = info.layers >= 12 if features is None else features
+    print(f"  feature cache {'on' if cache else 'off'}: the target has {info.layers} layers (--features)")
+    lm_layers = max(1, round(info.layers / 15)) if not (info.dir / "sibling").is_dir() else 0
+    plan = Plan(
+        budget,
+        recipe_dir,
+        tuple(drafters),
+        (train_src, heldout_src),
+        0.7,
+        0.9,
+        ks=(k,),
+        features=cache,
+        acceptance_head=False,
+        draft_lm_layers=lm_layers,
+        dtype=computed,
+        draft_lm=draft_lm,
+    )
+    if draft_lm:
+        init = f"the target's first {lm_layers} layer(s)" if lm_layers else "the target's sibling"
+        print(f"  draft_lm: distilled from {init}")
+    runs, scaled = _scaled_runs(drafters, plan, info)
+    for line in scaled:
+        print(f"  {line}")
+    print(
+        f"  data: {budget.train_prompts} training prompts sampled at T 0.7 / top-p 0.9, {budget.score_prompts} "
+        f"held out greedy, {budget.new_tokens} new tokens each (--num-prompts, --heldout, --max-new-tokens)"
+    )
+    return run_pipeline(spec.source, plan, out, budget, fast, k, runs, record={"pipeline": "local"})
