@@ -35,7 +35,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval import plots
-from draftsmith.eval.report import markdown_table
+from draftsmith.eval.report import auto_k_table, markdown_table
 from draftsmith.eval.score import score_drafters, verify_ratios
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
@@ -116,17 +116,9 @@ def markdown(result: dict) -> str:
     ]
     for title, b in result["blocks"].items():
         lines += ["", f"## {title}", "", markdown_table(b["drafters"], b["plain"]), ""]
-        auto = [d for d in b["drafters"] if d.get("auto_k")]
+        auto = auto_k_table(b["drafters"])
         if auto:
-            lines += ["| drafter | chosen K | source | predicted τ | predicted × | measured τ | measured × |"]
-            lines += ["|---|---|---|---|---|---|---|"]
-            for d in auto:
-                a = d["auto_k"]
-                lines.append(
-                    f"| {d['name']} | {a['k']} | {a['source']} | {a['predicted_tau']:.2f} | "
-                    f"{a['predicted_speedup']:.2f}× | {d['tau']:.2f} | {d['speedup']:.2f}× |"
-                )
-            lines.append("")
+            lines += [auto, ""]
         with_categories = [d for d in b["drafters"] if d.get("categories")]
         if with_categories:
             lines += ["Per MT-bench category (τ / speedup):", ""]
@@ -138,7 +130,8 @@ def markdown(result: dict) -> str:
             lines.append("")
     if result.get("dtype", "float32") == "float32":
         lines += ["", "HF transformers' decoding on this target: `benchmarks/results/baselines_smollm2.md`."]
-    lines += ["", f"![speedup]({result['name']}_speedup.png) ![tau]({result['name']}_tau_vs_k.png)", ""]
+    name = result.get("name", "real_target")
+    lines += ["", f"![speedup]({name}_speedup.png) ![tau]({name}_tau_vs_k.png)", ""]
     return "\n".join(lines)
 
 

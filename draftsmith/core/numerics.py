@@ -6,12 +6,12 @@ an AVX-512-BF16 CPU (torch 2.13, oneDNN), a Linear of 1,536 inputs computes one 
 more (two to 32 rows agree bit for bit), and ``scaled_dot_product_attention`` splits keys differently for one
 query than for several. Each difference is one bf16 rounding, but it grows through 30 layers into logit changes
 of up to one nat, and SmolLM2's 49k-token vocabulary has enough near-ties that greedy speculative decoding then
-leaves plain greedy decoding on most prompts (``benchmarks/results/bf16_exactness.md``).
+leaves plain greedy decoding on most prompts (``benchmarks/results/bf16_target.md``).
 
 ``make_batch_invariant`` removes both sources: every one-row Linear call runs as two rows (the row twice; the
 first result is kept), and attention runs as HF's eager implementation, matmuls and a float32 softmax, whose
 rows do not depend on the query count. Plain decoding pays for it (measured on SmolLM2 bf16: a decode step
-25.5 ms against 24.0 ms), verification forwards do not; the report of ``benchmarks/bf16_exactness.py`` gives
+25.5 ms against 24.0 ms), verification forwards do not; the report of ``benchmarks/bf16_target.py`` gives
 both. Serving engines make the same trade: vLLM and SGLang are not batch-invariant in bf16 by default and offer a
 slower batch-invariant mode.
 """

@@ -432,6 +432,7 @@ def pipeline(
     steps_scale: float = 1.0,
     recipes: str | None = None,
     features: bool | None = None,
+    draft_lm_layers: int | None = None,
     k: int = 4,
     fast: bool = False,
 ) -> Path:
@@ -455,6 +456,8 @@ def pipeline(
         steps_scale: each recipe's training steps times this.
         recipes: the recipe set: ``auto`` (by the target's size), ``default``, ``smollm2`` or a directory.
         features: cache the target's hidden states once and train from them (default: on for targets of 12+ layers).
+        draft_lm_layers: the draft LM starts as the target's first N layers (default: a fifteenth of them, at least
+            1; 0: the target's ``sibling/`` directory where it has one).
         k: the main table's draft length (``--k auto`` is scored too and decides the export).
         fast: tiny budgets everywhere (smoke runs and tests).
     """
@@ -480,7 +483,9 @@ def pipeline(
     budget = FAST if fast else Budget(num_prompts, max_new_tokens, heldout, steps_scale, 8, 0, 0)
     cache = info.layers >= 12 if features is None else features
     print(f"  feature cache {'on' if cache else 'off'}: the target has {info.layers} layers (--features)")
-    lm_layers = max(1, round(info.layers / 15)) if not (info.dir / "sibling").is_dir() else 0
+    if draft_lm_layers is None:
+        draft_lm_layers = max(1, round(info.layers / 15)) if not (info.dir / "sibling").is_dir() else 0
+    lm_layers = draft_lm_layers
     plan = Plan(
         budget,
         recipe_dir,
@@ -497,7 +502,7 @@ def pipeline(
     )
     if draft_lm:
         init = f"the target's first {lm_layers} layer(s)" if lm_layers else "the target's sibling"
-        print(f"  draft_lm: distilled from {init}")
+        print(f"  draft_lm: distilled from {init} (--draft-lm-layers)")
     runs, scaled = _scaled_runs(drafters, plan, info)
     for line in scaled:
         print(f"  {line}")

@@ -1,0 +1,188 @@
+"""Every result table in the README, ``docs/`` and ``benchmarks/results/*.md`` rebuilt from the results' JSON.
+
+    python benchmarks/tables.py           # rewrite them
+    python benchmarks/tables.py --check   # exit 1 naming each file whose tables differ from its JSON (CI's test)
+
+Two kinds of table:
+- ``benchmarks/results/NAME.md`` of the benchmarks whose Markdown is a function of their JSON (``MARKDOWN``): the
+  script's own ``markdown(result)``;
+- blocks in the README and ``docs/*.md`` between ``<!-- table:NAME -->`` and ``<!-- /table -->``: ``TABLES[NAME]``
+  of the JSON, with the command, git SHA, date and machine that measured it under the table.
+
+A figure in the docs is therefore always the measured one: edit the JSON's benchmark, not the Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKDOWN = {
+    "baselines": "baselines",
+    "baselines_smollm2": "baselines",
+    "bf16_target": "bf16_target",
+    "heads_default": "heads",
+    "heads_smollm2": "heads",
+    "parallel_default": "parallel",
+    "parallel_smollm2": "parallel",
+    "real_target": "real_target",
+    "real_target_bf16": "real_target",
+}
+"""Results file -> the benchmark module whose ``markdown(result)`` wrote its Markdown. Not here: the benchmarks that
+build their Markdown inline (their ``.md`` is as they wrote it), and ``baselines_before`` (a snapshot from before
+a change, in the JSON layout of its day)."""
+BLOCK = re.compile(r"(<!-- table:(.+?) -->\n)(.*?)(<!-- /table -->)", re.S)
+"""A generated block: ``<!-- table:KIND -->`` or ``<!-- table:KIND:ARG -->``, its table, ``<!-- /table -->``."""
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def source(result: dict) -> str:
+    """The line under a table: what measured it, where and when."""
+    m = result["machine"]
+    cpu = f"{m['cpu']} ({', '.join(m['cpu_flags'])})" if "cpu" in m else m.get("platform", "?")
+    return (
+        f"Measured by `{m['command']}` (git {m.get('git') or '?'}, {m['date']}, {cpu}, {m['threads']} threads, "
+        f"torch {m['torch']}"
+        + (f", machine load {result['load'][0]} → {result['load'][1]}" if "load" in result else "")
+        + ")."
+    )
+
+
+def headline(name: str = "real_target_bf16") -> str:
+    """The README's one table: every drafter on SmolLM2 at K = 4 and at the K ``--k auto`` chose, greedy, per prompt
+    set: τ, first-token acceptance, speedup over plain decoding of the same target in the same run, exactness."""
+    result = load(name)
+    blocks = result["blocks"]
+    sets = list(dict.fromkeys(t.split(",")[0] for t in blocks if ", greedy, K = " in t))
+    lines = []
+    for s in sets:
+        k4 = next(b for t, b in blocks.items() if t.startswith(f"{s}, greedy, K = 4"))
+        auto = next((b for t, b in blocks.items() if t == f"{s}, greedy, K = auto"), None)
+        lines += [
+            f"{s}, plain decoding {k4['plain']['tokens_per_s']:.1f} tokens/s:",
+            "",
+            "| drafter | τ (K = 4) | first-token acceptance | speedup (K = 4) | K chosen by --k auto | speedup there | "
+            "greedy exact |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for d in k4["drafters"]:
+            a = next((r for r in auto["drafters"] if r["name"] == d["name"]), None) if auto else None
+            chosen = f"{a['auto_k']['k']} | {a['speedup']:.2f}×" if a else "– | –"
+            lines.append(
+                f"| {d['name']} | {d['tau']:.2f} | {d['accept_at'][0]:.2f} | {d['speedup']:.2f}× | {chosen} | "
+                f"{d['greedy_exact']}/{d['prompts']} |"
+            )
+        lines.append("")
+    return "\n".join(
+        [
+            f"SmolLM2-135M-Instruct in {result['dtype']}"
+            f"{' (batch-invariant)' if result.get('batch_invariant') else ''}, greedy, {result['num_prompts']} "
+            f"prompts × {result['max_new_tokens']} new tokens; every speedup is over plain decoding of the same target, "
+            "interleaved prompt by prompt in the same run.",
+            "",
+            *lines,
+            source(result),
+        ]
+    )
+
+
+def verification_cost(name: str = "bf16_target") -> str:
+    """r(m) per target dtype and kernel choice: what verifying m tokens costs in decoding steps."""
+    result = load(name)
+    ms = sorted({k for row in result["r"].values() for k in row if k != "step_ms"}, key=lambda k: int(k[2:-1]))
+    lines = ["| target | decode step | " + " | ".join(ms) + " |", "|---|---|" + "---|" * len(ms)]
+    for target, row in result["r"].items():
+        lines.append(f"| {target} | {row['step_ms']:.1f} ms | " + " | ".join(f"{row[m]:.2f}" for m in ms) + " |")
+    return "\n".join([*lines, "", source(result)])
+
+
+def block(spec: str) -> str:
+    """``NAME#TITLE``: the verifier's table of the block titled TITLE in ``NAME.json`` (a ``real_target`` run)."""
+    from draftsmith.eval.report import markdown_table
+
+    name, _, title = spec.partition("#")
+    result = load(name)
+    if title not in result["blocks"]:
+        raise SystemExit(f"tables: {name}.json has no block {title!r} (blocks: {', '.join(result['blocks'])})")
+    b = result["blocks"][title]
+    return "\n".join([markdown_table(b["drafters"], b["plain"]), "", source(result)])
+
+
+def by_block(name: str) -> str:
+    """τ (speedup) of each drafter in every block of ``NAME.json`` but the first, one column per block."""
+    result = load(name)
+    titles = list(result["blocks"])[1:]
+    names = list(dict.fromkeys(d["name"] for t in titles for d in result["blocks"][t]["drafters"]))
+    lines = ["| drafter | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
+    for n in names:
+        rows = [next((d for d in result["blocks"][t]["drafters"] if d["name"] == n), None) for t in titles]
+        cells = [f"{r['tau']:.2f} ({r['speedup']:.2f}×)" if r else "–" for r in rows]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", source(result)])
+
+
+TABLES = {"headline": headline, "verification_cost": verification_cost, "block": block, "by_block": by_block}
+"""Block name -> its table (a function of the results' JSON)."""
+
+
+def results_markdown() -> dict[Path, str]:
+    """``benchmarks/results/NAME.md`` as its benchmark's ``markdown`` writes it from ``NAME.json``."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    out = {}
+    for name, module in MARKDOWN.items():
+        if (RESULTS / f"{name}.json").is_file():
+            out[RESULTS / f"{name}.md"] = importlib.import_module(module).markdown(load(name))
+    return out
+
+
+def render(text: str) -> str:
+    """``text`` with every ``<!-- table:NAME -->`` block rebuilt."""
+
+    def block(m: re.Match) -> str:
+        kind, _, arg = m.group(2).partition(":")
+        if kind not in TABLES:
+            raise SystemExit(f"tables: unknown table {kind!r} (known: {', '.join(TABLES)})")
+        table = TABLES[kind](arg) if arg else TABLES[kind]()
+        return f"{m.group(1)}{table}\n{m.group(4)}"
+
+    return BLOCK.sub(block, text)
+
+
+def expected() -> dict[Path, str]:
+    """Every file with generated tables, as it should read."""
+    out = results_markdown()
+    for path in DOCS:
+        text = path.read_text()
+        if BLOCK.search(text):
+            out[path] = render(text)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file differs")
+    args = parser.parse_args()
+    stale = []
+    for path, text in expected().items():
+        if path.read_text() != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(text)
+    verb = "differ from their JSON" if args.check else "rewritten"
+    print(f"{len(stale)} file(s) {verb}: {', '.join(map(str, stale)) or '-'}")
+    if args.check and stale:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
