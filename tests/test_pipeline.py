@@ -176,3 +176,15 @@ def test_an_output_dir_holding_another_targets_run_is_one_line(llama, gpt2, tmp_
     write_manifest(run, target=Target.from_pretrained(gpt2).fingerprint)
     err = _one_line_error(["pipeline", "--target", str(llama), "--prompts", str(prompts), "--out", str(run)], capsys)
     assert f"--out {run} (a pipeline run) was made for target" in err and "differ in" in err
+
+
+@pytest.mark.slow
+def test_a_builtin_prompt_set_is_scored_on_its_own_heldout_half(llama, tmp_path, capsys):
+    run = tmp_path / "run"
+    main(["pipeline", "--target", str(llama), "--prompts", "builtin:train", "--families", "medusa1", "--fast"]
+         + ["--out", str(run)])  # fmt: skip
+    assert "prompts: builtin:train for training, builtin:heldout held out" in capsys.readouterr().out
+    assert not (run / "prompts").exists()
+    meta = json.loads((run / "data" / "val" / "draftsmith.json").read_text())
+    assert meta["settings"]["prompts"] == "builtin:heldout" and meta["settings"]["temperature"] == 0.0
+    assert json.loads((run / "score" / "auto" / "report.json").read_text())["config"]["prompts"] == "builtin:heldout"

@@ -26,7 +26,7 @@ from draftsmith import targets
 from draftsmith.core.manifest import FILE as MANIFEST
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.target import check_fingerprint
-from draftsmith.data.prompts import BUILTIN_CHAT, load_prompts
+from draftsmith.data.prompts import BUILTIN, BUILTIN_CHAT, load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.compare import report
 from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs
@@ -35,6 +35,8 @@ from draftsmith.pipeline.stages import STAGES
 from draftsmith.train.fit import RECIPES, FitRun, load_recipe
 from draftsmith.train.suite import FAST, Budget, Plan, make_data, recipe_steps, train_all
 
+BUILTIN_HELDOUT = {BUILTIN[0]: BUILTIN[1], BUILTIN_CHAT[0]: BUILTIN_CHAT[1]}
+"""The built-in training prompt sets and their held-out halves."""
 DEFAULT_FAMILIES = ("eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm")
 LARGE = "smollm2"
 """The recipe set tuned on a real 30-layer, 49k-vocabulary LLM (``configs/smollm2/``)."""
@@ -391,8 +393,6 @@ def split_prompts(source: str, field: str, heldout: int, out: Path) -> tuple[str
     """Write the user's prompts as ``out/prompts/train.jsonl`` and ``heldout.jsonl`` (every n-th prompt held out,
     ``heldout`` of them, so both halves span the file); returns their paths."""
     prompts = load_prompts(source, field)
-    if source in BUILTIN_CHAT:
-        raise DraftsmithError(f"--prompts {source}: give builtin chat sets as --prompts and --heldout-prompts")
     if len(prompts) < heldout + 8:
         raise DraftsmithError(
             f"--prompts {source}: {len(prompts)} prompts; need at least {heldout + 8} ({heldout} held out for "
@@ -444,7 +444,8 @@ def pipeline(
         target: ``default``, ``smollm2`` or a local Hugging Face causal-LM directory, optionally ``:DTYPE``.
         prompts: the training prompts: a JSONL file, a local dataset, or ``builtin:chat-train`` / ``builtin:train``;
             without ``--heldout-prompts``, ``--heldout`` of them are held out for validation and scoring.
-        heldout_prompts: a separate held-out prompt set (e.g. ``builtin:chat-heldout``, ``builtin:mt-bench``).
+        heldout_prompts: a separate held-out prompt set (e.g. ``builtin:mt-bench``; default for a built-in training
+            set: its held-out half, ``builtin:chat-heldout`` / ``builtin:heldout``).
         out: run directory (default ``runs/pipeline-<target name>``).
         families: drafter families, e.g. ``eagle3,eagle1,draft_lm`` (default: eagle3, eagle1, medusa1, hydrapp,
             draft_lm); any recipe of the chosen set, and ``draft_lm``.
@@ -474,6 +475,8 @@ def pipeline(
     print(f"  recipes {recipe_dir or 'default'}: {why} (--recipes)")
     drafters, draft_lm = _families(families, recipe_dir)
     out = Path(out or f"runs/pipeline-{Path(spec.source).name}")
+    if heldout_prompts is None and prompts in BUILTIN_HELDOUT:  # a built-in set has its own held-out half
+        heldout_prompts = BUILTIN_HELDOUT[prompts]
     if heldout_prompts is None:
         train_src, heldout_src = split_prompts(prompts, prompt_field, heldout, out)
         print(f"  prompts: {prompts} split into {train_src} and {heldout} held out in {heldout_src} (--heldout)")
