@@ -2,7 +2,8 @@
 
     python benchmarks/real_target.py [--out runs/real_target] [--num-prompts 8] [--max-new-tokens 64]
     python benchmarks/real_target.py --dtype bfloat16 --out runs/real_target_bf16 --name real_target_bf16 \
-        --ks 2 4 auto --num-prompts 32 --max-new-tokens 128 --sets chat-heldout mt-bench --blocks greedy --skip-head
+        --ks 2 4 auto --num-prompts 32 --max-new-tokens 128 --sets chat-heldout mt-bench --blocks greedy --skip-head \
+        [--auto-only mt-bench]
 
 Stages (each reused from ``--out`` when finished, so an interrupted run resumes):
 1. the quickstart's SmolLM2 plan: on-policy data on the built-in chat prompts, the feature cache, EAGLE-3,
@@ -159,6 +160,7 @@ def main() -> None:
     parser.add_argument("--sampled", nargs="*", default=SAMPLED, help="drafters scored with T = 0.7, top-p 0.9")
     parser.add_argument("--blocks", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
     parser.add_argument("--skip-head", action="store_true", help="no SpecDec++ head (no eagle1-adaptive row)")
+    parser.add_argument("--auto-only", nargs="*", default=[], help="sets scored only at --k auto (a shorter run)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     plan = replace(PLANS["smollm2"], acceptance_head=not args.skip_head, dtype=args.dtype)
@@ -175,7 +177,7 @@ def main() -> None:
     ks = sorted({4, *(int(k) for k in args.ks if k != "auto")}) + (["auto"] if "auto" in args.ks else [])
     for set_name, (prompts, categories) in sets.items():
         tag = "" if set_name == "chat-heldout" else f"-{set_name}"
-        for k in ks:
+        for k in ["auto"] if set_name in args.auto_only else ks:
             names = chains + args.trees if k == 4 else SHORT_LIST
             title = f"{set_name}, greedy, K = {k}" + (", chains and trees" if k == 4 else "")
             blocks[title] = scored(
