@@ -14,9 +14,11 @@ the drafter that does (if any) instead.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
+import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -29,7 +31,7 @@ from draftsmith.core.target import check_fingerprint
 from draftsmith.data.prompts import BUILTIN, BUILTIN_CHAT, load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.compare import report
-from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs
+from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs, verify_ratios
 from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
 from draftsmith.pipeline.stages import STAGES
 from draftsmith.train.fit import RECIPES, FitRun, load_recipe
@@ -207,22 +209,15 @@ def measure_speeds(t) -> Speeds:
             at = time.perf_counter()
             fn()
             times.append(time.perf_counter() - at)
-        return sorted(times)[len(times) // 2]
+        return statistics.median(times)
 
     with torch.inference_mode():
-        one = t.model(ids[:1, :64], use_cache=True).past_key_values
+        _, step = verify_ratios(t, ids[0, :64].tolist(), [1], 5)
         many = t.model(ids[:, :64], use_cache=True).past_key_values
-        step = timed(lambda: t.model(ids[:1, 64:], past_key_values=_copy(one), use_cache=True), 5)
-        batch = timed(lambda: t.model(ids[:, 64:], past_key_values=_copy(many), use_cache=True))
+        batch = timed(lambda: t.model(ids[:, 64:], past_key_values=copy.deepcopy(many), use_cache=True))
         long = torch.randint(0, t.vocab_size, (4, 128))
         forward = timed(lambda: t.model(long), 2)
     return Speeds(step, batch, long.numel() / forward)
-
-
-def _copy(cache):
-    import copy
-
-    return copy.deepcopy(cache)
 
 
 def _estimates(speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_blocks: int) -> dict[str, float]:
@@ -259,9 +254,10 @@ def export_best(out: Path, trained: dict[str, Path], target_dir: Path) -> dict:
     block = out / "score" / "auto" / "report.json"
     if not block.is_file():
         block = max(out.glob("score/k*/report.json"), key=lambda p: int(p.parent.name[1:]))
-    rows = json.loads(block.read_text())["drafters"]
+    scores = json.loads(block.read_text())
+    rows = scores["drafters"]
     best = max((r for r in rows if r["name"] in trained), key=lambda r: (r["speedup"], r["tau"]))
-    k = best.get("auto_k", {}).get("k") or json.loads(block.read_text())["config"]["k"]
+    k = best.get("auto_k", {}).get("k") or scores["config"]["k"]
     name = best["name"]
     fmt = serving_format(json.loads((trained[name] / "config.json").read_text())["method"])
     dest = out / "export" / name
