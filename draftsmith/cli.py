@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import user_error
 
 
 def target_build(out: Path | None = None, fast: bool = False, force: bool = False) -> Path:
@@ -122,17 +122,6 @@ def _normalize(argv: list[str]) -> list[str]:
     return out
 
 
-def _user_error(e: BaseException | None) -> DraftsmithError | None:
-    """The DraftsmithError that ``e`` is or was raised from, if any."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, DraftsmithError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -148,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         print("draftsmith: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - a user mistake may arrive wrapped by jsonargparse / Lightning
-        cause = _user_error(e)
+        cause = user_error(e)
         if cause is None:
             raise
         print(f"draftsmith: error: {cause}", file=sys.stderr)

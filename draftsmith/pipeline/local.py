@@ -29,7 +29,7 @@ from draftsmith.core.manifest import FILE as MANIFEST
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.target import check_fingerprint
 from draftsmith.data.prompts import BUILTIN, BUILTIN_CHAT, load_prompts
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import DraftsmithError, user_error
 from draftsmith.eval.compare import report
 from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs, verify_ratios
 from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
@@ -146,9 +146,7 @@ def check_families(plan: Plan, target: str, runs: dict[str, FitRun]) -> None:
         try:
             parser.instantiate_classes(parser.parse_object({"model": config["model"]}))
         except Exception as e:  # noqa: BLE001 - jsonargparse wraps the family's own refusal
-            cause = e
-            while cause is not None and not isinstance(cause, DraftsmithError):
-                cause = cause.__cause__ or cause.__context__
+            cause = user_error(e)
             if cause is None:
                 raise
             raise DraftsmithError(f"--families {name}: {cause}") from None

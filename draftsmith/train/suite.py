@@ -117,8 +117,8 @@ def _generated(target_dir: Path, path: Path, settings: dict) -> Path:
 
 def _partial(path: Path) -> bool:
     """``path`` holds an unfinished ``generate`` run."""
-    meta = path / shards.META
-    return meta.is_file() and json.loads(meta.read_text()).get("status") != "complete"
+    meta = shards.read_metadata(path)
+    return meta is not None and meta.get("status") != "complete"
 
 
 def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> tuple[Path, Path]:
@@ -220,13 +220,10 @@ def train_all(
     plan: Plan,
     fast: bool = False,
     runs: dict[str, FitRun] | None = None,
-    on_trained=None,
 ) -> dict[str, Path]:
     """Train every family of ``plan`` (each reused when exported already); returns name -> native dir,
-    the acceptance head as ``eagle1-head``. ``runs``: per family, settings on top of its recipe; ``on_trained``:
-    called with each family's name once it is trained (progress and time estimates)."""
+    the acceptance head as ``eagle1-head``. ``runs``: per family, settings on top of its recipe."""
     trained, features, runs = {}, None, runs or {}
-    on_trained = on_trained or (lambda name: None)
     if plan.features:
         from draftsmith.data.feature_cache import cache_features
         from draftsmith.families.eagle.module import default_feature_layers
@@ -248,10 +245,8 @@ def train_all(
             run=runs.get(name),
             target=plan.target(target_dir),
         )
-        on_trained(name)
     if plan.draft_lm:
         trained["draft_lm"] = _draft_lm(target_dir, data, out, plan, fast)
-        on_trained("draft_lm")
     if plan.acceptance_head:
         print("  eagle1 acceptance head (SpecDec++)")
         head_data = (make_head_data(target_dir, out, budget, plan), data[1])
