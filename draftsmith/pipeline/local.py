@@ -477,7 +477,8 @@ def pipeline(
     else:
         train_src, heldout_src = prompts, heldout_prompts
         print(f"  prompts: {train_src} for training, {heldout_src} held out (--heldout-prompts)")
-    budget = FAST if fast else Budget(num_prompts, max_new_tokens, heldout, steps_scale, 8, 0, 0)
+    full = Budget(train_prompts=num_prompts, new_tokens=max_new_tokens, score_prompts=heldout, fit_scale=steps_scale)
+    budget = FAST if fast else full
     cache = info.layers >= 12 if features is None else features
     print(f"  feature cache {'on' if cache else 'off'}: the target has {info.layers} layers (--features)")
     if draft_lm_layers is None:
@@ -485,11 +486,11 @@ def pipeline(
     lm_layers = draft_lm_layers
     plan = Plan(
         budget,
-        recipe_dir,
-        tuple(drafters),
-        (train_src, heldout_src),
-        0.7,
-        0.9,
+        recipes=recipe_dir,
+        drafters=tuple(drafters),
+        prompts=(train_src, heldout_src),
+        temperature=0.7,
+        top_p=0.9,
         ks=(k,),
         features=cache,
         acceptance_head=False,
