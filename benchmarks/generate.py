@@ -146,6 +146,9 @@ def engines(args: argparse.Namespace) -> None:
                     device="cpu",
                     engine=engine,
                     vllm_python=args.vllm_python,
+                    dtype=args.dtype,
+                    temperature=args.temperature,
+                    top_p=args.top_p,
                 )
                 wall = time.perf_counter() - start
                 _, meta = load_generated(Path(tmp) / "data")
@@ -153,6 +156,7 @@ def engines(args: argparse.Namespace) -> None:
                 {
                     "engine": f"{engine} {meta['engine']['version']}",
                     "batch_size": batch_size,
+                    "dtype": meta["settings"]["dtype"],
                     "generated_tokens": meta["generated_tokens"],
                     "generation_tokens_per_s": meta["tokens_per_s"],
                     "wall_seconds": round(wall, 1),
@@ -167,13 +171,13 @@ def engines(args: argparse.Namespace) -> None:
         "",
         f"`{m['command']}` at `{m['git']}` on {m['date']} ({m['platform']}, {m['threads']} threads; load average "
         f"before / after {data['load'][0]:.2f} / {data['load'][1]:.2f}). {args.num_prompts} `{prompts}` prompts, "
-        f"temperature 1, up to {args.max_new_tokens} new tokens (stop at EOS), the whole `draftsmith generate` "
-        "stage per row, one row after the other.",
+        f"temperature {args.temperature}, top-p {args.top_p}, up to {args.max_new_tokens} new tokens (stop at EOS), "
+        "the whole `draftsmith generate` stage per row, one row after the other.",
         "",
-        "| engine | batch (vLLM: max_num_seqs) | generated tokens | generation tok/s | wall s (load included) |",
-        "|---|---|---|---|---|",
+        "| engine | dtype | batch (vLLM: max_num_seqs) | generated tokens | generation tok/s | wall s (load included) |",
+        "|---|---|---|---|---|---|",
         *[
-            f"| {r['engine']} | {r['batch_size']} | {r['generated_tokens']} | {r['generation_tokens_per_s']:.0f} | "
+            f"| {r['engine']} | {r.get('dtype', 'float32')} | {r['batch_size']} | {r['generated_tokens']} | {r['generation_tokens_per_s']:.0f} | "
             f"{r['wall_seconds']} |"
             for r in rows
         ],
@@ -182,7 +186,9 @@ def engines(args: argparse.Namespace) -> None:
         + ", ".join(f"{e} {v:.0f}" for e, v in best.items())
         + (f"; vLLM / HF = {best['vllm'] / best['hf']:.2f}×." if {"hf", "vllm"} <= set(best) else "."),
     ]
-    suffix = "" if args.target_name == "default" else f"_{args.target_name}"
+    suffix = ("" if args.target_name == "default" else f"_{args.target_name}") + (
+        f"_{args.dtype}" if args.dtype else ""
+    )
     write(f"generate_engines{suffix}", data, "\n".join(md) + "\n")
 
 
@@ -199,6 +205,9 @@ def main() -> None:
     parser.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--vllm-batch-sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--vllm-python", default=None, help="the vLLM venv's python (default .venv-vllm/bin/python)")
+    parser.add_argument("--dtype", default=None, help="--engines: the target's dtype (default: its auto)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="--engines: sampling temperature")
+    parser.add_argument("--top-p", type=float, default=1.0, help="--engines: nucleus mass")
     args = parser.parse_args()
     if args.engines:
         engines(args)

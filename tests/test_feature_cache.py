@@ -80,7 +80,7 @@ def test_killed_cache_run_resumes_to_the_same_files(setup, cache, tmp_path):  # 
     for name in ("shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"):
         a, b = load_file(str(out / name)), load_file(str(cache / name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert FeatureCache(out).offsets[-1] == FeatureCache(cache).offsets[-1]
+    assert FeatureCache(out).where == FeatureCache(cache).where
 
 
 def test_cache_for_other_layers_data_or_length_is_refused(setup, cache, tmp_path):  # noqa: F811
@@ -115,3 +115,35 @@ def test_bf16_data_caches_in_bf16_trains_a_bf16_drafter_and_refuses_the_float32_
     batch = first_batch(GeneratedDataModule(str(data), str(data), batch_size=4, max_length=32))
     losses = model.losses(batch, model.target_forward(batch))  # float32 drafter on bf16 target features
     assert torch.isfinite(losses["loss"])
+
+
+def test_reduced_vocabulary_loss_reads_only_its_logits_and_equals_the_full_one(setup, cache):  # noqa: F811
+    model, data = module(setup, 3), cached_data(setup, cache)  # EAGLE-3 with a 48-token draft vocabulary
+    data.setup()
+    model.prepare_from_data(data)
+    batch = first_batch(data)
+    vocab = model.loss_vocab()
+    assert vocab is not None and len(vocab) == 48
+    restricted, full = model.target_forward(batch, vocab), model.target_forward(batch)
+    assert restricted.logits.shape[-1] == 48
+    torch.testing.assert_close(restricted.logits, full.logits[..., vocab])
+    a, b = model.losses(batch, restricted), model.losses(batch, full)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="another token subset"):
+        restricted.logits_over(vocab[:-1])
+
+
+def test_train_rows_trains_on_a_prefix_the_full_cache_serves(setup, cache):  # noqa: F811
+    full, part = cached_data(setup, cache), cached_data(setup, cache, train_rows=5)
+    full.setup()
+    part.setup()
+    assert part.train_ds["input_ids"] == full.train_ds["input_ids"][:5]
+    part.check_target(module(setup, 3).target)  # the whole dataset's cache still serves the prefix
+    rows = part.train_dataloader().dataset  # the prefix's rows with their cached hidden states
+    assert len(rows) == 5
+    for i in range(5):  # row i of the prefix is row i of the cache, its hidden states as long as its tokens
+        assert rows[i]["input_ids"] == full.train_ds[i]["input_ids"]
+        assert len(rows[i]["hidden"][4]) == min(64, len(rows[i]["input_ids"]))
+    with pytest.raises(DraftsmithError, match="data.train_rows"):
+        cached_data(setup, cache, train_rows=10**6).setup()

@@ -17,7 +17,7 @@ from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import Target
 from draftsmith.data.decode import decode_batch, draw, row_seed
-from draftsmith.data.generate import check_dataset_target, generate, load_generated
+from draftsmith.data.generate import check_dataset_target, generate, is_greedy, load_generated
 from draftsmith.data.prompts import Prompt, encode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.verifier import plain_decode
@@ -97,6 +97,17 @@ def test_greedy_generation_equals_plain_greedy_decoding(target_dir, prompt_path,
         assert row["input_ids"][row["prompt_len"] :] == expected
 
 
+def test_greedy_share_decodes_that_share_of_prompts_greedily_and_samples_the_rest(target_dir, prompt_path, tmp_path):
+    mixed, meta = run(target_dir, prompt_path, tmp_path / "mixed", temperature=1.0, greedy_share=0.3, batch_size=3)
+    greedy, _ = run(target_dir, prompt_path, tmp_path / "greedy", temperature=0.0, batch_size=3)
+    sampled, _ = run(target_dir, prompt_path, tmp_path / "sampled", temperature=1.0, batch_size=3)
+    chosen = [i for i in range(10) if is_greedy(i, 0.3)]
+    assert chosen == [3, 6, 9]  # spread evenly over the prompt order
+    for i in range(10):
+        assert mixed["input_ids"][i] == (greedy if i in chosen else sampled)["input_ids"][i]
+    assert meta["settings"]["greedy_share"] == 0.3
+
+
 def test_rows_hold_prompt_then_generation_with_loss_mask_on_generated_tokens(target_dir, prompt_path, tmp_path):
     data, meta = run(target_dir, prompt_path, tmp_path / "rows", samples_per_prompt=3, batch_size=4)
     tokenizer = Target.from_pretrained(target_dir).tokenizer
@@ -145,6 +156,7 @@ def test_metadata_round_trip(target_dir, prompt_path, tmp_path):
         "seed": 7,
         "shard_size": 4,
         "store_topk": 0,
+        "greedy_share": 0.0,
         "dtype": "float32",
         "engine": "hf",
     }

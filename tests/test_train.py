@@ -302,6 +302,30 @@ def test_fit_api_takes_a_shipped_recipe_and_typed_overrides_and_records_the_run(
     assert (tmp_path / "s" / "manifest.json").is_file()
 
 
+def test_fit_api_resume_continues_from_the_last_checkpoint(setup, tmp_path, capsys):
+    from draftsmith.train.fit import FitRun, fit, latest_checkpoint
+
+    def run(steps: int, resume: bool):
+        return fit("eagle3", FitRun(
+            target=str(setup["target"]), train=str(setup["data-train"]), val=str(setup["data-val"]),
+            out=tmp_path / "fit", steps=steps, batch_size=4, model={"draft_vocab_size": 48},
+            trainer={"enable_progress_bar": False, "val_check_interval": 4}, resume=resume,
+        ))  # fmt: skip
+
+    run(8, resume=True)  # nothing to resume yet: a fresh run
+    first = latest_checkpoint(tmp_path / "fit")
+    assert torch.load(first, weights_only=False)["global_step"] == 8
+    run(12, resume=True)
+    assert f"resuming from {first}" in capsys.readouterr().out
+    last = latest_checkpoint(tmp_path / "fit")
+    assert last != first and torch.load(last, weights_only=False)["global_step"] == 12
+    metrics = (last.parent.parent / "metrics.csv").read_text().splitlines()
+    steps = [int(r["step"]) for r in csv.DictReader(metrics) if r.get("step")]
+    assert steps and min(steps) >= 8  # the second run trained only steps 9..12
+    run(4, resume=False)  # without resume the run dir starts empty
+    assert torch.load(latest_checkpoint(tmp_path / "fit"), weights_only=False)["global_step"] == 4
+
+
 def test_fit_api_names_an_unknown_recipe_in_one_line(tmp_path):
     from draftsmith.train.fit import recipe_path
 

@@ -39,6 +39,16 @@ class TargetOutput:
     logits: torch.Tensor
     features: tuple[torch.Tensor, ...]
     past_key_values: DynamicCache | None = None
+    vocab: torch.Tensor | None = None
+    """The token ids ``logits``' last dim covers, in order (None: the whole vocabulary); see ``logits_over``."""
+
+    def logits_over(self, ids: torch.Tensor) -> torch.Tensor:
+        """(..., len(ids)) logits of the tokens ``ids``: ``logits`` itself when it covers exactly ``ids``."""
+        if self.vocab is None:
+            return self.logits[..., ids]
+        if self.vocab is ids or torch.equal(self.vocab, ids):
+            return self.logits
+        raise ValueError("TargetOutput.logits cover another token subset than the one asked for")
 
     def positions(self, index: torch.Tensor | slice) -> TargetOutput:
         """The first batch row at ``index`` positions, without batch dim: logits (n, V), features (n, H); the cache
@@ -291,12 +301,18 @@ class Target:
     def embed_tokens(self) -> torch.nn.Module:
         return self.model.get_input_embeddings()
 
-    def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def final_logits(self, hidden: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """The target's logits from its final normed hidden state (HF ``hidden_states[-1]``): its LM head, then
         what its family applies after the head (Gemma-2/3's soft-capping, Cohere's ``logit_scale``, Granite's
-        ``logits_scaling``), as its forward does. Float32, like ``TargetOutput.logits``."""
+        ``logits_scaling``), as its forward does. Float32, like ``TargetOutput.logits``. ``vocab``: only these
+        token ids' logits (the head's rows for them; (..., len(vocab))), what a reduced-vocabulary drafter's loss
+        reads, at a fraction of the full head's cost."""
         head = self.lm_head
-        logits = head(hidden.to(head.weight.dtype)).float()
+        if vocab is None:
+            logits = head(hidden.to(head.weight.dtype)).float()
+        else:
+            bias = head.bias[vocab] if getattr(head, "bias", None) is not None else None
+            logits = torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight[vocab], bias).float()
         config = self.config.get_text_config(decoder=True)
         if getattr(config, "final_logit_softcapping", None) is not None:
             cap = config.final_logit_softcapping

@@ -100,6 +100,15 @@ def cache_features(
     if old is not None and old.get("status") == "complete":
         return out
     out.mkdir(parents=True, exist_ok=True)
+    tokens = sum(min(n, max_length) for n in map(len, ds["input_ids"]))
+    need = tokens * len(resolved) * t.config.get_text_config(decoder=True).hidden_size * getattr(torch, dtype).itemsize
+    free = shutil.disk_usage(out).free
+    print(
+        f"features: {tokens:,} tokens x {len(resolved)} layers in {dtype} = {need / 1e9:.2f} GB in {out} "
+        f"({free / 1e9:.0f} GB free)"
+    )
+    if need > free + sum(p.stat().st_size for p in out.glob("shard-*.safetensors")):
+        raise DraftsmithError(f"features: {out} needs {need / 1e9:.1f} GB, its disk has {free / 1e9:.1f} GB free")
     _write_meta(out, {**record, "status": "running"})
     started = time.perf_counter()
     store = getattr(torch, dtype)
@@ -151,12 +160,13 @@ class FeatureCache:
         if meta.get("status") != "complete":
             raise DraftsmithError(f"features: {path} is unfinished; run cache_features again to resume it")
         self.path, self.meta, self.layers = path, meta, tuple(meta["layers"])
-        parts = [load_file(str(p)) for p in sorted(path.glob("shard-*.safetensors"))]
-        lengths = torch.cat([p["lengths"] for p in parts])
-        if len(lengths) != meta["rows"]:
-            raise DraftsmithError(f"features: {path} has {len(lengths)} rows, its {META} says {meta['rows']}")
-        self.hidden = {layer: torch.cat([p[f"hidden_{layer}"] for p in parts]) for layer in self.layers}
-        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])  # (rows + 1,)
+        # shards stay separate tensors (concatenating them would need the cache's size twice in memory)
+        self.parts = [load_file(str(p)) for p in sorted(path.glob("shard-*.safetensors"))]
+        rows = sum(len(p["lengths"]) for p in self.parts)
+        if rows != meta["rows"]:
+            raise DraftsmithError(f"features: {path} has {rows} rows, its {META} says {meta['rows']}")
+        self.where = [(s, int(a), int(b)) for s, p in enumerate(self.parts) for a, b in _spans(p["lengths"])]
+        """Row i -> (shard, start, end) of its tokens in that shard's tensors."""
 
     def check(self, target, metadata: dict, layers: tuple[int, ...], max_length: int) -> None:
         """Refuse a cache made for another target, other data, without ``layers``, or shorter than ``max_length``."""
@@ -176,5 +186,11 @@ class FeatureCache:
 
     def row(self, i: int) -> dict[int, torch.Tensor]:
         """Row ``i``'s hidden states, layer -> (n, H)."""
-        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-        return {layer: h[a:b] for layer, h in self.hidden.items()}
+        shard, a, b = self.where[i]
+        return {layer: self.parts[shard][f"hidden_{layer}"][a:b] for layer in self.layers}
+
+
+def _spans(lengths: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each row in a shard whose rows have ``lengths``."""
+    ends = lengths.cumsum(0).tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))

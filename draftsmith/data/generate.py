@@ -65,6 +65,10 @@ class GenerateSettings:
     """Target top-k log-probabilities stored per generated token (0: none)."""
     dtype: str
     """The dtype the target computes in (resolved: never ``auto``)."""
+    greedy_share: float = 0.0
+    """Share of the prompts decoded greedily instead of sampled (spread evenly over the prompt order: prompt ``i`` is
+    greedy when ``floor((i + 1) * share) > floor(i * share)``), so the data holds the target's greedy text, the text
+    greedy verification walks, beside its samples."""
     engine: str = "hf"
     """What decodes: ``hf`` (transformers, in this process) or ``vllm`` (vLLM in its own venv). Greedy data agrees
     between them up to floating-point ties; sampled data follows each engine's own random streams."""
@@ -84,6 +88,8 @@ def _validate(s: GenerateSettings, batch_size: int) -> Sampling:
         raise DraftsmithError(f"--num-prompts must be a positive integer (or omitted for all), got {s.num_prompts}")
     if s.store_topk < 0:
         raise DraftsmithError(f"--store-topk must be >= 0, got {s.store_topk}")
+    if not 0.0 <= s.greedy_share <= 1.0:
+        raise DraftsmithError(f"--greedy-share must be in [0, 1], got {s.greedy_share}")
     check_engine(s.engine)
     try:
         return Sampling(s.temperature, s.top_p)
@@ -112,6 +118,11 @@ class GenerateRun:
     ``.venv-vllm/bin/python``)."""
     tensor_parallel_size: int = 1
     """``--engine vllm``: GPUs each model is split over."""
+
+
+def is_greedy(prompt_index: int, share: float) -> bool:
+    """Whether prompt ``prompt_index`` is decoded greedily under ``--greedy-share share`` (evenly spread)."""
+    return int((prompt_index + 1) * share) > int(prompt_index * share)
 
 
 def _shard_columns(rows: list[tuple[int, int]], encoded: list[list[int]], results: dict, topk: int) -> dict:
@@ -147,6 +158,7 @@ def generate(
     store_topk: int = 0,
     num_prompts: int | None = None,
     prompt_field: str = "prompt",
+    greedy_share: float = 0.0,
     resume: bool = False,
     overwrite: bool = False,
     device: str = "auto",
@@ -184,6 +196,7 @@ def generate(
         store_topk: also store the target's top-K log-probabilities per generated token (0: off).
         num_prompts: use only the first N prompts (default: all).
         prompt_field: the prompt's field name in JSONL / dataset sources.
+        greedy_share: share of the prompts decoded greedily (temperature 0) instead of sampled, spread evenly.
         resume: continue an interrupted run in ``out`` from its completed shards.
         overwrite: delete an earlier ``generate`` run in ``out`` first.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ...
@@ -216,6 +229,7 @@ def generate(
         seed=seed,
         shard_size=shard_size,
         store_topk=store_topk,
+        greedy_share=greedy_share,
         dtype=target_dtype(parse_target(target, dtype), resolve(target)),
         engine=engine,
     )
@@ -360,16 +374,22 @@ def _generate_shards(
             # longest prompts first: less padding per batch, and memory peaks show up at once
             order = sorted(rows, key=lambda r: (-len(encoded[r[0]]), r))
 
-            request = Request(
-                [encoded[i] for i, _ in order],
-                [row_seed(settings.seed, i, j) for i, j in order],
-                sampling,
-                settings.max_new_tokens,
-                t.eos_token_ids,
-                context,
-                settings.store_topk,
-            )
-            results = dict(zip(order, engine.decode(request, progress), strict=True))
+            results = {}
+            greedy = [r for r in order if is_greedy(r[0], settings.greedy_share)]
+            sampled = [r for r in order if not is_greedy(r[0], settings.greedy_share)]
+            for part, how in ((greedy, Sampling(0.0)), (sampled, sampling)):
+                if not part:
+                    continue
+                request = Request(
+                    [encoded[i] for i, _ in part],
+                    [row_seed(settings.seed, i, j) for i, j in part],
+                    how,
+                    settings.max_new_tokens,
+                    t.eos_token_ids,
+                    context,
+                    settings.store_topk,
+                )
+                results.update(zip(part, engine.decode(request, progress), strict=True))
             stats = {
                 "rows": len(rows),
                 "prompt_tokens": sum(len(encoded[i]) for i, _ in rows),

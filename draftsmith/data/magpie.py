@@ -91,6 +91,58 @@ def write_instructions(
     return min(n, len(rows))
 
 
+def write_instructions_generated(
+    target: str,
+    n: int,
+    out: Path,
+    work: Path,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    max_new_tokens: int = 64,
+    oversample: float = 2.0,
+    **generate_args,
+) -> int:
+    """``write_instructions`` decoded by ``draftsmith generate`` (``generate_args``: e.g. ``engine="vllm"``):
+    ``n * oversample`` copies of the user-turn prefix, one sample each (rows are seeded per index), kept when the
+    turn ended and the text is new. ``work`` holds the prefixes and the generated run (resumable by its shards).
+    Returns the number written (up to ``n``; fewer when the target repeats itself more than ``oversample`` allows).
+    """
+    from transformers import AutoTokenizer
+
+    from draftsmith.data.generate import generate, load_generated
+    from draftsmith.targets import resolve
+
+    tok = AutoTokenizer.from_pretrained(resolve(target))
+    prefix = tok.decode(user_prefix(tok))
+    if tok(prefix, add_special_tokens=False)["input_ids"] != user_prefix(tok):
+        raise DraftsmithError("magpie: the user-turn prefix does not survive decoding and re-encoding as text")
+    work.mkdir(parents=True, exist_ok=True)
+    prompts = work / "prefixes.jsonl"
+    rows = round(n * oversample)
+    prompts.write_text((json.dumps({"prompt": prefix}) + "\n") * rows)
+    data = work / "generated"
+    resume = (data / "draftsmith.json").is_file()
+    generate(target, str(prompts), data, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+             seed=seed, chat_template=False, shard_size=256, resume=resume, **generate_args)  # fmt: skip
+    ds, _ = load_generated(data)
+    eos = Target.from_config(resolve(target)).eos_token_ids  # the turn ends there (ChatML's <|im_end|> too)
+    stop = {*eos, *([tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [])}
+    seen, kept = set(), []
+    for row in ds.select_columns(["input_ids", "prompt_len", "prompt_index"]):
+        gen = row["input_ids"][row["prompt_len"] :]
+        if not gen or gen[-1] not in stop:
+            continue
+        text = clean(tok.decode(gen[:-1]))
+        if text is None or text.lower() in seen:
+            continue
+        seen.add(text.lower())
+        kept.append({"messages": [{"role": "user", "content": text}], "source": f"magpie:{seed}:{row['prompt_index']}"})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept[:n]))
+    return min(n, len(kept))
+
+
 def _finished_batches(partial: Path) -> tuple[list[dict], int]:
     """The rows of the batches a killed run finished (those before its last ``batch_end`` mark) and the
     index the next batch starts at."""

@@ -112,18 +112,24 @@ class DrafterModule(L.LightningModule):
         if self.topk_accuracy is not None:
             checkpoint["draftsmith"]["topk_accuracy"] = self.topk_accuracy
 
-    def target_forward(self, batch: dict) -> TargetOutput:
+    def target_forward(self, batch: dict, vocab: torch.Tensor | None = None) -> TargetOutput:
         """The target's logits and features on ``batch``: run online, or read from the feature cache (``hidden``:
-        the feature layers and the final normed state, whose LM head output is the target's logits)."""
+        the feature layers and the final normed state, whose LM head output is the target's logits). ``vocab``:
+        from the cache, only these tokens' logits are computed (``TargetOutput.vocab``)."""
         if "hidden" not in batch:
             return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
         hidden = batch["hidden"]
         with torch.no_grad():
-            logits = self.target.final_logits(hidden[self.target.num_layers].float())
-        return TargetOutput(logits, tuple(hidden[layer].float() for layer in self.target.feature_layers))
+            logits = self.target.final_logits(hidden[self.target.num_layers], vocab)
+        return TargetOutput(logits, tuple(hidden[layer].float() for layer in self.target.feature_layers), vocab=vocab)
+
+    def loss_vocab(self) -> torch.Tensor | None:
+        """The token ids whose target logits ``losses`` reads (None: all); training from a feature cache then
+        computes only those (a reduced-vocabulary drafter's loss never needs the rest)."""
+        return None
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        losses = self.losses(batch, self.target_forward(batch))
+        losses = self.losses(batch, self.target_forward(batch, self.loss_vocab()))
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"]))
         return losses["loss"]
 

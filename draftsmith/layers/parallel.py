@@ -200,25 +200,29 @@ class ParallelModule(DrafterModule):
         generator = torch.Generator().manual_seed(self.global_step) if train else None
         return self.depth_logits(batch, out, keep_anchors(n, self.depth, ratio, generator))
 
-    def _targets(self, batch: dict, out: TargetOutput, level: DepthLogits, d: int):
-        """(the target's logits (B, n, V) for the token depth d predicts from each anchor, checkable (B, n))."""
-        anchors = level.anchors.to(out.logits.device)
-        row = (anchors + d + 1).clamp(max=out.logits.shape[1] - 1)  # target row a+d+1 predicts x_{a+d+2}
+    def _targets(self, batch: dict, out: TargetOutput, level: DepthLogits, d: int, logits: torch.Tensor | None = None):
+        """(the target's logits (B, n, V) for the token depth d predicts from each anchor, checkable (B, n));
+        ``logits``: (B, T, V') to take them from instead of ``out.logits`` (e.g. the draft vocabulary's)."""
+        logits = out.logits if logits is None else logits
+        anchors = level.anchors.to(logits.device)
+        row = (anchors + d + 1).clamp(max=logits.shape[1] - 1)  # target row a+d+1 predicts x_{a+d+2}
         label = anchors + d + 2
         mask = batch["loss_mask"].bool()
         in_range = label < mask.shape[1]
         checkable = mask[:, label.clamp(max=mask.shape[1] - 1)] & in_range[None]
-        return out.logits[:, row], checkable
+        return logits[:, row], checkable
+
+    def loss_vocab(self) -> torch.Tensor | None:
+        return self.draft_ids()
 
     def losses(self, batch: dict, out: TargetOutput) -> dict[str, torch.Tensor]:
         ids = self.draft_ids()
+        # the target's distribution restricted to the draft vocabulary, renormalised: softmax of those logits
+        vocab_logits = out.logits if ids is None else out.logits_over(ids)  # (B, T, Vd)
         total, logs = 0.0, {}
         for d, level in enumerate(self.forward_depths(batch, out, self.training)):
-            logits, checkable = self._targets(batch, out, level, d)
+            logits, checkable = self._targets(batch, out, level, d, vocab_logits)
             p = torch.softmax(logits.float(), -1)
-            if ids is not None:
-                p = p[..., ids]
-                p = p / p.sum(-1, keepdim=True).clamp_min(1e-8)
             ce = masked_mean(soft_cross_entropy(level.logits, p), checkable)
             logs[f"ce_{d}"] = ce
             total = total + self.step_decay**d * ce

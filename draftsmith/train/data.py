@@ -137,6 +137,8 @@ class GeneratedDataModule(L.LightningDataModule):
         seed: seed of the bucketed shuffling and the split.
         features: a feature cache of ``train`` (``draftsmith.data.feature_cache``): training steps read the
             target's hidden states from it instead of running the target (validation still runs it).
+        train_rows: train on the first N rows of ``train`` only (nested subsets of one dataset, which its feature
+            cache still serves); None: all.
     """
 
     def __init__(
@@ -149,6 +151,7 @@ class GeneratedDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         features: str | None = None,
+        train_rows: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -168,6 +171,12 @@ class GeneratedDataModule(L.LightningDataModule):
         if self.train_ds is not None:
             return
         train, self.metadata = self._load(self.hparams.train)
+        if self.hparams.train_rows is not None:
+            if not 0 < self.hparams.train_rows <= len(train):
+                raise DraftsmithError(
+                    f"data.train_rows: {self.hparams.train_rows} is not in 1..{len(train)} (the rows of {self.hparams.train})"
+                )
+            train = train.select(range(self.hparams.train_rows))
         if self.hparams.val:
             self.val_ds, self.val_metadata = self._load(self.hparams.val)
             self.train_ds = train

@@ -78,7 +78,8 @@ class FitRun:
     trainer: dict = field(default_factory=dict)
     """Further ``trainer`` values."""
     resume: bool = False
-    """Keep an existing run directory (Lightning resumes only from an explicit ``ckpt_path``)."""
+    """Keep an existing run directory and continue from its newest ``last.ckpt`` when it has one (optimizer,
+    schedule, mid-epoch data position: an interrupted fit loses at most the steps since its last checkpoint)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,10 @@ def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
     root = Path(config["trainer"].get("default_root_dir") or ".")
     if not run.resume and root != Path("."):
         shutil.rmtree(root, ignore_errors=True)
+    last = latest_checkpoint(root) if run.resume else None
+    if last is not None:
+        print(f"fit {root}: resuming from {last}")
+        config["ckpt_path"] = str(last)
     cli = fit_main(config, recipe=None if isinstance(recipe, dict) else str(recipe_path(recipe)))
     best = cli.trainer.checkpoint_callback
     if best is None or not best.best_model_path:
@@ -147,6 +152,12 @@ def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
     return FitResult(
         root, Path(best.best_model_path), score, Path(best.last_model_path) if best.last_model_path else None
     )
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest ``last.ckpt`` a fit left under ``root`` (each restart logs into a new version dir)."""
+    found = sorted(Path(root).glob("**/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
 
 
 def export_native(result: FitResult, target: str | Path, out: str | Path, stage: dict | None = None) -> Path:

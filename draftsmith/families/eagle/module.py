@@ -73,21 +73,25 @@ class EagleModule(DrafterModule):
             self.drafter.set_draft_vocab(datamodule.token_counts(cfg.vocab_size).to(self.device))
             self.drafter.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
 
+    def loss_vocab(self) -> torch.Tensor | None:
+        cfg = self.drafter.cfg
+        return self.drafter.draft_ids if cfg.own_head and cfg.draft_vocab_size < cfg.vocab_size else None
+
     def _unroll(self, batch: dict, out: TargetOutput, steps: int):
-        """Per step j: (draft logits (B,T,Vd), target probs of the predicted token (B,T,V), mask (B,T))."""
+        """Per step j: (draft hidden (B,T,H), mask (B,T)); anchor i at step j predicts x_{i+j+2}, checked against
+        target row i+j+1, and that token must be a generated one."""
         hiddens = self.drafter(batch["input_ids"], out.features, steps, batch["attention_mask"])
-        p = torch.softmax(out.logits, -1)  # (B, T, V); row t predicts x_{t+1}
         for j, hidden in enumerate(hiddens):
-            # anchor i at step j predicts x_{i+j+2}: target row i+j+1, and it must be a generated token
-            yield j, hidden, shift(p, j + 1), shift(batch["loss_mask"], j + 2).bool()
+            yield j, hidden, shift(batch["loss_mask"], j + 2).bool()
 
     def losses(self, batch: dict, out: TargetOutput) -> dict[str, torch.Tensor]:
-        ids = self.drafter.draft_ids
+        # the target's distribution restricted to the draft vocabulary, renormalised: softmax of those logits
+        vocab = self.loss_vocab()  # None: the drafter drafts over the whole vocabulary
+        logits = out.logits if vocab is None else out.logits_over(vocab)
+        p_draft = torch.softmax(logits, -1)  # (B, T, Vd); row t predicts x_{t+1}
         total, logs = 0.0, {}
-        for j, hidden, p, mask in self._unroll(batch, out, self.ttt_steps):
-            p_draft = p[..., ids]
-            p_draft = p_draft / p_draft.sum(-1, keepdim=True).clamp_min(1e-8)
-            ce = masked_mean(soft_cross_entropy(self.drafter.logits(hidden), p_draft), mask)
+        for j, hidden, mask in self._unroll(batch, out, self.ttt_steps):
+            ce = masked_mean(soft_cross_entropy(self.drafter.logits(hidden), shift(p_draft, j + 1)), mask)
             logs[f"ce_{j}"] = ce
             if not self.drafter.cfg.own_head:  # EAGLE-1: the target's head reads the output: regress the feature
                 reg = masked_mean(feature_regression(hidden, shift(out.features[0], 1)), mask)
@@ -104,7 +108,7 @@ class EagleModule(DrafterModule):
         ids = self.drafter.draft_ids
         accept, valid = [], []
         p_full = probs(out.logits, sampling)  # (B, T, V)
-        for j, hidden, _, mask in self._unroll(batch, out, self.estimate.k):
+        for j, hidden, mask in self._unroll(batch, out, self.estimate.k):
             q = torch.zeros_like(p_full)
             q[..., ids] = probs(self.drafter.logits(hidden), sampling)
             accept.append(acceptance_prob(shift(p_full, j + 1), q, sampling.greedy))

@@ -1,0 +1,397 @@
+"""Drafters trained at scale on SmolLM2-135M-Instruct (bf16), and how acceptance grows with the data.
+
+    python benchmarks/scaling.py [--out runs/scaling] [--stages data features fit score report]
+        [--sizes 22000 100000 300000 1000000] [--families eagle3 eagle1 peagle] [--magpie 3000]
+
+Stages, each reused from ``--out`` when finished and resumed when interrupted (generation by its saved shards,
+the feature cache by its shards, training from its last checkpoint, scoring by its saved blocks):
+
+1. ``data``: the corpus prompts (``builtin:chat-train`` plus ``--magpie`` instructions SmolLM2 writes itself,
+   shuffled), and SmolLM2's own answers to them in bf16, sampled at T 0.7 / top-p 0.9 with a quarter of the prompts
+   greedy, by the engine ``benchmarks/generate.py --engines`` measured fastest (vLLM, ``--engine``); greedy
+   validation data on held-out chat prompts.
+2. ``features``: the target's hidden states over the whole corpus (its disk use printed before it starts).
+3. ``fit``: each family on nested subsets of the corpus (the first rows holding ``--sizes`` generated tokens; the
+   corpus is in shuffled prompt order, so each subset is a random sample and contains the smaller ones), its draft
+   vocabulary chosen from its own subset, ``--epochs`` passes (at least ``--min-steps`` steps).
+4. ``score``: every drafter on the same held-out sets (MT-bench, chat-heldout), greedy chains at K = 4, each row
+   interleaved with plain decoding of the same bf16 target (batch-invariant).
+5. ``report``: ``benchmarks/results/scaling.{json,md}`` and a plot; the fitted log-linear curve τ = a + b·ln(tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from common import RESULTS, machine, mtbench_subset, write
+
+from draftsmith.core import native
+from draftsmith.core.machine import native_bf16
+from draftsmith.core.sampling import Sampling
+from draftsmith.data.chat_prompts import chat_prompts
+from draftsmith.data.feature_cache import cache_features
+from draftsmith.data.generate import load_generated
+from draftsmith.data.magpie import write_instructions_generated
+from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.eval import plots
+from draftsmith.eval.report import auto_k_table, markdown_table
+from draftsmith.eval.score import score_drafters
+from draftsmith.families.eagle.module import default_feature_layers
+from draftsmith.families.specs import load_drafter
+from draftsmith.targets import load_target, resolve
+from draftsmith.train.fit import FitRun, fit_export
+from draftsmith.train.suite import _generated
+
+TARGET = "smollm2:bfloat16"
+SAMPLED = {"temperature": 0.7, "top_p": 0.9, "greedy_share": 0.25}
+MAX_LENGTH = 640
+"""Tokens per training row (prompt + answer) the cache keeps and training reads."""
+BATCH = 8
+RECIPES = {"eagle3": "smollm2/eagle3", "eagle1": "smollm2/eagle1", "peagle": "smollm2/peagle"}
+"""The families of the curve: EAGLE-3, EAGLE-1 and P-EAGLE (started from the EAGLE-3 of the same subset)."""
+
+
+def corpus_prompts(out: Path, magpie: int, engine: dict) -> Path:
+    """``builtin:chat-train`` plus ``magpie`` self-written instructions, shuffled (seed 0): ``prompts/corpus.jsonl``."""
+    path = out / "prompts" / "corpus.jsonl"
+    if path.is_file():
+        return path
+    instructions = out / "prompts" / "magpie.jsonl"
+    if not instructions.is_file():
+        print(f"data: {magpie} instructions SmolLM2 writes itself (Magpie)")
+        n = write_instructions_generated(TARGET, magpie, instructions, out / "prompts" / "magpie", seed=1, **engine)
+        print(f"data: {n} distinct instructions in {instructions}")
+    rows = [{"messages": list(p.messages), "source": p.source} for p in chat_prompts("train")]
+    rows += [json.loads(line) for line in instructions.read_text().splitlines()]
+    random.Random(0).shuffle(rows)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    print(f"data: {len(rows)} corpus prompts in {path}")
+    return path
+
+
+def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_prompts: int) -> tuple[Path, Path]:
+    target = Path(resolve("smollm2"))
+    prompts = corpus_prompts(out, magpie, engine)
+    train = _generated(
+        target,
+        out / "data" / "train",
+        {"prompts": str(prompts), **SAMPLED, "max_new_tokens": max_new_tokens, "dtype": "bfloat16", **engine},
+    )
+    val = _generated(
+        target,
+        out / "data" / "val",
+        {
+            "prompts": "builtin:chat-heldout",
+            "temperature": 0.0,
+            "num_prompts": val_prompts,
+            "max_new_tokens": 128,
+            "dtype": "bfloat16",
+        },
+    )
+    return train, val
+
+
+def make_features(train: Path) -> Path:
+    """The target's hidden states over the whole corpus: EAGLE-3's three feature layers and the final one."""
+    layers = json.loads((Path(resolve("smollm2")) / "config.json").read_text())["num_hidden_layers"]
+    return cache_features(
+        str(resolve("smollm2")), train, list(default_feature_layers(layers, 3)), max_length=MAX_LENGTH, overwrite=True
+    )
+
+
+def subset_rows(train: Path, sizes: list[int]) -> dict[int, tuple[int, int]]:
+    """Per size: (rows, generated tokens) of the shortest prefix of the corpus holding that many generated tokens
+    (the whole corpus when it holds fewer)."""
+    ds, _ = load_generated(train)
+    counts = [sum(m) for m in ds["loss_mask"]]
+    out, total = {}, 0
+    cumulative = []
+    for n in counts:
+        total += n
+        cumulative.append(total)
+    for size in sizes:
+        rows = next((i + 1 for i, c in enumerate(cumulative) if c >= size), len(counts))
+        out[size] = (rows, cumulative[rows - 1])
+    return out
+
+
+def label(size: int) -> str:
+    return f"{size // 1000}k" if size < 1_000_000 else f"{size / 1e6:g}M"
+
+
+def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path, epochs: float, min_steps: int):
+    """Train ``family`` on the first ``rows`` rows (resumed from its last checkpoint when interrupted); returns
+    its export dir and a record of the fit (steps, seconds, load)."""
+    name = f"{family}-{label(size)}"
+    export, record_path = out / "drafters" / name, out / "fit" / f"{name}.json"
+    steps = max(min_steps, math.ceil(epochs * rows / BATCH))
+    bf16, _ = native_bf16()
+    run = FitRun(
+        target=TARGET,
+        train=str(data[0]),
+        val=str(data[1]),
+        features=str(features),
+        out=out / "fit" / name,
+        steps=steps,
+        batch_size=BATCH,
+        data={"train_rows": rows, "max_length": MAX_LENGTH},
+        model={"init": str(out / "drafters" / f"eagle3-{label(size)}")} if family == "peagle" else {},
+        trainer={
+            "precision": "bf16-mixed" if bf16 else "32-true",
+            "val_check_interval": min(200, max(1, steps // 4)),
+            "enable_model_summary": False,
+        },
+        resume=True,
+    )
+    if record_path.is_file() and (export / "config.json").is_file():
+        return export, json.loads(record_path.read_text())
+    print(f"fit: {name}: {rows} rows, {steps} steps of {BATCH} ({run.trainer['precision']})")
+    load, start = os.getloadavg()[0], time.perf_counter()
+    fit_export(RECIPES[family], run, TARGET, export)
+    gc.collect()  # the fit's feature cache (GBs) before the next fit loads its own
+    record = {
+        "steps": steps,
+        "rows": rows,
+        "seconds": round(time.perf_counter() - start, 1),
+        "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "precision": run.trainer["precision"],
+        "val_tau_est": json.loads((export / "config.json").read_text()).get("val_tau_est"),
+    }
+    record_path.write_text(json.dumps(record, indent=2))
+    return export, record
+
+
+def coverage(export: Path, val: Path) -> float | None:
+    """Share of the held-out generated tokens (the validation data) inside the drafter's draft vocabulary."""
+    record, weights = native.read(export)
+    if "d2t" not in weights:
+        return None
+    ids = set((torch.arange(len(weights["d2t"])) + weights["d2t"]).tolist())
+    ds, _ = load_generated(val)
+    tokens = [
+        t for row, m in zip(ds["input_ids"], ds["loss_mask"], strict=True) for t, k in zip(row, m, strict=True) if k
+    ]
+    return round(sum(t in ids for t in tokens) / max(1, len(tokens)), 4)
+
+
+MODES = {
+    "greedy": (4, Sampling(0.0)),
+    "auto": ("auto", Sampling(0.0)),
+    "sampled": (4, Sampling(0.7, 0.9)),
+}
+"""Scoring modes: greedy chains at K = 4 (every subset), and for the largest subset ``--k auto`` and sampling at
+T 0.7 / top-p 0.9 (K = 4)."""
+
+
+def score_size(out: Path, size: int, families: list[str], sets: dict, max_new: int, modes: list[str]) -> dict:
+    """Every family of one subset per held-out set and mode, one interleaved run with plain decoding each; each
+    block saved once scored (reused when it holds the same drafters)."""
+    target, blocks = None, {}
+    names = [f"{f}-{label(size)}" for f in families] + ["ngram"]
+    for mode in modes:
+        k, sampling = MODES[mode]
+        for set_name, (prompts, categories) in sets.items():
+            path = out / "score" / f"{set_name}-{mode}-{label(size)}.json"
+            key = f"{set_name} {mode}"
+            if path.is_file() and [d["name"] for d in json.loads(path.read_text())["drafters"]] == names:
+                blocks[key] = json.loads(path.read_text())
+                continue
+            target = target or load_target(TARGET)
+            drafters = {n: load_drafter(n if n == "ngram" else str(out / "drafters" / n), target) for n in names}
+            load = os.getloadavg()[0]
+            plain, rows = score_drafters(target, drafters, prompts, k, sampling, max_new, categories=categories)
+            blocks[key] = {"plain": plain, "drafters": rows, "load": [round(load, 2), round(os.getloadavg()[0], 2)]}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(blocks[key], indent=2))
+    return blocks
+
+
+def fit_curve(points: list[tuple[float, float]]) -> dict | None:
+    """Least squares τ = a + b·ln(tokens) (the Scylla paper's log-linear data scaling), with each doubling's gain."""
+    if len(points) < 2:
+        return None
+    xs, ys = [math.log(x) for x, _ in points], [y for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(1e-12, sum((x - mx) ** 2 for x in xs))
+    a = my - b * mx
+    per_doubling = [
+        round((y2 - y1) / math.log2(x2 / x1), 4)
+        for (x1, y1), (x2, y2) in zip(points, points[1:], strict=False)
+        if x2 > x1
+    ]
+    return {
+        "a": round(a, 4),
+        "b": round(b, 4),
+        "gain_per_doubling": round(b * math.log(2), 4),
+        "segments": per_doubling,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/scaling"))
+    parser.add_argument("--stages", nargs="+", default=["data", "features", "fit", "score", "report"])
+    parser.add_argument("--magpie", type=int, default=3000, help="self-written instructions added to chat-train")
+    parser.add_argument("--max-new-tokens", type=int, default=384, help="answer length cap of the corpus")
+    parser.add_argument("--val-prompts", type=int, default=64)
+    parser.add_argument("--engine", default="vllm", choices=["hf", "vllm"])
+    parser.add_argument("--batch-size", type=int, default=256, help="generation batch (vLLM: max_num_seqs)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[22_000, 100_000, 300_000, 1_000_000])
+    parser.add_argument("--families", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--epochs", type=float, default=2.0, help="passes over each subset")
+    parser.add_argument("--min-steps", type=int, default=300, help="optimizer steps at least (small subsets)")
+    parser.add_argument("--num-prompts", type=int, default=32, help="held-out prompts per scored set")
+    parser.add_argument("--score-tokens", type=int, default=128, help="new tokens per scored prompt")
+    args = parser.parse_args()
+    engine = {"engine": args.engine, "batch_size": args.batch_size}
+    data = make_data(args.out, args.magpie, engine, args.max_new_tokens, args.val_prompts)  # reused once made
+    if args.stages == ["data"]:
+        return
+    features = make_features(data[0])
+    subsets = subset_rows(data[0], args.sizes)
+    for size, (rows, tokens) in subsets.items():
+        print(f"subset {label(size)}: the first {rows} rows, {tokens:,} generated tokens")
+    fits = {}
+    if "fit" in args.stages:
+        for size, (rows, _) in subsets.items():
+            for family in args.families:  # P-EAGLE after the EAGLE-3 it starts from
+                fits[family, size] = fit_one(args.out, family, size, rows, data, features, args.epochs, args.min_steps)
+    if "score" not in args.stages and "report" not in args.stages:
+        return
+    tokenizer = load_target(TARGET).tokenizer
+    chat = load_prompts("builtin:chat-heldout", limit=args.num_prompts)
+    mt = mtbench_subset(args.num_prompts)
+    sets = {
+        "mt-bench": ([encode(p, tokenizer) for p in mt], [p.category for p in mt]),
+        "chat-heldout": ([encode(p, tokenizer) for p in chat], None),
+    }
+    scores = {}
+    for size in subsets:
+        done = [f for f in args.families if (args.out / "drafters" / f"{f}-{label(size)}" / "config.json").is_file()]
+        modes = ["greedy"] + (["auto", "sampled"] if size == max(subsets) else [])
+        if done and "score" in args.stages:
+            scores[size] = score_size(args.out, size, done, sets, args.score_tokens, modes)
+    if "report" in args.stages:
+        report(args, data, subsets, fits, scores)
+
+
+def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
+    rows = []
+    for size, blocks in scores.items():
+        for key, block in blocks.items():
+            set_name, mode = key.split(" ")
+            for d in block["drafters"] if mode == "greedy" else []:
+                if d["name"] == "ngram":
+                    continue
+                family = d["name"].rsplit("-", 1)[0]
+                fit = fits.get((family, size), (None, {}))[1]
+                rows.append(
+                    {
+                        "set": set_name,
+                        "family": family,
+                        "size": size,
+                        "rows": subsets[size][0],
+                        "tokens": subsets[size][1],
+                        "tau": d["tau"],
+                        "alpha": d["alpha"],
+                        "accept_at": d["accept_at"],
+                        "speedup": d["speedup"],
+                        "ideal": d.get("ideal"),
+                        "plain_tokens_per_s": block["plain"]["tokens_per_s"],
+                        "coverage": coverage(args.out / "drafters" / d["name"], data[1]),
+                        "fit_seconds": fit.get("seconds"),
+                        "steps": fit.get("steps"),
+                        "val_tau_est": fit.get("val_tau_est"),
+                    }
+                )
+    curves = {
+        f"{s}/{f}": fit_curve(sorted((r["tokens"], r["tau"]) for r in rows if r["set"] == s and r["family"] == f))
+        for s in ("mt-bench", "chat-heldout")
+        for f in args.families
+    }
+    result = {
+        "machine": machine(),
+        "target": TARGET,
+        "corpus": {
+            k: v
+            for k, v in load_generated(data[0])[1].items()
+            if k in ("rows", "generated_tokens", "prompt_tokens", "tokens_per_s", "seconds", "engine", "settings")
+        },
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "rows": rows,
+        "curves": curves,
+        "blocks": {f"{key} {label(size)}": b for size, blocks in scores.items() for key, b in blocks.items()},
+    }
+    plot(rows, args.families, RESULTS / "scaling.png")
+    write("scaling", result, markdown(result))
+
+
+def plot(rows: list[dict], families: list[str], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for s, ax in zip(("mt-bench", "chat-heldout"), axes, strict=True):
+        for f in families:
+            pts = sorted((r["tokens"], r["tau"]) for r in rows if r["set"] == s and r["family"] == f)
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f)
+        ax.set(xscale="log", title=f"τ at K = 4, {s}", xlabel="generated training tokens", ylabel="τ")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    plots._save(fig, path)
+
+
+def markdown(result: dict) -> str:
+    m, c = result["machine"], result["corpus"]
+    lines = [
+        "# Data scaling: drafters for SmolLM2-135M-Instruct (bf16)",
+        "",
+        f"`{m['command']}` at `{m['git']}` on {m['date']} ({m.get('cpu', m['platform'])}"
+        f"{', ' + ', '.join(m['cpu_flags']) if m.get('cpu_flags') else ''}; {m['threads']} threads). Corpus: "
+        f"{c.get('rows')} answers, {c.get('generated_tokens'):,} generated tokens ({c.get('engine', {}).get('name')} in "
+        f"{c.get('settings', {}).get('dtype')}, T {c.get('settings', {}).get('temperature')}, top-p "
+        f"{c.get('settings', {}).get('top_p')}, greedy share {c.get('settings', {}).get('greedy_share')}, "
+        f"{c.get('tokens_per_s')} tokens/s). Each subset is a prefix of the corpus (nested). Scored: greedy chains at "
+        "K = 4, each row interleaved per prompt with plain decoding of the same bf16 target (batch-invariant).",
+        "",
+        "| set | family | tokens | rows | steps | fit s | val τ_est | τ | α | per-position acceptance | speedup | ideal "
+        "| draft-vocab coverage |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(result["rows"], key=lambda r: (r["set"], r["family"], r["tokens"])):
+        acc = " ".join(f"{a:.2f}" for a in r["accept_at"])
+        cov = f"{r['coverage']:.3f}" if r["coverage"] is not None else "–"
+        lines.append(
+            f"| {r['set']} | {r['family']} | {r['tokens']:,} | {r['rows']} | {r['steps']} | {r['fit_seconds']} | "
+            f"{r['val_tau_est'] or 0:.2f} | {r['tau']:.2f} | {r['alpha']:.3f} | {acc} | {r['speedup']:.2f}× | "
+            f"{(r['ideal'] or 0):.2f}× | {cov} |"
+        )
+    lines += [
+        "",
+        "Log-linear fits τ = a + b·ln(tokens) and the measured gain in τ per doubling of the data, per segment:",
+        "",
+    ]
+    for name, curve in result["curves"].items():
+        if curve:
+            lines.append(
+                f"- {name}: a = {curve['a']}, b = {curve['b']} ({curve['gain_per_doubling']} τ per doubling); "
+                f"segments: {', '.join(map(str, curve['segments']))}"
+            )
+    for title, block in result["blocks"].items():
+        lines += ["", f"## {title}", "", markdown_table(block["drafters"], block["plain"])]
+        if auto_k_table(block["drafters"]):
+            lines += ["", auto_k_table(block["drafters"])]
+    lines += ["", "![scaling](scaling.png)", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Training throughput of a feature drafter from the feature cache: tokens/s of one optimizer step, per variant.
+
+    python benchmarks/train_throughput.py --data runs/real_target_bf16/data/train \
+        --features runs/real_target_bf16/data/train-features [--family eagle3] [--steps 12]
+
+The same batches (the training sampler's, length-bucketed) go through every variant, interleaved step by step, so
+each ratio is measured on the same work under the same machine load. Variants:
+- ``full-vocab fp32``: the target's logits over its whole vocabulary from the cached final state (what training
+  computed before), then the draft vocabulary's; the drafter in float32;
+- ``draft-vocab fp32``: only the draft vocabulary's logits (``DrafterModule.loss_vocab``): the same loss;
+- ``draft-vocab bf16``: the same under bf16 autocast (Lightning's ``bf16-mixed``), where the CPU multiplies bf16
+  natively.
+Also reported: the share of a batch's positions that are padding (what packing sequences could save at most).
+Writes ``benchmarks/results/train_throughput.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from common import machine, write
+
+from draftsmith.core.machine import native_bf16
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.train.data import GeneratedDataModule
+
+VARIANTS = {"full-vocab fp32": (False, False), "draft-vocab fp32": (True, False), "draft-vocab bf16": (True, True)}
+
+
+def step(module: EagleModule, opt, batch: dict, restrict: bool, bf16: bool) -> float:
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+        out = module.target_forward(batch, module.loss_vocab() if restrict else None)
+        loss = module.losses(batch, out)["loss"]
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return time.perf_counter() - start
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [
+        f"# Training throughput: {result['family']} from the feature cache",
+        "",
+        f"`{m['command']}` at `{m['git']}` on {m['date']} ({m.get('cpu', m['platform'])}"
+        f"{', ' + ', '.join(m['cpu_flags']) if m.get('cpu_flags') else ''}; {m['threads']} threads; load average "
+        f"before / after {result['load'][0]} / {result['load'][1]}). {result['steps']} steps of batch "
+        f"{result['batch_size']} (max length {result['max_length']}) per variant, interleaved step by step on the same "
+        f"batches; {result['tokens']:,} real tokens per variant. Padding: {100 * result['padding']:.1f}% of the "
+        "batches' positions (length-bucketed batches; packing could save at most that).",
+        "",
+        "| variant | ms / step (median) | tokens / s | vs full-vocab fp32 |",
+        "|---|---|---|---|",
+    ]
+    base = result["variants"]["full-vocab fp32"]["tokens_per_s"]
+    for name, v in result["variants"].items():
+        lines.append(f"| {name} | {v['ms_per_step']:.0f} | {v['tokens_per_s']:.0f} | {v['tokens_per_s'] / base:.2f}× |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--features", type=Path, required=True)
+    parser.add_argument("--target", default="smollm2:bfloat16")
+    parser.add_argument("--family", default="eagle3", choices=["eagle3", "eagle1"])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-length", type=int, default=512)
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    data = GeneratedDataModule(  # val is unused here (the module needs one beside a feature cache)
+        str(args.data),
+        str(args.data),
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        features=str(args.features),
+    )
+    data.setup()
+    version = 3 if args.family == "eagle3" else 1
+    extra = {"draft_vocab_size": 4096, "ttt_steps": 3} if version == 3 else {}
+    variants = {n: v for n, v in VARIANTS.items() if not v[1] or native_bf16()[0]}
+    modules, opts = {}, {}
+    for name in variants:
+        torch.manual_seed(0)
+        modules[name] = EagleModule(args.target, version=version, **extra)
+        modules[name].prepare_from_data(data)
+        opts[name] = torch.optim.AdamW(modules[name].drafter.parameters(), lr=1e-3)
+    batches = iter(data.train_dataloader())
+    times = {n: [] for n in variants}
+    tokens = padded = 0
+    for i in range(args.steps + 2):  # two warm-up steps
+        batch = next(batches)
+        for name, (restrict, bf16) in variants.items():
+            t = step(modules[name], opts[name], batch, restrict, bf16)
+            if i >= 2:
+                times[name].append(t)
+        if i >= 2:
+            tokens += int(batch["attention_mask"].sum())
+            padded += batch["attention_mask"].numel()
+    result = {
+        "machine": machine(),
+        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "family": args.family,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "tokens": tokens,
+        "padding": round(1 - tokens / padded, 4),
+        "variants": {
+            n: {
+                "ms_per_step": round(1e3 * sorted(ts)[len(ts) // 2], 1),
+                "tokens_per_s": round(tokens / sum(ts), 1),
+            }
+            for n, ts in times.items()
+        },
+    }
+    write("train_throughput", result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()
