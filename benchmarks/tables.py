@@ -53,7 +53,7 @@ def source(result: dict) -> str:
     return (
         f"Measured by `{m['command']}` (git {m.get('git') or '?'}, {m['date']}, {cpu}, {m['threads']} threads, "
         f"torch {m['torch']}"
-        + (f", machine load {result['load'][0]} → {result['load'][1]}" if "load" in result else "")
+        + (f", machine load {result['load'][0]:.2f} → {result['load'][1]:.2f}" if "load" in result else "")
         + ")."
     )
 
@@ -132,7 +132,33 @@ def by_block(name: str) -> str:
     return "\n".join([*lines, "", source(result)])
 
 
-TABLES = {"headline": headline, "verification_cost": verification_cost, "block": block, "by_block": by_block}
+def engines(names: str = "generate_engines,generate_engines_smollm2,generate_engines_smollm2_bfloat16") -> str:
+    """The generate stage's tokens/s per engine, target and dtype: the best batch size of each engine per run."""
+    lines = [
+        "| target | dtype | sampling | new tokens | HF (batch) | vLLM (max_num_seqs) | vLLM / HF |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    sources = []
+    for name in names.split(","):
+        result = load(name)
+        args, best = result["args"], {}
+        for row in result["rows"]:
+            engine = row["engine"].split()[0]
+            if row["generation_tokens_per_s"] > best.get(engine, {}).get("generation_tokens_per_s", -1):
+                best[engine] = row
+        dtype = next(iter(best.values())).get("dtype", "float32")  # runs before the dtype column were float32
+        sampling = f"T {args.get('temperature', 1.0)}, top-p {args.get('top_p', 1.0)}"
+        cells = [f"{best[e]['generation_tokens_per_s']:,.0f} tok/s ({best[e]['batch_size']})" for e in ("hf", "vllm")]
+        ratio = best["vllm"]["generation_tokens_per_s"] / best["hf"]["generation_tokens_per_s"]
+        lines.append(
+            f"| {args['target_name']} | {dtype} | {sampling} | {args['max_new_tokens']} | {cells[0]} | {cells[1]} | "
+            f"{ratio:.2f}× |"
+        )
+        sources.append(f"- {args['target_name']}, {dtype}: {source(result)}")
+    return "\n".join([*lines, "", *sources])
+
+
+TABLES = {"engines": engines, "headline": headline, "verification_cost": verification_cost, "block": block, "by_block": by_block}
 """Block name -> its table (a function of the results' JSON)."""
 
 
