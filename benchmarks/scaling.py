@@ -227,11 +227,15 @@ def fit_curve(points: list[tuple[float, float]]) -> dict | None:
         for (x1, y1), (x2, y2) in zip(points, points[1:], strict=False)
         if x2 > x1
     ]
+    # returns diminish where a doubling of the data first buys less than half of what the best doubling bought
+    best = max(per_doubling, default=0.0)
+    where = next((points[i][0] for i, g in enumerate(per_doubling) if best > 0 and g < 0.5 * best), None)
     return {
         "a": round(a, 4),
         "b": round(b, 4),
         "gain_per_doubling": round(b * math.log(2), 4),
         "segments": per_doubling,
+        "diminishing_from": where,
     }
 
 
@@ -247,7 +251,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[22_000, 100_000, 300_000, 1_000_000])
     parser.add_argument("--families", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--epochs", type=float, default=2.0, help="passes over each subset")
-    parser.add_argument("--min-steps", type=int, default=300, help="optimizer steps at least (small subsets)")
+    parser.add_argument("--min-steps", type=int, default=100, help="optimizer steps at least (small subsets)")
     parser.add_argument("--num-prompts", type=int, default=32, help="held-out prompts per scored set")
     parser.add_argument("--score-tokens", type=int, default=128, help="new tokens per scored prompt")
     args = parser.parse_args()
@@ -383,7 +387,13 @@ def markdown(result: dict) -> str:
         if curve:
             lines.append(
                 f"- {name}: a = {curve['a']}, b = {curve['b']} ({curve['gain_per_doubling']} τ per doubling); "
-                f"segments: {', '.join(map(str, curve['segments']))}"
+                f"segments: {', '.join(map(str, curve['segments']))}; "
+                + (
+                    f"returns diminish from {curve['diminishing_from']:,} tokens (a doubling there buys less than half "
+                    "of the best doubling)"
+                    if curve["diminishing_from"]
+                    else "no diminishing returns within the measured range"
+                )
             )
     for title, block in result["blocks"].items():
         lines += ["", f"## {title}", "", markdown_table(block["drafters"], block["plain"])]

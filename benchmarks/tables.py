@@ -158,7 +158,13 @@ def engines(names: str = "generate_engines,generate_engines_smollm2,generate_eng
     return "\n".join([*lines, "", *sources])
 
 
-TABLES = {"engines": engines, "headline": headline, "verification_cost": verification_cost, "block": block, "by_block": by_block}
+TABLES = {
+    "engines": engines,
+    "headline": headline,
+    "verification_cost": verification_cost,
+    "block": block,
+    "by_block": by_block,
+}
 """Block name -> its table (a function of the results' JSON)."""
 
 
