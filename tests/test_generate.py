@@ -240,6 +240,29 @@ def test_chat_prompts_use_the_chat_template_and_datasets_give_prompts(target_dir
     assert from_disk["prompt_len"] == [3, 1] and meta["settings"]["prompt_field"] == "text"
 
 
+def test_magpie_through_generate_writes_what_the_magpie_loop_writes(target_dir, tmp_path):
+    """Self-written instructions decoded by ``generate`` (any engine; here HF) are the ones ``write_instructions``'
+    own loop samples: the same rows, seeds and sampling, kept by the same rule (the turn ended, >= 4 words, new)."""
+    from draftsmith.data.magpie import user_prefix, write_instructions, write_instructions_generated
+
+    chat_dir = tmp_path / "chat-target"
+    Target.from_pretrained(target_dir).model.save_pretrained(chat_dir)
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = "w1 {% for m in messages %}w2 {{ m['content'] }} w3 {% endfor %}"
+    tokenizer.save_pretrained(chat_dir)
+    assert tokenizer.decode(user_prefix(tokenizer)) == "w1 w2"
+    loop, generated = tmp_path / "loop.jsonl", tmp_path / "generated.jsonl"
+    n, rows = 100, 400  # neither reaches n: both decode rows 0..399 and keep every finished one
+    write_instructions(Target.from_pretrained(chat_dir), n, loop, seed=3, max_new_tokens=24, batch_size=rows)
+    written = write_instructions_generated(
+        str(chat_dir), n, generated, tmp_path / "work", seed=3, max_new_tokens=24, oversample=rows / n, batch_size=16
+    )
+    kept = [json.loads(line)["messages"] for line in generated.read_text().splitlines()]
+    assert 0 < written == len(kept) < n
+    assert kept == [json.loads(line)["messages"] for line in loop.read_text().splitlines()]
+    assert all(len(m[0]["content"].split()) >= 4 for m in kept)
+
+
 def cli_error(capsys, *args) -> str:
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", *args])
