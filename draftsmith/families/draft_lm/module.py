@@ -188,10 +188,10 @@ class DraftLMModule(DrafterModule):
     def _uses_stored_teacher(self, batch: dict) -> bool:
         return self.teacher == "topk" and "topk_ids" in batch
 
-    def target_forward(self, batch: dict) -> TargetOutput | None:
+    def target_forward(self, batch: dict, vocab: torch.Tensor | None = None) -> TargetOutput | None:
         if self.training and (self.loss == "ce" or self._uses_stored_teacher(batch)):
             return None  # the training loss does not need the target
-        return super().target_forward(batch)
+        return super().target_forward(batch, vocab)
 
     def losses(self, batch: dict, out: TargetOutput | None) -> dict[str, torch.Tensor]:
         logits = self.drafter(batch["input_ids"], batch["attention_mask"])  # (B, T, V); row t predicts x_{t+1}

@@ -68,9 +68,9 @@ class MedusaModule(HeadsModule):
     def _joint(self) -> bool:
         return self.peft is not None and self.training and self.global_step >= self.head_warmup_steps
 
-    def target_forward(self, batch: dict) -> TargetOutput:
+    def target_forward(self, batch: dict, vocab: torch.Tensor | None = None) -> TargetOutput:
         if not self._joint():
-            return super().target_forward(batch)
+            return super().target_forward(batch, vocab)
         out = self.target.model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
         )
