@@ -34,6 +34,8 @@ MARKDOWN = {
     "parallel_smollm2": "parallel",
     "real_target": "real_target",
     "real_target_bf16": "real_target",
+    "train": "train",
+    "verifier": "verifier",
 }
 """Results file -> the benchmark module whose ``markdown(result)`` wrote its Markdown. Not here: the benchmarks that
 build their Markdown inline (their ``.md`` is as they wrote it), and ``baselines_before`` (a snapshot from before
@@ -158,8 +160,18 @@ def engines(names: str = "generate_engines,generate_engines_smollm2,generate_eng
     return "\n".join([*lines, "", *sources])
 
 
+def result(name: str) -> str:
+    """``NAME``'s Markdown as its benchmark's ``markdown(result)`` writes it (``MARKDOWN``), headings one level down
+    and its title dropped, with the line saying what measured it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    text = importlib.import_module(MARKDOWN[name]).markdown(load(name)).strip().splitlines()
+    body = [("#" + line if line.startswith("#") else line) for line in text[1:]]
+    return "\n".join([*body, "", source(load(name))]).strip()
+
+
 TABLES = {
     "engines": engines,
+    "result": result,
     "headline": headline,
     "verification_cost": verification_cost,
     "block": block,

@@ -26,6 +26,27 @@ from draftsmith.train.fit import FitRun
 from draftsmith.train.suite import Budget, make_data, train_drafter
 
 
+def markdown(result: dict) -> str:
+    m, args = result["machine"], result["args"]
+    lines = [
+        "| drafter | steps | fit time | val/tau_est (best ckpt) | verifier τ (full rounds) | gap |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["drafters"]:
+        fit = result["fits"][row["name"]]
+        lines.append(
+            f"| {row['name']} | {fit['steps']} | {fit['seconds']:.0f} s | {fit['val_tau_est']:.3f} "
+            f"| {row['tau_full']:.3f} | {100 * fit['gap']:+.1f}% |"
+        )
+    return (
+        "## EAGLE training on the default target\n\n"
+        f"`{m['command']}` on {m['date']} ({m['platform']}, {m['threads']} threads).\n\n"
+        + "\n".join(lines)
+        + f"\n\n### Verifier, same run (greedy, K = {args['k']}, {args['score_prompts']} held-out prompts × "
+        f"{args['new_tokens']} tokens)\n\n" + markdown_table(result["drafters"], result["plain"])
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=240)
@@ -51,28 +72,13 @@ def main() -> None:
         fits[name] = {"seconds": round(seconds, 1), "steps": args.steps, "val_tau_est": info["val_tau_est"]}
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.score_prompts)]
     plain, rows = score_drafters(target, trained, prompts, args.k, Sampling(), args.new_tokens)
-    lines = [
-        "| drafter | steps | fit time | val/tau_est (best ckpt) | verifier τ (full rounds) | gap |",
-        "|---|---|---|---|---|---|",
-    ]
     for row in rows:
         fit = fits[row["name"]]
         fit["verifier_tau_full"] = row["tau_full"]
         fit["gap"] = fit["val_tau_est"] / row["tau_full"] - 1
-        lines.append(
-            f"| {row['name']} | {fit['steps']} | {fit['seconds']:.0f} s | {fit['val_tau_est']:.3f} "
-            f"| {row['tau_full']:.3f} | {100 * fit['gap']:+.1f}% |"
-        )
     data_out = {"machine": machine(), "target": target.fingerprint, "args": {k: str(v) for k, v in vars(args).items()},
                 "fits": fits, "plain": plain, "drafters": rows, "threads": torch.get_num_threads()}  # fmt: skip
-    md = (
-        "## EAGLE training on the default target\n\n"
-        f"`{data_out['machine']['command']}` on {data_out['machine']['date']} "
-        f"({data_out['machine']['platform']}, {data_out['machine']['threads']} threads).\n\n"
-        + "\n".join(lines)
-        + f"\n\n### Verifier, same run (greedy, K = {args.k}, {len(prompts)} held-out prompts × {args.new_tokens} tokens)\n\n"
-        + markdown_table(rows, plain)
-    )
+    md = markdown(data_out)
     write("train", data_out, md)
 
 

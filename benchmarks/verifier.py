@@ -20,6 +20,16 @@ from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.targets import default as default_target
 
 
+def markdown(result: dict) -> str:
+    args, m = result["args"], result["machine"]
+    sections = [f"### K = {r['k']}\n\n" + markdown_table(r["drafters"], r["plain"]) for r in result["runs"]]
+    return (
+        f"# Verifier benchmark\n\nDefault target, {args['num_prompts']} held-out prompts, greedy, "
+        f"{args['max_new_tokens']} new tokens; `{m['command']}` on {m['date']} "
+        f"({m['platform']}, {m['threads']} threads).\n\n" + "\n\n".join(sections) + "\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-prompts", type=int, default=30)
@@ -31,17 +41,12 @@ def main() -> None:
     target = Target.from_pretrained(target_dir)
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.num_prompts)]
     drafters = {"ngram": NGramDrafter(), "draft-lm (1-layer sibling)": DraftLM.from_pretrained(target_dir / "sibling")}
-    runs, sections = [], []
+    runs = []
     for k in args.ks:
         plain, rows = score_drafters(target, drafters, prompts, k, Sampling(), args.max_new_tokens)
         runs.append({"k": k, "plain": plain, "drafters": rows})
-        sections.append(f"### K = {k}\n\n" + markdown_table(rows, plain))
     data = {"machine": machine(), "target": target.fingerprint, "args": vars(args), "runs": runs}
-    md = (
-        f"# Verifier benchmark\n\nDefault target, {args.num_prompts} held-out prompts, greedy, "
-        f"{args.max_new_tokens} new tokens; `{data['machine']['command']}` on {data['machine']['date']} "
-        f"({data['machine']['platform']}, {data['machine']['threads']} threads).\n\n" + "\n\n".join(sections) + "\n"
-    )
+    md = markdown(data)
     write("verifier", data, md)
 
 

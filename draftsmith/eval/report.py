@@ -19,9 +19,15 @@ def markdown_table(drafters: list[dict], plain: dict) -> str:
         lines.append(
             f"| {d['name']} | {d['k']} | {d['alpha']:.3f} | {d['tau']:.2f} | {per_pos} | "
             f"{d['tokens_per_s']:.1f} | {d['speedup']:.2f}× | {d['ideal_speedup']:.2f}× | "
-            f"{d.get('verify_ratio', 1.0):.2f} | {d['cost_ratio']:.3f} | {exact} |"
+            f"{_ratio(d)} | {d['cost_ratio']:.3f} | {exact} |"
         )
     return "\n".join(lines)
+
+
+def _ratio(d: dict) -> str:
+    """The row's measured verification cost r, or "–" for reports from before it was measured (their ideal
+    assumed r = 1)."""
+    return f"{d['verify_ratio']:.2f}" if "verify_ratio" in d else "–"
 
 
 def online_table(drafters: list[dict]) -> str:
