@@ -254,6 +254,13 @@ def main() -> None:
     parser.add_argument("--min-steps", type=int, default=100, help="optimizer steps at least (small subsets)")
     parser.add_argument("--num-prompts", type=int, default=32, help="held-out prompts per scored set")
     parser.add_argument("--score-tokens", type=int, default=128, help="new tokens per scored prompt")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=list(MODES),
+        help="scoring modes (auto, sampled: largest subset)",
+    )
     args = parser.parse_args()
     engine = {"engine": args.engine, "batch_size": args.batch_size}
     data = make_data(args.out, args.magpie, engine, args.max_new_tokens, args.val_prompts)  # reused once made
@@ -280,7 +287,7 @@ def main() -> None:
     scores = {}
     for size in subsets:
         done = [f for f in args.families if (args.out / "drafters" / f"{f}-{label(size)}" / "config.json").is_file()]
-        modes = ["greedy"] + (["auto", "sampled"] if size == max(subsets) else [])
+        modes = [m for m in args.modes if m == "greedy" or size == max(subsets)]
         if done and "score" in args.stages:
             scores[size] = score_size(args.out, size, done, sets, args.score_tokens, modes)
     if "report" in args.stages:
