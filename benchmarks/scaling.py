@@ -48,7 +48,7 @@ from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
 from draftsmith.targets import load_target, resolve
 from draftsmith.train.fit import FitRun, fit_export
-from draftsmith.train.suite import _generated
+from draftsmith.train.suite import generated_once
 
 TARGET = "smollm2:bfloat16"
 SAMPLED = {"temperature": 0.7, "top_p": 0.9, "greedy_share": 0.25}
@@ -80,12 +80,12 @@ def corpus_prompts(out: Path, magpie: int, engine: dict) -> Path:
 def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_prompts: int) -> tuple[Path, Path]:
     target = Path(resolve("smollm2"))
     prompts = corpus_prompts(out, magpie, engine)
-    train = _generated(
+    train = generated_once(
         target,
         out / "data" / "train",
         {"prompts": str(prompts), **SAMPLED, "max_new_tokens": max_new_tokens, "dtype": "bfloat16", **engine},
     )
-    val = _generated(
+    val = generated_once(
         target,
         out / "data" / "val",
         {

@@ -99,7 +99,7 @@ PLANS = {"default": Plan(FULL), "smollm2": SMOLLM2}
 """The built-in targets' plans."""
 
 
-def _generated(target_dir: Path, path: Path, settings: dict) -> Path:
+def generated_once(target_dir: Path, path: Path, settings: dict) -> Path:
     """Generate ``path`` with ``settings`` unless it is current (the same settings and target)."""
     stage = {"generate": settings, "target": str(target_dir)}
     if not is_current(path, stage):
@@ -130,7 +130,7 @@ def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["d
     }
     runs = {name: settings | _dtype(plan) for name, settings in runs.items()}
     return tuple(
-        _generated(target_dir, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
+        generated_once(target_dir, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
         for name, settings in runs.items()
     )
 
@@ -139,7 +139,7 @@ def make_head_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLA
     """Greedy continuations of built-in training prompts (``data/head``) for the acceptance head: greedy
     verification runs along the target's greedy text, so that is the text whose acceptances it must predict."""
     settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts} | _dtype(plan)
-    return _generated(target_dir, out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens})
+    return generated_once(target_dir, out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens})
 
 
 def _dtype(plan: Plan) -> dict:
