@@ -41,6 +41,7 @@ from draftsmith.data.feature_cache import cache_features
 from draftsmith.data.generate import load_generated
 from draftsmith.data.magpie import write_instructions_generated
 from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.data.shards import snapshot
 from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
 from draftsmith.eval.score import score_drafters
@@ -85,8 +86,13 @@ def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_pro
         out / "data" / "train",
         {"prompts": str(prompts), **SAMPLED, "max_new_tokens": max_new_tokens, "dtype": "bfloat16", **engine},
     )
-    val = generated_once(
-        target,
+    return train, make_val(out, val_prompts)
+
+
+def make_val(out: Path, val_prompts: int) -> Path:
+    """Greedy answers to held-out chat prompts (``val/tau_est``)."""
+    return generated_once(
+        Path(resolve("smollm2")),
         out / "data" / "val",
         {
             "prompts": "builtin:chat-heldout",
@@ -96,7 +102,6 @@ def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_pro
             "dtype": "bfloat16",
         },
     )
-    return train, val
 
 
 def make_features(train: Path) -> Path:
@@ -261,9 +266,18 @@ def main() -> None:
         choices=list(MODES),
         help="scoring modes (auto, sampled: largest subset)",
     )
+    parser.add_argument(
+        "--snapshot", type=Path, help="train on this unfinished corpus run's finished shards (into another --out)"
+    )
     args = parser.parse_args()
     engine = {"engine": args.engine, "batch_size": args.batch_size}
-    data = make_data(args.out, args.magpie, engine, args.max_new_tokens, args.val_prompts)  # reused once made
+    if args.snapshot:  # the corpus's finished shards so far (its first rows), while its generation goes on
+        if args.snapshot.resolve() == (args.out / "data" / "train").resolve():
+            raise SystemExit("scaling: --snapshot needs another --out than the corpus run's")
+        data = (snapshot(args.snapshot, args.out / "data" / "train"), make_val(args.out, args.val_prompts))
+        print(f"snapshot: {load_generated(data[0])[1]['snapshot']}")
+    else:
+        data = make_data(args.out, args.magpie, engine, args.max_new_tokens, args.val_prompts)  # reused once made
     if args.stages == ["data"]:
         return
     features = make_features(data[0])
@@ -334,7 +348,17 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
         "corpus": {
             k: v
             for k, v in load_generated(data[0])[1].items()
-            if k in ("rows", "generated_tokens", "prompt_tokens", "tokens_per_s", "seconds", "engine", "settings")
+            if k
+            in (
+                "rows",
+                "generated_tokens",
+                "prompt_tokens",
+                "tokens_per_s",
+                "seconds",
+                "engine",
+                "settings",
+                "snapshot",
+            )
         },
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rows": rows,
@@ -370,7 +394,14 @@ def markdown(result: dict) -> str:
         f"{c.get('rows')} answers, {c.get('generated_tokens'):,} generated tokens ({c.get('engine', {}).get('name')} in "
         f"{c.get('settings', {}).get('dtype')}, T {c.get('settings', {}).get('temperature')}, top-p "
         f"{c.get('settings', {}).get('top_p')}, greedy share {c.get('settings', {}).get('greedy_share')}, "
-        f"{c.get('tokens_per_s')} tokens/s). Each subset is a prefix of the corpus (nested). Scored: greedy chains at "
+        f"{c.get('tokens_per_s')} tokens/s)"
+        + (
+            f", the first {c['snapshot']['shards']} finished shards of {c['snapshot']['shard_size']} prompts of the "
+            "corpus run while it went on (a prefix of the whole corpus)"
+            if c.get("snapshot")
+            else ""
+        )
+        + ". Each subset is a prefix of the corpus (nested). Scored: greedy chains at "
         "K = 4, each row interleaved per prompt with plain decoding of the same bf16 target (batch-invariant).",
         "",
         "| set | family | tokens | rows | steps | fit s | val τ_est | τ | α | per-position acceptance | speedup | ideal "

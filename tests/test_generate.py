@@ -17,8 +17,10 @@ from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import Target
 from draftsmith.data.decode import decode_batch, draw, row_seed
+from draftsmith.data.feature_cache import data_identity
 from draftsmith.data.generate import check_dataset_target, generate, is_greedy, load_generated
 from draftsmith.data.prompts import Prompt, encode
+from draftsmith.data.shards import snapshot
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.verifier import plain_decode
 
@@ -301,6 +303,7 @@ def test_resume_after_kill_equals_uninterrupted_run(target_dir, tmp_path):
     assert 1 <= saved < 16 and json.loads((out / "draftsmith.json").read_text())["status"] == "running"
     with pytest.raises(DraftsmithError, match="unfinished"):
         load_generated(out)
+    prefix, prefix_meta = load_generated(snapshot(out, tmp_path / "snapshot"))  # the finished shards, meanwhile
 
     # batch size is free to change on resume: it does not change the output
     resumed, meta = run(target_dir, prompts, out, resume=True, **{**settings, "batch_size": 16})
@@ -308,6 +311,16 @@ def test_resume_after_kill_equals_uninterrupted_run(target_dir, tmp_path):
     assert resumed["input_ids"] == reference["input_ids"]
     assert resumed["topk_ids"] == reference["topk_ids"]
     assert meta["rows"] == 64 and meta["shards"] == 16
+    # the snapshot is the whole run's first rows, counted as such, and never taken for the whole run's data
+    assert prefix["input_ids"] == reference["input_ids"][: 4 * saved]
+    assert prefix_meta["rows"] == 4 * saved and prefix_meta["snapshot"]["shards"] == saved
+    assert prefix_meta["generated_tokens"] == sum(sum(m) for m in reference["loss_mask"][: 4 * saved])
+    assert data_identity(prefix_meta) != data_identity(meta)
+    started = tmp_path / "started"  # a run that has written its metadata but no shard yet
+    started.mkdir()
+    (started / "draftsmith.json").write_text(json.dumps({**meta, "status": "running"}))
+    with pytest.raises(DraftsmithError, match="no finished shard"):
+        snapshot(started, tmp_path / "none")
 
 
 def test_ctrl_c_keeps_saved_shards_and_resume_completes_the_same_dataset(

@@ -41,6 +41,8 @@ DTYPES = ("float16", "bfloat16")
 def data_identity(metadata: dict) -> str:
     """A hash of what decides a generated dataset's rows (its settings, counts and target)."""
     keys = {k: metadata.get(k) for k in ("settings", "target", "counts")}
+    if "snapshot" in metadata:  # the leading shards of an unfinished run (shards.snapshot): other rows
+        keys["snapshot"] = metadata["snapshot"]
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

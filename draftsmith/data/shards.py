@@ -191,6 +191,49 @@ def finalize(out: Path, num_shards: int) -> None:
     tmp.rmdir()
 
 
+def snapshot(out: Path, dest: Path) -> Path:
+    """The finished leading shards of an unfinished ``generate`` run at ``out`` as a complete dataset at ``dest``: a
+    prefix of what the whole run will be (its first rows, in order), to train on while generation goes on.
+    ``dest``'s metadata records ``snapshot: {of, shards, of_shards}``; its data identity differs from the whole
+    run's, so caches and fits made from it are never mistaken for the whole run's. Reused when ``dest`` already
+    holds a snapshot of as many shards."""
+    out, dest = Path(out), Path(dest)
+    metadata = read_metadata(out)
+    if metadata is None:
+        raise DraftsmithError(f"snapshot: {out} is not a generate run (no {META})")
+    done = completed_shards(out)
+    leading = next(i for i in range(len(done) + 1) if i not in done)  # shards 0..leading-1 are all there
+    if leading == 0:
+        raise DraftsmithError(f"snapshot: {out} has no finished shard yet")
+    previous = read_metadata(dest)
+    if previous is not None and previous.get("snapshot", {}).get("shards") == leading:
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    (dest / SHARDS).mkdir(parents=True)
+    for i in range(leading):
+        shutil.copytree(shard_dir(out, i), shard_dir(dest, i))
+    finalize(dest, leading)
+    totals = {k: 0 for k in ("rows", "prompt_tokens", "generated_tokens", "stopped_at_eos", "seconds")}
+    for i in range(leading):
+        for k, v in shard_stats(dest, i).items():
+            totals[k] += v
+    remove_shards(dest)
+    seconds = totals.pop("seconds")
+    settings = metadata["settings"]
+    write_metadata(
+        dest,
+        {
+            **metadata,
+            "status": "complete",
+            **totals,
+            "seconds": round(seconds, 2),
+            "tokens_per_s": round(totals["generated_tokens"] / max(seconds, 1e-9), 1),
+            "snapshot": {"of": str(out), "shards": leading, "shard_size": settings["shard_size"]},
+        },
+    )
+    return dest
+
+
 def merge_ranks(out: Path) -> None:
     """Move the shards that parallel ranks saved under ``out/ranks/`` into ``out`` (ready for ``--resume``).
 
