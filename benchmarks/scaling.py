@@ -285,10 +285,13 @@ def main() -> None:
     for size, (rows, tokens) in subsets.items():
         print(f"subset {label(size)}: the first {rows} rows, {tokens:,} generated tokens")
     fits = {}
-    if "fit" in args.stages:
-        for size, (rows, _) in subsets.items():
-            for family in args.families:  # P-EAGLE after the EAGLE-3 it starts from
+    for size, (rows, _) in subsets.items():
+        for family in args.families:  # P-EAGLE after the EAGLE-3 it starts from
+            record = args.out / "fit" / f"{family}-{label(size)}.json"
+            if "fit" in args.stages:
                 fits[family, size] = fit_one(args.out, family, size, rows, data, features, args.epochs, args.min_steps)
+            elif record.is_file():
+                fits[family, size] = (args.out / "drafters" / f"{family}-{label(size)}", json.loads(record.read_text()))
     if "score" not in args.stages and "report" not in args.stages:
         return
     tokenizer = load_target(TARGET).tokenizer
