@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -382,10 +383,14 @@ class Target:
         position_ids: torch.Tensor | None = None,
         with_features: bool = True,
         feature_layers: tuple[int, ...] | None = None,
+        last_logits_only: bool = False,
     ) -> TargetOutput:
         """Forward ``input_ids`` (B, T) after whatever ``past_key_values`` holds.
 
         ``feature_layers`` (resolved, non-negative) overrides ``self.feature_layers`` for this call.
+        ``last_logits_only``: the LM head runs on the last position only (``logits`` (B, 1, V)), for callers that
+        want the hidden states (the feature cache): on a 49k vocabulary the head over every position costs more
+        than the layers.
         A 4D ``attention_mask`` (tree drafts) is a custom mask over the cache and the new tokens; each
         sliding-window layer gets it with its window applied (``layer_masks``).
         """
@@ -401,11 +406,18 @@ class Target:
             position_ids=position_ids,
             use_cache=past_key_values is not None,
             output_hidden_states=with_features,
+            **({"logits_to_keep": 1} if last_logits_only and self._keeps_logits else {}),
         )
         layers = self.feature_layers if feature_layers is None else feature_layers
         # float32 like the logits: drafters hold float32 weights whatever the target's dtype (values unchanged)
         features = tuple(out.hidden_states[i].float() for i in layers) if with_features else ()
-        return TargetOutput(out.logits.float(), features, out.past_key_values)
+        logits = out.logits[:, -1:] if last_logits_only else out.logits
+        return TargetOutput(logits.float(), features, out.past_key_values)
+
+    @functools.cached_property
+    def _keeps_logits(self) -> bool:
+        """Whether the model's forward takes ``logits_to_keep`` (HF causal LMs since transformers 4.50)."""
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     @property
     def fingerprint(self) -> dict:

@@ -120,17 +120,20 @@ def cache_features(
         if path.is_file():
             continue
         rows = [ids[:max_length] for ids in ds[s : s + shard_rows]["input_ids"]]
-        hidden = {layer: [] for layer in resolved}
+        hidden = {layer: [None] * len(rows) for layer in resolved}
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # batches of similar lengths: less padding
         for b in range(0, len(rows), batch_size):
-            batch = rows[b : b + batch_size]
+            index = order[b : b + batch_size]
+            batch = [rows[i] for i in index]
             width = max(len(r) for r in batch)
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             mask = torch.zeros(len(batch), width, dtype=torch.long)
             for i, r in enumerate(batch):
                 ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
-            res = t(ids, attention_mask=mask, feature_layers=tuple(resolved))
+            res = t(ids, attention_mask=mask, feature_layers=tuple(resolved), last_logits_only=True)
             for layer, f in zip(resolved, res.features, strict=True):
-                hidden[layer].extend(f[i, : len(r)].to(store) for i, r in enumerate(batch))
+                for j, i in enumerate(index):
+                    hidden[layer][i] = f[j, : len(rows[i])].to(store)
         tensors = {f"hidden_{layer}": torch.cat(hs).contiguous() for layer, hs in hidden.items()}
         tensors["lengths"] = torch.tensor([len(r) for r in rows])
         tmp = path.with_name(path.name + ".tmp")
