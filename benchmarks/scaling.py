@@ -132,7 +132,7 @@ def label(size: int) -> str:
     return f"{size // 1000}k" if size < 1_000_000 else f"{size / 1e6:g}M"
 
 
-def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path, epochs: float, min_steps: int):
+def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path | None, epochs: float, min_steps: int):
     """Train ``family`` on the first ``rows`` rows (resumed from its last checkpoint when interrupted); returns
     its export dir and a record of the fit (steps, seconds, load)."""
     name = f"{family}-{label(size)}"
@@ -143,7 +143,7 @@ def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path, 
         target=TARGET,
         train=str(data[0]),
         val=str(data[1]),
-        features=str(features),
+        features=str(features) if features else None,
         out=out / "fit" / name,
         steps=steps,
         batch_size=BATCH,
@@ -267,6 +267,9 @@ def main() -> None:
         help="scoring modes (auto, sampled: largest subset)",
     )
     parser.add_argument(
+        "--online", action="store_true", help="no feature cache: the target runs in every training step (a few fits)"
+    )
+    parser.add_argument(
         "--snapshot", type=Path, help="train on this unfinished corpus run's finished shards (into another --out)"
     )
     args = parser.parse_args()
@@ -280,7 +283,7 @@ def main() -> None:
         data = make_data(args.out, args.magpie, engine, args.max_new_tokens, args.val_prompts)  # reused once made
     if args.stages == ["data"]:
         return
-    features = make_features(data[0])
+    features = None if args.online else make_features(data[0])
     subsets = subset_rows(data[0], args.sizes)
     for size, (rows, tokens) in subsets.items():
         print(f"subset {label(size)}: the first {rows} rows, {tokens:,} generated tokens")

@@ -132,6 +132,15 @@ def test_reduced_vocabulary_loss_reads_only_its_logits_and_equals_the_full_one(s
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="another token subset"):
         restricted.logits_over(vocab[:-1])
+    online = {k: v for k, v in batch.items() if k != "hidden"}  # training without the cache: the same saving
+    restricted, full = model.target_forward(online, vocab), model.target_forward(online)
+    assert restricted.vocab is vocab and restricted.logits.shape[-1] == 48
+    torch.testing.assert_close(restricted.logits, full.logits[..., vocab], rtol=1e-5, atol=1e-5)
+    for x, y in zip(restricted.features, full.features, strict=True):
+        torch.testing.assert_close(x, y)
+    a, b = model.losses(online, restricted), model.losses(online, full)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
 
 
 def test_train_rows_trains_on_a_prefix_the_full_cache_serves(setup, cache):  # noqa: F811

@@ -16,6 +16,7 @@ import torch
 from draftsmith import targets
 from draftsmith.core.native import describe
 from draftsmith.core.target import TargetOutput
+from draftsmith.errors import DraftsmithError
 from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
 
 TOPK = 10
@@ -117,11 +118,30 @@ class DrafterModule(L.LightningModule):
         the feature layers and the final normed state, whose LM head output is the target's logits). ``vocab``:
         from the cache, only these tokens' logits are computed (``TargetOutput.vocab``)."""
         if "hidden" not in batch:
-            return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
+            if vocab is None or not self._logits_from_final_state():
+                return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
+            # online with a loss vocabulary: the LM head on those tokens only, from the final normed state
+            layers = (*self.target.feature_layers, self.target.num_layers)
+            out = self.target(
+                batch["input_ids"], attention_mask=batch["attention_mask"], feature_layers=layers, last_logits_only=True
+            )
+            with torch.no_grad():
+                logits = self.target.final_logits(out.features[-1], vocab)
+            return TargetOutput(logits, out.features[:-1], vocab=vocab)
         hidden = batch["hidden"]
         with torch.no_grad():
             logits = self.target.final_logits(hidden[self.target.num_layers], vocab)
         return TargetOutput(logits, tuple(hidden[layer].float() for layer in self.target.feature_layers), vocab=vocab)
+
+    def _logits_from_final_state(self) -> bool:
+        """Whether the target's logits are its LM head on its final hidden state (checked once)."""
+        if not hasattr(self, "_final_state_ok"):
+            try:
+                self.target.check_final_logits("training")
+                self._final_state_ok = True
+            except DraftsmithError:
+                self._final_state_ok = False
+        return self._final_state_ok
 
     def loss_vocab(self) -> torch.Tensor | None:
         """The token ids whose target logits ``losses`` reads (None: all); training from a feature cache then
