@@ -35,6 +35,7 @@ MARKDOWN = {
     "real_target": "real_target",
     "real_target_bf16": "real_target",
     "train": "train",
+    "train_throughput": "train_throughput",
     "verifier": "verifier",
 }
 """Results file -> the benchmark module whose ``markdown(result)`` wrote its Markdown. Not here: the benchmarks that
