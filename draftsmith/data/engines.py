@@ -68,7 +68,7 @@ class HFEngine:
                 progress(out[-len(prompts) :])
         return out
 
-    def close(self) -> None:
+    def close(self, wait: float = 60) -> None:
         pass
 
 
@@ -171,13 +171,16 @@ class VLLMEngine:
             progress(out)
         return out
 
-    def close(self) -> None:
+    def close(self, wait: float = 60) -> None:
+        """End the worker: it exits once its current request is done and stdin is closed; killed after ``wait``
+        seconds (0 after an interruption: the saved shards are all that is kept)."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
         self._log.close()
 
 

@@ -302,6 +302,9 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
             metadata["engine"] = {"name": engine.name, "version": engine.version}
             shards.write_metadata(out, metadata)
             _generate_shards(t, engine, out, encoded, per_shard, settings, sampling, run, context)
+        except KeyboardInterrupt:
+            engine.close(wait=0)  # the shards are saved: do not wait for the engine's current request
+            raise
         finally:
             engine.close()
     if run.world_size > 1:
