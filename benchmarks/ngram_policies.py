@@ -86,14 +86,20 @@ def main() -> None:
             "tokens_per_forward": sum(len(r.tokens) for r in results) / sum(r.target_calls for r in results),
             "mean_drafted": sum(sum(r.drafted) for r in results) / rounds,
         }
-    data = {"machine": machine(), "target": args.target, "num_prompts": len(prompts), "k": args.k, "rows": rows}
+    data = {"machine": machine(), "target": args.target, "num_prompts": len(prompts), "k": args.k, "rows": rows,
+            "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    write("ngram_policies" if args.target == "default" else f"ngram_policies_{args.target}", data, markdown(data))
+
+
+def markdown(result: dict) -> str:
+    m, rows = result["machine"], result["rows"]
     md = [
-        f"# Prompt-lookup policies: {args.target} target",
+        f"# Prompt-lookup policies: {result['target']} target",
         "",
-        f"`{data['machine']['command']}` at `{data['machine']['git']}` on {data['machine']['date']}. "
-        f"{len(prompts)} prompts from `{HELDOUT[args.target]}` × {args.max_new_tokens} tokens, greedy, K = {args.k}, "
-        "N = 3 down to 1 (but the last row). τ per verification round; tokens per target forward counts the prefill too (the τ of "
-        "`baselines.md`).",
+        f"`{m['command']}` at `{m['git']}` on {m['date']}. "
+        f"{result['num_prompts']} prompts from `{HELDOUT[result['target']]}` × {result['max_new_tokens']} tokens, greedy, "
+        f"K = {result['k']}, N = 3 down to 1 (but the last row). τ per verification round; tokens per target forward "
+        "counts the prefill too (the τ of `baselines.md`).",
         "",
         "| policy | τ | tokens / target forward | drafted / round |",
         "|---|---|---|---|",
@@ -102,7 +108,7 @@ def main() -> None:
             for n, r in rows.items()
         ],
     ]
-    write("ngram_policies" if args.target == "default" else f"ngram_policies_{args.target}", data, "\n".join(md) + "\n")
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":

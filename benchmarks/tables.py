@@ -31,6 +31,8 @@ MARKDOWN = {
     "export_vllm": "export_vllm",
     "heads_default": "heads",
     "heads_smollm2": "heads",
+    "ngram_policies": "ngram_policies",
+    "ngram_policies_smollm2": "ngram_policies",
     "parallel_default": "parallel",
     "parallel_smollm2": "parallel",
     "real_target": "real_target",
