@@ -48,6 +48,40 @@ def draft_vocab_coverage(drafter: Path, data: Path) -> dict:
             "share": round(covered / len(generated), 4)}  # fmt: skip
 
 
+def markdown(result: dict) -> str:
+    m, curves, coverage = result["machine"], result["val_tau_est_curves"], result["eagle3_draft_vocab_coverage"]
+    names = list(result["fit_seconds"])
+    return "\n".join(
+        [
+            "# EAGLE-3 trained longer on SmolLM2",
+            "",
+            f"`{m['command']}` at `{m['git']}` on {m['date']} "
+            f"(load average before / after {result['load'][0]} / {result['load'][1]}). "
+            + ", ".join(f"`{n}`: recipe `smollm2/{n.split('-')[0]}` for {result['steps']} steps" for n in names)
+            + " (batch 8, from the feature cache; 0 s where an export of the same config was reused); `eagle3` / "
+            "`eagle1`: the real-target benchmark's (100 / 80 steps). Same data, same held-out prompts.",
+            "",
+            "val/tau_est at each validation (step: τ_est):",
+            "",
+            *[f"- {n}: " + ", ".join(f"{s}: {v:.3f}" for s, v in c) for n, c in curves.items()],
+            "",
+            "EAGLE-3's 4,096-token draft vocabulary (the most frequent generated tokens of the training data) holds "
+            + "; ".join(
+                f"{c['covered']} / {c['tokens']} = {c['share']:.3f} of the {split} data's generated tokens "
+                f"({c['distinct']} distinct)"
+                for split, c in coverage.items()
+            )
+            + " (held-out: `val`, the scoring prompts' greedy continuations).",
+            "",
+            f"Greedy, K = 4, {result['num_prompts']} held-out chat prompts × {result['max_new_tokens']} tokens, "
+            "interleaved:",
+            "",
+            markdown_table(result["drafters"], result["plain"]),
+            "",
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -93,35 +127,10 @@ def main() -> None:
         "eagle3_draft_vocab_coverage": coverage,
         "plain": plain,
         "drafters": rows,
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
     }
-    md = "\n".join(
-        [
-            "# EAGLE-3 trained longer on SmolLM2",
-            "",
-            f"`{result['machine']['command']}` at `{result['machine']['git']}` on {result['machine']['date']} "
-            f"(load average before / after {result['load'][0]} / {result['load'][1]}). "
-            + ", ".join(f"`{n}`: recipe `smollm2/{n.split('-')[0]}` for {args.steps} steps" for n in names)
-            + " (batch 8, from the feature cache; 0 s where an export of the same config was reused); `eagle3` / "
-            "`eagle1`: the real-target benchmark's (100 / 80 steps). Same data, same held-out prompts.",
-            "",
-            "val/tau_est at each validation (step: τ_est):",
-            "",
-            *[f"- {n}: " + ", ".join(f"{s}: {v:.3f}" for s, v in c) for n, c in curves.items()],
-            "",
-            "EAGLE-3's 4,096-token draft vocabulary (the most frequent generated tokens of the training data) holds "
-            + "; ".join(
-                f"{c['covered']} / {c['tokens']} = {c['share']:.3f} of the {split} data's generated tokens "
-                f"({c['distinct']} distinct)"
-                for split, c in coverage.items()
-            )
-            + " (held-out: `val`, the scoring prompts' greedy continuations).",
-            "",
-            f"Greedy, K = 4, {len(prompts)} held-out chat prompts × {args.max_new_tokens} tokens, interleaved:",
-            "",
-            markdown_table(rows, plain),
-            "",
-        ]
-    )
+    md = markdown(result)
     write("longer_eagle3", result, md)
 
 

@@ -31,6 +31,7 @@ MARKDOWN = {
     "export_vllm": "export_vllm",
     "heads_default": "heads",
     "heads_smollm2": "heads",
+    "longer_eagle3": "longer_eagle3",
     "ngram_policies": "ngram_policies",
     "ngram_policies_smollm2": "ngram_policies",
     "parallel_default": "parallel",
