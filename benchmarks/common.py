@@ -28,6 +28,21 @@ def mtbench_subset(n: int) -> list:
     return [p for group in picked.values() for p in group]
 
 
+def draft_vocab_coverage(drafter: Path, data: Path) -> dict:
+    """Share of the generated tokens of ``data`` that an EAGLE-3 drafter's draft vocabulary holds (``t2d``): a token
+    outside it can never be drafted, so it ends every chain that reaches it."""
+    from safetensors.torch import load_file
+
+    from draftsmith.data.shards import load_generated
+
+    t2d = load_file(drafter / "model.safetensors")["t2d"]
+    ds, _ = load_generated(data)
+    generated = [i for row in ds for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+    covered = int(t2d[torch.tensor(generated)].sum())
+    return {"tokens": len(generated), "distinct": len(set(generated)), "covered": covered,
+            "share": round(covered / len(generated), 4)}  # fmt: skip
+
+
 def machine() -> dict:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -16,13 +16,10 @@ import os
 import time
 from pathlib import Path
 
-import torch
-from common import machine, write
-from safetensors.torch import load_file
+from common import draft_vocab_coverage, machine, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.data.shards import load_generated
 from draftsmith.eval import plots
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.score import score_drafters
@@ -35,17 +32,6 @@ def curve(root: Path) -> list[tuple[int, float]]:
     """(step, val/tau_est) of every validation of a fit (its CSV log)."""
     rows = [r for f in sorted(root.glob("csv/version_*/metrics.csv")) for r in plots.read_metrics(f)]
     return [(int(r["step"]), round(r["val/tau_est"], 4)) for r in rows if "val/tau_est" in r]
-
-
-def draft_vocab_coverage(drafter: Path, data: Path) -> dict:
-    """Share of the generated tokens of ``data`` that an EAGLE-3 drafter's draft vocabulary holds (``t2d``): a token
-    outside it can never be drafted, so it ends every chain that reaches it."""
-    t2d = load_file(drafter / "model.safetensors")["t2d"]
-    ds, _ = load_generated(data)
-    generated = [i for row in ds for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
-    covered = int(t2d[torch.tensor(generated)].sum())
-    return {"tokens": len(generated), "distinct": len(set(generated)), "covered": covered,
-            "share": round(covered / len(generated), 4)}  # fmt: skip
 
 
 def markdown(result: dict) -> str:

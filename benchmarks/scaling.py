@@ -30,8 +30,7 @@ import random
 import time
 from pathlib import Path
 
-import torch
-from common import RESULTS, machine, mtbench_subset, write
+from common import RESULTS, draft_vocab_coverage, machine, mtbench_subset, write
 
 from draftsmith.core import native
 from draftsmith.core.machine import native_bf16
@@ -175,16 +174,11 @@ def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path |
 
 
 def coverage(export: Path, val: Path) -> float | None:
-    """Share of the held-out generated tokens (the validation data) inside the drafter's draft vocabulary."""
-    record, weights = native.read(export)
-    if "d2t" not in weights:
+    """Share of the held-out generated tokens (the validation data) inside the drafter's draft vocabulary (None: a
+    drafter over the whole vocabulary)."""
+    if "t2d" not in native.read(export)[1]:
         return None
-    ids = set((torch.arange(len(weights["d2t"])) + weights["d2t"]).tolist())
-    ds, _ = load_generated(val)
-    tokens = [
-        t for row, m in zip(ds["input_ids"], ds["loss_mask"], strict=True) for t, k in zip(row, m, strict=True) if k
-    ]
-    return round(sum(t in ids for t in tokens) / max(1, len(tokens)), 4)
+    return draft_vocab_coverage(export, val)["share"]
 
 
 MODES = {
