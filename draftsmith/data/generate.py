@@ -313,20 +313,13 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
         )
         return out
     shards.finalize(out, num_shards)
-    totals = {k: 0 for k in ("rows", "prompt_tokens", "generated_tokens", "stopped_at_eos", "seconds")}
-    for s in range(num_shards):
-        for k, v in shards.shard_stats(out, s).items():
-            totals[k] += v
-    seconds = totals.pop("seconds")
     metadata.update(
         status="complete",
         prompts_loaded=len(encoded),
         prompts_used=len(keep),
         skipped_too_long=len(too_long),
         skipped_empty=len(empty),
-        **totals,
-        seconds=round(seconds, 2),
-        tokens_per_s=round(totals["generated_tokens"] / max(seconds, 1e-9), 1),
+        **shards.totals(out, num_shards),
         shards=num_shards,
         columns=list(shards.features(settings.store_topk)),
     )

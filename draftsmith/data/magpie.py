@@ -39,6 +39,24 @@ def clean(text: str, min_words: int = 4) -> str | None:
     return text if len(text.split()) >= min_words else None
 
 
+def stop_tokens(tokenizer, eos_token_ids) -> set[int]:
+    """Where a user turn ends: the target's stop tokens, and ChatML's <|im_end|> also when its config omits it."""
+    im_end = [tokenizer.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tokenizer.get_vocab() else []
+    return {*eos_token_ids, *im_end}
+
+
+def finished_instruction(tokens: list[int], stop: set[int], tokenizer, seen: set[str]) -> str | None:
+    """The instruction in a sampled user turn, or None for one unfinished (no stop token at its end), too short or
+    already ``seen`` (case-insensitive; a kept one is added to ``seen``)."""
+    if not tokens or tokens[-1] not in stop:
+        return None
+    text = clean(tokenizer.decode(tokens[:-1]))
+    if text is None or text.lower() in seen:
+        return None
+    seen.add(text.lower())
+    return text
+
+
 @torch.no_grad()
 def write_instructions(
     target: Target,
@@ -59,10 +77,7 @@ def write_instructions(
     """
     tok = target.tokenizer
     prefix = user_prefix(tok)
-    # the turn ends at the target's stop tokens (ChatML's <|im_end|> also when the config does not list it)
-    stop = sorted(
-        {*target.eos_token_ids, *([tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [])}
-    )
+    stop = stop_tokens(tok, target.eos_token_ids)
     sampling = Sampling(temperature, top_p)
     partial = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -72,13 +87,12 @@ def write_instructions(
     while len(rows) < n and i < 4 * n:
         new = []
         seeds = [row_seed(seed, i + j, 0) for j in range(batch_size)]
-        for j, d in enumerate(decode_batch(target.model, [prefix] * batch_size, seeds, sampling, max_new_tokens, stop)):
-            if not d.tokens or d.tokens[-1] not in stop:
+        for j, d in enumerate(
+            decode_batch(target.model, [prefix] * batch_size, seeds, sampling, max_new_tokens, sorted(stop))
+        ):
+            text = finished_instruction(d.tokens, stop, tok, seen)
+            if text is None:
                 continue
-            text = clean(tok.decode(d.tokens[:-1]))
-            if text is None or text.lower() in seen:
-                continue
-            seen.add(text.lower())
             new.append({"messages": [{"role": "user", "content": text}], "source": f"magpie:{seed}:{i + j}"})
             bar.update(1)
         i += batch_size
@@ -114,8 +128,9 @@ def write_instructions_generated(
     from draftsmith.targets import resolve
 
     tok = AutoTokenizer.from_pretrained(resolve(target))
-    prefix = tok.decode(user_prefix(tok))
-    if tok(prefix, add_special_tokens=False)["input_ids"] != user_prefix(tok):
+    ids = user_prefix(tok)
+    prefix = tok.decode(ids)
+    if tok(prefix, add_special_tokens=False)["input_ids"] != ids:
         raise DraftsmithError("magpie: the user-turn prefix does not survive decoding and re-encoding as text")
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "prefixes.jsonl"
@@ -126,17 +141,12 @@ def write_instructions_generated(
     generate(target, str(prompts), data, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
              seed=seed, chat_template=False, shard_size=256, resume=resume, **generate_args)  # fmt: skip
     ds, _ = load_generated(data)
-    eos = Target.from_config(resolve(target)).eos_token_ids  # the turn ends there (ChatML's <|im_end|> too)
-    stop = {*eos, *([tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [])}
+    stop = stop_tokens(tok, Target.from_config(resolve(target)).eos_token_ids)
     seen, kept = set(), []
     for row in ds.select_columns(["input_ids", "prompt_len", "prompt_index"]):
-        gen = row["input_ids"][row["prompt_len"] :]
-        if not gen or gen[-1] not in stop:
+        text = finished_instruction(row["input_ids"][row["prompt_len"] :], stop, tok, seen)
+        if text is None:
             continue
-        text = clean(tok.decode(gen[:-1]))
-        if text is None or text.lower() in seen:
-            continue
-        seen.add(text.lower())
         kept.append({"messages": [{"role": "user", "content": text}], "source": f"magpie:{seed}:{row['prompt_index']}"})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept[:n]))

@@ -213,25 +213,26 @@ def snapshot(out: Path, dest: Path) -> Path:
     for i in range(leading):
         shutil.copytree(shard_dir(out, i), shard_dir(dest, i))
     finalize(dest, leading)
-    totals = {k: 0 for k in ("rows", "prompt_tokens", "generated_tokens", "stopped_at_eos", "seconds")}
-    for i in range(leading):
-        for k, v in shard_stats(dest, i).items():
-            totals[k] += v
+    counts = totals(dest, leading)
     remove_shards(dest)
-    seconds = totals.pop("seconds")
-    settings = metadata["settings"]
-    write_metadata(
-        dest,
-        {
-            **metadata,
-            "status": "complete",
-            **totals,
-            "seconds": round(seconds, 2),
-            "tokens_per_s": round(totals["generated_tokens"] / max(seconds, 1e-9), 1),
-            "snapshot": {"of": str(out), "shards": leading, "shard_size": settings["shard_size"]},
-        },
-    )
+    snap = {"of": str(out), "shards": leading, "shard_size": metadata["settings"]["shard_size"]}
+    write_metadata(dest, {**metadata, "status": "complete", **counts, "snapshot": snap})
     return dest
+
+
+def totals(out: Path, num_shards: int) -> dict:
+    """The counts of shards ``0..num_shards-1`` summed (rows, prompt and generated tokens, stops at EOS), their
+    generation seconds and tokens/s: what a finished run's ``draftsmith.json`` records."""
+    sums = {k: 0 for k in ("rows", "prompt_tokens", "generated_tokens", "stopped_at_eos", "seconds")}
+    for i in range(num_shards):
+        for k, v in shard_stats(out, i).items():
+            sums[k] += v
+    seconds = sums.pop("seconds")
+    return {
+        **sums,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(sums["generated_tokens"] / max(seconds, 1e-9), 1),
+    }
 
 
 def merge_ranks(out: Path) -> None:
