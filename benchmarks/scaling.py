@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import os
@@ -115,14 +116,10 @@ def subset_rows(train: Path, sizes: list[int]) -> dict[int, tuple[int, int]]:
     """Per size: (rows, generated tokens) of the shortest prefix of the corpus holding that many generated tokens
     (the whole corpus when it holds fewer)."""
     ds, _ = load_generated(train)
-    counts = [sum(m) for m in ds["loss_mask"]]
-    out, total = {}, 0
-    cumulative = []
-    for n in counts:
-        total += n
-        cumulative.append(total)
+    cumulative = list(itertools.accumulate(sum(m) for m in ds["loss_mask"]))
+    out = {}
     for size in sizes:
-        rows = next((i + 1 for i, c in enumerate(cumulative) if c >= size), len(counts))
+        rows = next((i + 1 for i, c in enumerate(cumulative) if c >= size), len(cumulative))
         out[size] = (rows, cumulative[rows - 1])
     return out
 
