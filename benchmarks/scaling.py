@@ -187,11 +187,14 @@ MODES = {
 T 0.7 / top-p 0.9 (K = 4)."""
 
 
-def score_size(out: Path, size: int, families: list[str], sets: dict, max_new: int, modes: list[str]) -> dict:
-    """Every family of one subset per held-out set and mode, one interleaved run with plain decoding each; each
-    block saved once scored (reused when it holds the same drafters)."""
+def score_size(
+    out: Path, size: int, families: list[str], sets: dict, max_new: int, modes: list[str], ngram: bool
+) -> dict:
+    """Every family of one subset per held-out set and mode, one interleaved run with plain decoding each (with the
+    n-gram drafter as the training-free reference when ``ngram``); each block saved once scored (reused when it
+    holds the same drafters)."""
     target, blocks = None, {}
-    names = [f"{f}-{label(size)}" for f in families] + ["ngram"]
+    names = [f"{f}-{label(size)}" for f in families] + (["ngram"] if ngram else [])
     for mode in modes:
         k, sampling = MODES[mode]
         for set_name, (prompts, categories) in sets.items():
@@ -300,7 +303,8 @@ def main() -> None:
         done = [f for f in args.families if (args.out / "drafters" / f"{f}-{label(size)}" / "config.json").is_file()]
         modes = [m for m in args.modes if m == "greedy" or size == max(subsets)]
         if done and "score" in args.stages:
-            scores[size] = score_size(args.out, size, done, sets, args.score_tokens, modes)
+            # the n-gram reference does not depend on the data: scored once, beside the largest subset
+            scores[size] = score_size(args.out, size, done, sets, args.score_tokens, modes, size == max(subsets))
     if "report" in args.stages:
         report(args, data, subsets, fits, scores)
 
