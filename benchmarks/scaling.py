@@ -188,11 +188,11 @@ T 0.7 / top-p 0.9 (K = 4)."""
 
 
 def score_size(
-    out: Path, size: int, families: list[str], sets: dict, max_new: int, modes: list[str], ngram: bool
+    out: Path, size: int, families: list[str], sets: dict, max_new: int, modes: list[str], ngram: bool, run: bool
 ) -> dict:
     """Every family of one subset per held-out set and mode, one interleaved run with plain decoding each (with the
     n-gram drafter as the training-free reference when ``ngram``); each block saved once scored (reused when it
-    holds the same drafters)."""
+    holds the same drafters). ``run`` False: only the blocks already scored (``--stages report``)."""
     target, blocks = None, {}
     names = [f"{f}-{label(size)}" for f in families] + (["ngram"] if ngram else [])
     for mode in modes:
@@ -202,6 +202,8 @@ def score_size(
             key = f"{set_name} {mode}"
             if path.is_file() and [d["name"] for d in json.loads(path.read_text())["drafters"]] == names:
                 blocks[key] = json.loads(path.read_text())
+                continue
+            if not run:
                 continue
             target = target or load_target(TARGET)
             drafters = {n: load_drafter(n if n == "ngram" else str(out / "drafters" / n), target) for n in names}
@@ -302,9 +304,10 @@ def main() -> None:
     for size in subsets:
         done = [f for f in args.families if (args.out / "drafters" / f"{f}-{label(size)}" / "config.json").is_file()]
         modes = [m for m in args.modes if m == "greedy" or size == max(subsets)]
-        if done and "score" in args.stages:
+        if done:
             # the n-gram reference does not depend on the data: scored once, beside the largest subset
-            scores[size] = score_size(args.out, size, done, sets, args.score_tokens, modes, size == max(subsets))
+            run = "score" in args.stages
+            scores[size] = score_size(args.out, size, done, sets, args.score_tokens, modes, size == max(subsets), run)
     if "report" in args.stages:
         report(args, data, subsets, fits, scores)
 

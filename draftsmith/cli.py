@@ -30,6 +30,7 @@ def _commands() -> dict:
     from draftsmith.data.generate import generate
     from draftsmith.eval.compare import report
     from draftsmith.eval.score import score
+    from draftsmith.export.imports import import_drafter
     from draftsmith.export.registry import export
     from draftsmith.pipeline.local import pipeline
     from draftsmith.pipeline.quickstart import quickstart
@@ -44,6 +45,7 @@ def _commands() -> dict:
         "score": score,
         "report": report,
         "export": export,
+        "import": import_drafter,
         "pipeline": pipeline,
         "quickstart": quickstart,
         "slurm": {"submit": slurm_submit, "pipeline": slurm_pipeline, "status": slurm_status},
@@ -63,7 +65,7 @@ LIST_FLAGS = (
     "--families",
 )
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
-POSITIONAL = {"report": "--runs", "slurm status": "--run_dir", "export": "--src"}
+POSITIONAL = {"report": "--runs", "slurm status": "--run_dir", "export": "--src", "import": "--src"}
 """Subcommands whose leading bare arguments fill a flag: ``draftsmith report RUN_DIR...``."""
 ALIASES = {"slurm": {"--config": "--recipes", "--set": "--fit_set"}}
 """Flags spelled as the user knows them from ``fit`` (jsonargparse reserves a parameter named ``config``)."""

@@ -127,6 +127,8 @@ SPEC = {
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
             "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
         },
+        # SGLang/vLLM default it to False, SpecForge's class to True with another meaning: both are draftsmith's
+        "absent": ["norm_output"],
     },
     # SGLang srt/models/llama_eagle.py (LlamaForCausalLMEagle: fc nn.Linear(2H, H) with bias, layer 0
     # without input_layernorm, embed/lm_head from the target).
@@ -194,6 +196,8 @@ def test_export_matches_the_loader_spec(env, tmp_path, fmt, method):
         assert tensors[name].dtype == dtype, name
     for key, value in spec["config"].items():
         assert config[key] == value, key
+    for key in spec.get("absent", []):
+        assert key not in config, key
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])

@@ -8,6 +8,10 @@ which reads the same layout):
   ``lm_head`` [draft_vocab_size, H]; ``d2t`` becomes ``hot_token_id = d2t + arange`` (absent: the
   draft vocabulary is read as target ids 0..Vd-1); ``t2d`` skipped; ``tie_word_embeddings`` true
   would make ``lm_head`` the embedding; the layer keeps the un-normed feature as its residual.
+- SpecForge (``specforge/modeling/draft/llama3_eagle.py``, 0.2.0), which trains this class and writes it for SGLang,
+  loads the same dir (tests/test_peers.py); its ``norm_output`` defaults to True and means "logits from the
+  normed output", SGLang's defaults to False and means "the next step's feature is the un-normed output": both
+  defaults are draftsmith's EAGLE-3, so the key is not written.
 - ``model_executor/model_runner.py``: aux ids from ``eagle_config.eagle_aux_hidden_state_layer_ids``;
   ``models/llama.py::set_eagle3_layers_to_capture`` captures ``id + 1`` (``eagle_layout.aux_layer_ids``).
   The same dir carries the ids in vLLM numbering at the top level, which vLLM reads first and SGLang
@@ -34,9 +38,14 @@ def _eagle3(src: Source, out: Path, dtype: str | None) -> str:
     sglang_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "sglang")
     vllm_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "vllm")
     tensors = cast(eagle3_tensors(src.network, "midlayer."), dtype)
+    flags = eagle3_config(src.network, target, vllm_ids)
+    # norm_output left out: SGLang and vLLM default it to False (the next step's feature is the un-normed layer
+    # output), SpecForge's LlamaForCausalLMEagle3 to True with another meaning (logits read off the normed
+    # output); draftsmith's EAGLE-3 is both defaults, and an explicit False makes SpecForge skip the norm
+    del flags["norm_output"]
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
-        **eagle3_config(src.network, target, vllm_ids),
+        **flags,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True},
         "torch_dtype": dtype_name(tensors),
     }

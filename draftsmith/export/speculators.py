@@ -13,6 +13,9 @@ saving class's name (``modeling_utils.py``), not the config class's stale defaul
 loader dispatches on it (speculators uses ``speculators_model_type``; vLLM 0.32 ``algos.py::update_eagle3``
 overwrites it). EAGLE-1 is registered in speculators 0.3.0 (``eagle``) but vLLM 0.32 serves only ``eagle3``
 (and newer types) from this format, so it is not exported here.
+
+speculators 0.9.0's own ``Eagle3DraftModel.from_pretrained`` loads these dirs and computes the same logits and
+tokens as draftsmith's drafter over the training-time test (tests/test_peers.py, in its own venv).
 """
 
 from __future__ import annotations

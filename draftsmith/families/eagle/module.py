@@ -6,7 +6,8 @@ import torch
 from transformers import AutoConfig
 
 from draftsmith.core.sampling import Sampling, probs
-from draftsmith.core.target import TargetOutput
+from draftsmith.core.target import TargetOutput, check_fingerprint
+from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
 from draftsmith.layers.estimate import acceptance_prob
 from draftsmith.layers.losses import feature_regression, masked_mean, soft_cross_entropy
@@ -30,6 +31,9 @@ class EagleModule(DrafterModule):
         step_decay: weight of TTT step j is step_decay**j.
         reg_weight: EAGLE-1 feature-regression weight.
         cls_weight: EAGLE-1 token-loss weight (0.1 in the EAGLE paper).
+        init: a drafter of the same version to fine-tune (a checkpoint or native dir, e.g. one ``draftsmith
+            import`` made of an EAGLE-3 trained elsewhere): its network, feature layers and draft vocabulary; None:
+            a fresh network.
         optim: optimizer and schedule.
         estimate: the ``val/tau_est`` estimate.
     """
@@ -44,10 +48,22 @@ class EagleModule(DrafterModule):
         step_decay: float = 0.8,
         reg_weight: float = 1.0,
         cls_weight: float = 0.1,
+        init: str | None = None,
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
     ) -> None:
         self.version, self.requested_layers, self.draft_vocab_size = version, feature_layers, draft_vocab_size
+        self.init, self._start = init, None
+        if init is not None:  # its record decides the feature layers and vocabulary before the target loads
+            from draftsmith.core import native
+
+            self._start = native.read(init)
+            if self._start[0].get("method") != f"eagle{version}":
+                raise DraftsmithError(
+                    f"model.init: {init} holds a {self._start[0].get('method')} drafter, not eagle{version}"
+                )
+            self.requested_layers = list(self._start[0]["config"]["feature_layers"])
+            self.draft_vocab_size = self._start[0]["config"]["draft_vocab_size"]
         super().__init__(target, optim, estimate)
         self.save_hyperparameters()
         self.ttt_steps = ttt_steps if config_class(version).ttt else 1
@@ -60,6 +76,11 @@ class EagleModule(DrafterModule):
         return default_feature_layers(config.get_text_config(decoder=True).num_hidden_layers, self.version)
 
     def build_drafter(self) -> EagleModel:
+        if self._start is not None:  # the init's own shape (an imported layer may differ from the target-derived one)
+            from draftsmith.families.registry import build
+
+            check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
+            return build(*self._start, f"model.init {self.init!r}").train()
         cfg = EagleConfig.from_target(
             self.target.config, self.version, self.target.feature_layers, self.draft_vocab_size
         )
@@ -69,7 +90,7 @@ class EagleModule(DrafterModule):
 
     def prepare_from_data(self, datamodule) -> None:
         cfg = self.drafter.cfg
-        if cfg.own_head and cfg.draft_vocab_size < cfg.vocab_size:
+        if self.init is None and cfg.own_head and cfg.draft_vocab_size < cfg.vocab_size:
             self.drafter.set_draft_vocab(datamodule.token_counts(cfg.vocab_size).to(self.device))
             self.drafter.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
 

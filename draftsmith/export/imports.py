@@ -1,0 +1,242 @@
+"""Drafters trained elsewhere -> draftsmith native dirs (``draftsmith import``), checked against the target.
+
+EAGLE-3 checkpoints in the layouts the field writes, each read as its own loader reads it:
+
+- ``speculators``: vllm-project/speculators (``speculators_model_type: eagle3``; ``layers.0.*``; aux ids
+  ``eagle_aux_hidden_state_layer_ids`` in vLLM numbering: id k = HF ``hidden_states[k]``).
+- ``sglang``: SGLang's ``LlamaForCausalLMEagle3``, which SpecForge trains and writes and the original EAGLE
+  repository (SafeAILab) released its EAGLE-3 checkpoints in (``midlayer.*``; aux ids in
+  ``eagle_config.eagle_aux_hidden_state_layer_ids``, SGLang numbering: id k = HF ``hidden_states[k + 1]``).
+- ``vllm``: vLLM's ``Eagle3LlamaForCausalLM`` (``layers.0.*``; top-level aux ids, vLLM numbering).
+
+Without aux ids every loader captures HF ``hidden_states`` (2, L/2, L-3). A grouped-query layer
+(``num_key_value_heads`` < heads) is imported exactly: each key/value head's projection rows are repeated for
+the query heads that share it. What draftsmith's EAGLE-3 layer cannot compute (another norm placement, RoPE
+scaling, biases) is refused with one line naming the config field, never approximated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from draftsmith.core.native import save_native
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.common import target_fingerprint
+from draftsmith.export.eagle_layout import vocab_maps
+from draftsmith.families.eagle.network import Eagle3Config, EagleModel
+
+LAYOUTS = ("speculators", "sglang", "vllm")
+
+
+def read_weights(src: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint dir: ``model.safetensors``, a sharded safetensors index, or
+    ``pytorch_model.bin`` (the original EAGLE releases); a missing shard or an unreadable file is one line."""
+    index = src / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (src / s).is_file()]
+        if missing:
+            raise DraftsmithError(
+                f"{index}: names {len(missing)} missing shard(s), e.g. {missing[0]} (a partial download?)"
+            )
+        files = [src / s for s in shards]
+    elif (src / "model.safetensors").is_file():
+        files = [src / "model.safetensors"]
+    elif (src / "pytorch_model.bin").is_file():
+        return torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise DraftsmithError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    state = {}
+    for f in files:
+        try:
+            state.update(load_file(f))
+        except SafetensorError as e:
+            raise DraftsmithError(f"{f}: cannot read the weights (truncated or corrupt: {e})") from None
+    return state
+
+
+def detect_layout(config: dict, state: dict) -> str:
+    """Which of ``LAYOUTS`` a checkpoint is in, from its config and tensor names."""
+    if config.get("speculators_model_type") is not None:
+        kind = config["speculators_model_type"]
+        if kind != "eagle3":
+            raise DraftsmithError(f"speculators_model_type {kind!r}: only eagle3 checkpoints are imported")
+        return "speculators"
+    if any(k.startswith("midlayer.") for k in state):
+        return "sglang"
+    if any(k.startswith("layers.0.") for k in state) and "fc.weight" in state:
+        return "vllm"
+    raise DraftsmithError(
+        f"unknown drafter layout (architectures {config.get('architectures')}; no speculators_model_type, no "
+        "midlayer.* or layers.0.* + fc tensors): draftsmith imports EAGLE-3 in the speculators, SGLang/SpecForge/"
+        "EAGLE and vLLM layouts"
+    )
+
+
+def feature_layers(config: dict, layout: str, num_layers: int) -> tuple[int, ...]:
+    """The HF ``hidden_states`` indices the checkpoint was trained on (see the module docstring)."""
+    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if layout == "sglang" and sglang_ids is not None:
+        return tuple(k + 1 for k in sglang_ids)
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None:
+        return tuple(ids)
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def layer_config(config: dict, layout: str) -> dict:
+    return config["transformer_layer_config"] if layout == "speculators" else config
+
+
+def check_supported(config: dict, layer: dict, where: str) -> None:
+    """Refuse what draftsmith's EAGLE-3 layer does not compute, naming the field."""
+    flags = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
+    for flag, ours in flags.items():
+        if bool(config.get(flag, False)) != ours:
+            raise DraftsmithError(
+                f"{where}: {flag}={config[flag]} is not draftsmith's EAGLE-3 (it keeps the un-normed feature as the "
+                "residual and the next step's input, and norms only before its LM head); not imported"
+            )
+    rope = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise DraftsmithError(
+            f"{where}: rope_type {rope.get('rope_type', rope.get('type'))!r} (draftsmith's EAGLE-3 layer has plain RoPE)"
+        )
+    for flag in ("attention_bias", "mlp_bias"):
+        if layer.get(flag):
+            raise DraftsmithError(f"{where}: {flag}=true (draftsmith's EAGLE-3 layer has no biases)")
+
+
+def repeat_kv(weight: torch.Tensor, kv_heads: int, heads: int) -> torch.Tensor:
+    """A grouped k/v projection (kv_heads * hd, in) as the equal per-query-head one (heads * hd, in)."""
+    hd = weight.shape[0] // kv_heads
+    return weight.view(kv_heads, hd, -1).repeat_interleave(heads // kv_heads, dim=0).reshape(heads * hd, -1)
+
+
+def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "float32") -> Path:
+    """Convert an EAGLE-3 checkpoint trained elsewhere into a native drafter dir that ``score`` and ``fit`` take.
+
+    Checked against the target before anything is written: vocabulary, hidden size, feature layers within its
+    depth, the draft vocabulary's maps. The target's embedding fills in a checkpoint that ships none (speculators
+    and vLLM share it with the target).
+
+    Args:
+        src: the checkpoint dir (speculators, SGLang / SpecForge / EAGLE, or vLLM layout: detected).
+        target: the target it drafts for (a model dir or a built-in name, e.g. smollm2).
+        out: the native dir to write.
+        dtype: the target dtype the drafter will be scored with (recorded in its fingerprint).
+
+    Returns:
+        ``out``.
+    """
+    from draftsmith.targets import resolve
+
+    src, target, out = Path(src), Path(resolve(target)), Path(out)
+    if not (src / "config.json").is_file():
+        raise DraftsmithError(f"{src}: no config.json (not a drafter checkpoint dir)")
+    try:
+        config = json.loads((src / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{src / 'config.json'} is not valid JSON ({e.msg})") from None
+    state = read_weights(src)
+    layout = detect_layout(config, state)
+    layer = layer_config(config, layout)
+    where = f"{src} ({layout} layout)"
+    check_supported(config, layer, where)
+    tcfg = AutoConfig.from_pretrained(target)
+    num_layers, hidden, vocab = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
+    layers = feature_layers(config, layout, num_layers)
+    prefix = "midlayer." if layout == "sglang" else "layers.0."
+    draft_vocab = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else None
+    differs = []
+    if layer.get("vocab_size", vocab) != vocab:
+        differs.append(f"vocabulary {layer['vocab_size']} vs the target's {vocab}")
+    trained_hidden = config.get("target_hidden_size") or layer.get("hidden_size")
+    if trained_hidden != hidden:
+        differs.append(f"target hidden size {trained_hidden} vs the target's {hidden}")
+    if "fc.weight" in state and state["fc.weight"].shape[1] != len(layers) * hidden:
+        differs.append(f"fc input {state['fc.weight'].shape[1]} vs {len(layers)} feature layers x {hidden}")
+    if not all(0 <= k <= num_layers for k in layers):
+        differs.append(f"feature layers {list(layers)} vs the target's {num_layers} layers")
+    if differs:
+        raise DraftsmithError(f"{where} was trained for another target: {'; '.join(differs)}")
+    missing = [
+        k for k in ("fc.weight", "norm.weight", "lm_head.weight", f"{prefix}self_attn.q_proj.weight") if k not in state
+    ]
+    if missing:
+        raise DraftsmithError(f"{where}: missing tensors {missing}")
+    heads = layer["num_attention_heads"]
+    kv_heads = layer.get("num_key_value_heads") or heads
+    cfg = Eagle3Config.from_target(tcfg, 3, layers, draft_vocab)
+    cfg.hidden_size = layer["hidden_size"]
+    cfg.num_heads = heads
+    cfg.head_dim = layer.get("head_dim") or layer["hidden_size"] // heads
+    cfg.intermediate_size = layer["intermediate_size"]
+    cfg.rms_norm_eps = layer.get("rms_norm_eps", cfg.rms_norm_eps)
+    rope = layer.get("rope_parameters") or {}
+    cfg.rope_theta = rope.get("rope_theta", layer.get("rope_theta", cfg.rope_theta))
+    cfg.max_position_embeddings = layer.get("max_position_embeddings", cfg.max_position_embeddings)
+    network = EagleModel(cfg)
+    ours = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+    for proj in ("k_proj", "v_proj"):
+        name = f"self_attn.{proj}.weight"
+        if kv_heads != heads and name in ours:
+            ours[name] = repeat_kv(ours[name], kv_heads, heads)
+    d2t, t2d = state.get("d2t"), state.get("t2d")
+    if d2t is None:
+        if draft_vocab != vocab:
+            raise DraftsmithError(f"{where}: a {draft_vocab}-token draft vocabulary without d2t (which ids?)")
+        d2t = torch.zeros(draft_vocab, dtype=torch.long)
+    if t2d is None:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[torch.arange(len(d2t)) + d2t.long()] = True
+    embed = state.get("embed_tokens.weight")
+    if embed is None:  # shared with the target by the engines that ship none
+        embed = target_embedding(target)
+    weights = {
+        "embed_tokens.weight": embed,
+        "fc.weight": state["fc.weight"],
+        "norm.weight": state["norm.weight"],
+        "lm_head.weight": state["lm_head.weight"],
+        "d2t": d2t.long(),
+        "t2d": t2d.bool(),
+        **{f"layer.{k}": v for k, v in ours.items()},
+    }
+    try:
+        result = network.load_state_dict(
+            {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False
+        )
+    except RuntimeError as e:  # a size mismatch
+        raise DraftsmithError(f"{where}: {str(e).splitlines()[-1].strip()}") from None
+    missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
+    if result.unexpected_keys or missing:
+        raise DraftsmithError(
+            f"{where}: tensors that do not fit draftsmith's EAGLE-3: missing {missing}, "
+            f"unexpected {result.unexpected_keys}"
+        )
+    vocab_maps(network)  # d2t/t2d consistent, inside the target's vocabulary
+    fingerprint = target_fingerprint(target, dtype)
+    save_native(
+        network, SimpleNamespace(fingerprint=fingerprint), out, {"imported_from": {"path": str(src), "layout": layout}}
+    )
+    print(f"import: {src} ({layout}, feature layers {list(layers)}, draft vocabulary {draft_vocab}) -> {out}")
+    print(f"score it: draftsmith score --target {target} --drafter imported={out}")
+    return out
+
+
+def target_embedding(target: Path) -> torch.Tensor:
+    """The target's input embedding, read from its safetensors files without loading the model."""
+    files = sorted(target.glob("*.safetensors"))
+    for f in files:
+        with safe_open(f, framework="pt") as g:
+            for key in g.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if key.endswith("embed_tokens.weight") or key.endswith("wte.weight"):
+                    return g.get_tensor(key)
+    raise DraftsmithError(f"{target}: no embed_tokens/wte tensor in its safetensors files (the drafter ships none)")

@@ -1,0 +1,84 @@
+"""Check exports with the peers' own code: the same target features and tokens through draftsmith's drafter and
+through the peer's model class loading the export (``peer_forward.py`` in the peer's venv, ``peer_venv.sh``).
+
+Which export each peer loads: ``speculators`` the speculators export (``Eagle3DraftModel``), ``specforge`` the SGLang
+export (``LlamaForCausalLMEagle3``, the draft class SpecForge trains and writes for SGLang).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+SETUP = Path(__file__).with_name("peer_venv.sh")
+FORWARD = Path(__file__).with_name("peer_forward.py")
+FORMATS = {"speculators": "speculators", "specforge": "sglang"}
+"""Peer -> the export format its code loads."""
+
+
+def ensure_venv(peer: str, venv: Path) -> tuple[Path | None, str]:
+    """Build (once) the peer's venv; (its python, "") or (None, why it failed)."""
+    proc = subprocess.run(["bash", str(SETUP), peer, str(venv)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        return None, f"{SETUP.name} {peer} failed (exit {proc.returncode}): {tail}"
+    return venv / "bin" / "python", ""
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """Per training-time-test step j, the draft-vocabulary logits (1, T, Vd), and the draft -> target id offsets."""
+
+    logits: list[torch.Tensor]
+    d2t: torch.Tensor
+
+    def target_tokens(self) -> list[torch.Tensor]:
+        """Per step, the target id of each position's most likely draft token (through ``d2t``)."""
+        out = []
+        for step in self.logits:
+            best = step.argmax(-1)
+            out.append(best + self.d2t[best])
+        return out
+
+
+def draftsmith_logits(network, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], steps: int) -> StepLogits:
+    """draftsmith's EAGLE-3 network over the same inputs (see ``peer_forward.py`` for the convention)."""
+    with torch.no_grad():
+        outs = network(input_ids, features, steps, None)
+        return StepLogits([network.logits(h).float() for h in outs], network.d2t.detach().cpu().long())
+
+
+def run_peer(python: Path, args: list[str], log: Path) -> None:
+    """``peer_forward.py ARGS`` in the peer's venv; raises with the log's tail when it fails."""
+    with log.open("w") as f:
+        proc = subprocess.run(  # -P: not this folder first on sys.path (its speculators.py would shadow the peer)
+            [str(python), "-P", str(FORWARD), *args], cwd=log.parent, stdout=f, stderr=f
+        )
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise RuntimeError(f"{args[0]} failed (exit {proc.returncode}); log {log}:\n{tail}")
+
+
+def peer_checkpoint(python: Path, peer: str, target: Path, out: Path) -> Path:
+    """A randomly initialised EAGLE-3 for ``target`` written by the peer's own code (``peer_forward.py write``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_peer(python, [peer, "write", str(out), str(target)], out.parent / f"{peer}-write.log")
+    return out
+
+
+def peer_logits(
+    python: Path, peer: str, export: Path, input_ids: torch.Tensor, features: torch.Tensor, steps: int, work: Path
+) -> StepLogits:
+    """The peer's model class over the same inputs; raises with the log's tail when it fails to load or run."""
+    work.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {"input_ids": input_ids.contiguous(), "features": features.float().contiguous(), "steps": torch.tensor(steps)},
+        work / "inputs.safetensors",
+    )
+    run_peer(python, [peer, str(export), "inputs.safetensors", "out.safetensors"], work / f"{peer}.log")
+    out = load_file(work / "out.safetensors")
+    return StepLogits([out[f"logits.{j}"] for j in range(steps)], out["d2t"].long())

@@ -1,0 +1,143 @@
+"""Run an exported EAGLE-3 drafter through a peer's own model class (runs in the peer's venv, not draftsmith's).
+
+    python peer_forward.py PEER EXPORT_DIR INPUTS OUT
+    python peer_forward.py PEER write OUT_DIR TARGET_DIR
+
+``PEER``: ``speculators`` (``speculators.models.eagle3.Eagle3DraftModel.from_pretrained``, the speculators export)
+or ``specforge`` (``specforge.modeling.draft.llama3_eagle.LlamaForCausalLMEagle3.from_pretrained``, the SGLang
+export: SpecForge's draft class is the one its ``to_sglang`` exporter writes for SGLang). ``INPUTS`` (safetensors):
+``input_ids`` (1, T) the sequence x and ``features`` (1, T, 3*Ht) the target's concatenated aux hidden states at
+each position, in draftsmith's convention: step j of the training-time test pairs the features (step 0) or the
+previous step's output with the tokens x[j+1 : j+1+T] (zero-padded), and anchor i of step j predicts x[i+j+2].
+``OUT`` (safetensors): ``logits.j`` (1, T, Vd) per step, computed by the peer's code, and ``d2t`` as the peer
+loaded it. ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
+a scattered 48-token draft vocabulary, aux layers HF hidden_states 1, 2, 3), built and saved by the peer's own code
+(speculators: ``Eagle3DraftModel.from_training_args`` + ``save_pretrained``; SpecForge: ``LlamaForCausalLMEagle3``
++ ``load_embedding`` + ``save_pretrained``), norms perturbed away from 1. Only torch, safetensors and the peer are
+imported: draftsmith is not installed in the peer's venv.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # SpecForge compiles its rotary forward: eager on CPU is enough
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+
+def shifted(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x[:, by:] right-padded with zeros to x's length."""
+    return torch.cat([x[:, by:], x.new_zeros(x.shape[0], by)], dim=1)
+
+
+def speculators_logits(export: str, x: torch.Tensor, features: torch.Tensor, steps: int):
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(export)
+    config.transformer_layer_config._attn_implementation = "eager"  # dense masks: no flex-attention compile on CPU
+    model = Eagle3DraftModel.from_pretrained(export, config=config).eval()
+    logits = []
+    model.lm_head.register_forward_hook(lambda _m, _i, out: logits.append(out))
+    with torch.no_grad():  # speculators' TTT feeds x shifted by 1 + j at step j: give it x[1:]
+        model(features, shifted(x, 1), document_ids=torch.zeros_like(x), ttt_steps=steps)
+    return logits, model.d2t
+
+
+def specforge_logits(export: str, x: torch.Tensor, features: torch.Tensor, steps: int):
+    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+
+    model = LlamaForCausalLMEagle3.from_pretrained(export, attention_backend="sdpa").eval()
+    # its rotary tables are non-persistent buffers that transformers 5's from_pretrained leaves uninitialised
+    # (NaN cos_cached on this machine): rebuilt as the class's __init__ builds them, plain RoPE (what the
+    # checkpoints this script reads carry)
+    rotary = model.midlayer.self_attn.rotary_emb
+    rotary.inv_freq = 1.0 / rotary.base ** (torch.arange(0, rotary.dim, 2).float() / rotary.dim)
+    rotary._set_cos_sin_cache(rotary.max_position_embeddings + 20, "cpu", torch.float32)
+    t = x.shape[1]
+    mask = torch.full((t, t), torch.finfo(features.dtype).min).triu(1)[None, None]  # additive causal (1, 1, T, T)
+    positions = torch.arange(t)[None]
+    cache, logits = [[], []], []
+    with torch.no_grad():  # the step loop of SpecForge's Eagle3 training model (algorithms/eagle3/model.py)
+        hidden = model.project_hidden_states(features)
+        for j in range(steps):
+            embeds = model.embed_input_ids(shifted(x, j + 1))
+            hidden = model.backbone(embeds, hidden, cache, mask, positions, None, True)
+            logits.append(model.compute_logits(hidden))
+    return logits, model.d2t
+
+
+def vocab_maps(vocab: int, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return t2d, ids - torch.arange(draft_vocab)
+
+
+def perturb(model: torch.nn.Module) -> None:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+
+
+def write_speculators(out: str, target: str) -> None:
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from transformers import AutoConfig
+
+    verifier = AutoConfig.from_pretrained(target)
+    verifier.num_hidden_layers, verifier.num_key_value_heads = 1, verifier.num_attention_heads // 2
+    t2d, d2t = vocab_maps(verifier.vocab_size, 48)
+    model = Eagle3DraftModel.from_training_args(
+        verifier,
+        t2d=t2d,
+        d2t=d2t,
+        draft_vocab_size=48,
+        norm_before_residual=False,
+        ttt_steps=3,
+        verifier_name_or_path=target,
+        target_layer_ids=[1, 2, 3],
+        draft_attn_impl="eager",
+    )
+    perturb(model)
+    model.save_pretrained(out)
+
+
+def write_specforge(out: str, target: str) -> None:
+    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+    from transformers import AutoConfig, LlamaConfig
+
+    verifier = AutoConfig.from_pretrained(target)
+    config = LlamaConfig(
+        **{k: v for k, v in verifier.to_dict().items() if k not in ("architectures", "model_type")},
+        architectures=["LlamaForCausalLMEagle3"],
+    )
+    config.num_hidden_layers, config.num_key_value_heads = 1, verifier.num_attention_heads // 2
+    config.draft_vocab_size, config.target_hidden_size = 48, verifier.hidden_size
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}
+    torch.manual_seed(0)
+    model = LlamaForCausalLMEagle3(config)
+    model.load_embedding(target)
+    t2d, d2t = vocab_maps(verifier.vocab_size, 48)
+    model.t2d.copy_(t2d)
+    model.d2t.copy_(d2t)
+    perturb(model)
+    model.save_pretrained(out)
+
+
+def main() -> None:
+    if sys.argv[2] == "write":
+        peer, _, out, target = sys.argv[1:5]
+        {"speculators": write_speculators, "specforge": write_specforge}[peer](out, target)
+        return
+    peer, export, inputs, out = sys.argv[1:5]
+    data = load_file(inputs)
+    run = {"speculators": speculators_logits, "specforge": specforge_logits}[peer]
+    logits, d2t = run(export, data["input_ids"], data["features"].float(), int(data["steps"]))
+    save_file({**{f"logits.{j}": v.float().contiguous() for j, v in enumerate(logits)}, "d2t": d2t}, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""``draftsmith import``: EAGLE-3 checkpoints in the field's layouts -> native drafters that draft as before.
+
+Round trips: a native EAGLE-3 (scattered draft vocabulary, perturbed weights) -> each export format -> import
+gives the same training-time-test logits and target tokens (the network computes the same floats); a grouped-query
+checkpoint imports exactly; greedy decoding with an imported drafter is the target's plain greedy decoding. Bad
+inputs (another target, unknown layout, a missing shard, a norm flag draftsmith's layer does not compute) are one
+line naming what is wrong. The peers' own code writing and reading these layouts: tests/test_peers.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import VOCAB, make_llama, make_tokenizer
+from safetensors.torch import load_file, save_file
+
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.export import peer_check
+from draftsmith.export.imports import import_drafter
+from draftsmith.export.registry import write_export
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.registry import load_network, load_trained
+
+LAYERS, STEPS, T = [1, 2, 3], 3, 20
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("import")
+    models = {}
+    for name, seed, vocab in [("target", 0, VOCAB), ("other", 1, VOCAB + 32)]:
+        models[name] = make_llama(seed=seed, layers=4, vocab=vocab)
+        models[name].save_pretrained(root / name)
+        make_tokenizer(vocab=vocab).save_pretrained(root / name)
+    module = EagleModule(str(root / "target"), 3, LAYERS, draft_vocab_size=40)
+    network = module.drafter
+    torch.manual_seed(0)
+    with torch.no_grad():
+        network.set_draft_vocab(torch.rand(VOCAB))
+        for name, p in network.named_parameters():
+            if name != "embed_tokens.weight":
+                p.add_(0.3 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
+    save_native(network, module.target, root / "native")
+    x = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = models["target"](x, output_hidden_states=True).hidden_states
+    features = tuple(hidden[i] for i in LAYERS)
+    return {"root": root, "x": x, "features": features, "ours": logits(network.eval(), x, features)}
+
+
+def logits(network, x, features) -> peer_check.StepLogits:
+    return peer_check.draftsmith_logits(network.eval(), x, features, STEPS)
+
+
+def same(a: peer_check.StepLogits, b: peer_check.StepLogits) -> None:
+    for j, (p, q) in enumerate(zip(a.logits, b.logits, strict=True)):
+        assert torch.allclose(p, q, atol=1e-5, rtol=1e-5), f"step {j}: max diff {(p - q).abs().max():.2e}"
+    for p, q in zip(a.target_tokens(), b.target_tokens(), strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "sglang", "vllm"])
+def test_export_then_import_drafts_the_same(env, fmt, tmp_path):
+    write_export(env["root"] / "native", fmt, tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    assert info["imported_from"]["layout"] == fmt
+    assert tuple(network.cfg.feature_layers) == tuple(LAYERS)
+    same(env["ours"], logits(network, env["x"], env["features"]))
+
+
+def test_a_grouped_query_checkpoint_imports_exactly(env, tmp_path):
+    """Pairs of heads sharing k/v weights, written as a 2-kv-head checkpoint: the import repeats them back."""
+    src = tmp_path / "gqa"
+    write_export(env["root"] / "native", "vllm", src)
+    state = load_file(src / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    heads, hd = config["num_attention_heads"], config["head_dim"]
+    for proj in ("k_proj", "v_proj"):  # keep every other head: the checkpoint's grouped weights
+        w = state[f"layers.0.self_attn.{proj}.weight"].view(heads, hd, -1)
+        state[f"layers.0.self_attn.{proj}.weight"] = w[::2].reshape(heads // 2 * hd, -1).contiguous()
+    save_file(state, src / "model.safetensors")
+    config["num_key_value_heads"] = heads // 2
+    (src / "config.json").write_text(json.dumps(config))
+    import_drafter(src, str(env["root"] / "target"), tmp_path / "imported")
+    network, _ = load_network(tmp_path / "imported")
+    # the same network with each head pair sharing the even head's k/v
+    expected, _ = load_network(env["root"] / "native")
+    with torch.no_grad():
+        for proj in (expected.layer.self_attn.k_proj, expected.layer.self_attn.v_proj):
+            w = proj.weight.view(heads, hd, -1)
+            w[1::2] = w[::2].clone()
+    same(logits(expected, env["x"], env["features"]), logits(network, env["x"], env["features"]))
+
+
+def test_an_imported_drafter_decodes_exactly_under_the_verifier(env, tmp_path):
+    write_export(env["root"] / "native", "speculators", tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    target = Target.from_pretrained(env["root"] / "target")
+    drafter = load_trained(tmp_path / "imported", target)
+    decoder = SpeculativeDecoder(target, drafter, k=3, sampling=Sampling(0.0))
+    for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
+        plain = plain_decode(target, prompt, 24, Sampling(0.0), None).tokens
+        assert decoder.generate(prompt, 24).tokens == plain
+
+
+def broken(env, tmp_path, edit) -> str:
+    src = tmp_path / "src"
+    write_export(env["root"] / "native", "speculators", src)
+    edit(src)
+    with pytest.raises(DraftsmithError) as e:
+        import_drafter(src, str(env["root"] / "target"), tmp_path / "out")
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    return str(e.value)
+
+
+def edit_config(src, **changes) -> None:
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_a_checkpoint_for_another_target_is_one_line_naming_what_differs(env, tmp_path):
+    write_export(env["root"] / "native", "sglang", tmp_path / "src")
+    with pytest.raises(DraftsmithError, match=rf"another target: vocabulary {VOCAB} vs the target's {VOCAB + 32}"):
+        import_drafter(tmp_path / "src", str(env["root"] / "other"), tmp_path / "out")
+
+
+def test_bad_checkpoints_are_one_line_each(env, tmp_path):
+    assert "norm_before_residual=True" in broken(
+        env, tmp_path / "a", lambda s: edit_config(s, norm_before_residual=True)
+    )
+
+    def llama3_rope(src):
+        layer = json.loads((src / "config.json").read_text())["transformer_layer_config"]
+        edit_config(src, transformer_layer_config={**layer, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}})
+
+    assert "rope_type 'llama3'" in broken(env, tmp_path / "b", llama3_rope)
+
+    def unknown(src):
+        config = json.loads((src / "config.json").read_text())
+        config.pop("speculators_model_type")
+        (src / "config.json").write_text(json.dumps(config))
+        state = load_file(src / "model.safetensors")
+        save_file({k.replace("layers.0.", "blocks.0."): v for k, v in state.items()}, src / "model.safetensors")
+
+    assert "unknown drafter layout" in broken(env, tmp_path / "c", unknown)
+
+    def sharded(src):
+        state = load_file(src / "model.safetensors")
+        names = sorted(state)
+        half = len(names) // 2
+        save_file({k: state[k] for k in names[:half]}, src / "model-00001-of-00002.safetensors")
+        (src / "model.safetensors").unlink()
+        weight_map = {k: f"model-0000{1 + (i >= half)}-of-00002.safetensors" for i, k in enumerate(names)}
+        (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    assert "missing shard(s), e.g. model-00002-of-00002.safetensors" in broken(env, tmp_path / "d", sharded)
+    assert "not valid JSON" in broken(env, tmp_path / "e", lambda s: (s / "config.json").write_text("{"))
+    shutil.rmtree(tmp_path / "e")
+
+
+def test_an_imported_drafter_is_fine_tuned_from_its_own_weights(env, tmp_path):
+    """``model.init``: training starts from the imported network (its layer shape, feature layers, draft vocabulary)
+    and moves it; a drafter of another family is one line."""
+    import lightning as L
+
+    from draftsmith.data.generate import generate
+    from draftsmith.layers.module import OptimConfig
+    from draftsmith.train.data import GeneratedDataModule
+
+    write_export(env["root"] / "native", "sglang", tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    start, _ = load_network(tmp_path / "imported")
+    (tmp_path / "p.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}"}) + "\n" for i in range(8))
+    )
+    generate(str(env["root"] / "target"), str(tmp_path / "p.jsonl"), tmp_path / "data", max_new_tokens=12)
+    module = EagleModule(str(env["root"] / "target"), 3, init=str(tmp_path / "imported"), optim=OptimConfig(lr=1e-2))
+    before = {k: v.clone() for k, v in module.drafter.state_dict().items()}
+    assert all(torch.equal(before[k], v) for k, v in start.state_dict().items())
+    data = GeneratedDataModule(str(tmp_path / "data"), str(tmp_path / "data"), batch_size=4, max_length=32)
+    L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, default_root_dir=tmp_path).fit(module, data)  # fmt: skip
+    after = module.drafter.state_dict()
+    assert torch.equal(after["d2t"], before["d2t"]), "the imported draft vocabulary was replaced"
+    assert not torch.equal(after["fc.weight"], before["fc.weight"]), "training did not move the imported network"
+    with pytest.raises(DraftsmithError, match="holds a eagle3 drafter, not eagle1"):
+        EagleModule(str(env["root"] / "target"), 1, init=str(tmp_path / "imported"))

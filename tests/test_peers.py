@@ -1,0 +1,179 @@
+"""draftsmith's exports loaded by the peers' own code: speculators (``Eagle3DraftModel.from_pretrained`` of the
+speculators export) and SpecForge (``LlamaForCausalLMEagle3.from_pretrained`` of the SGLang export), each in its
+own venv (``draftsmith/export/peer_venv.sh``).
+
+An EAGLE-3 drafter with a reduced, scattered draft vocabulary and perturbed weights (norms away from 1, so a
+dropped or doubled norm shows) runs its training-time test for 3 steps on a tiny target's real features, in
+draftsmith and in the peer's class: the logits must agree (float32, max abs difference <= 1e-4 of the logits'
+scale) and the target tokens they pick through each side's ``d2t`` must be equal. A broken export (a transposed
+fc block, d2t off by one, a norm flag flipped) must fail the same comparison. Where a peer cannot be installed its
+tests skip, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import VOCAB, make_tokenizer
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.export import peer_check
+from draftsmith.export.imports import import_drafter
+from draftsmith.export.registry import write_export
+from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.registry import load_network, load_trained
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+STEPS, T, LAYERS = 3, 24, [1, 2, 3]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("peers")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        bos_token_id=None,
+        pad_token_id=None,
+        eos_token_id=None,
+    )
+    target = LlamaForCausalLM(cfg).eval()
+    target.save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    module = EagleModule(str(root / "target"), 3, LAYERS, draft_vocab_size=48)
+    network = module.drafter
+    with torch.no_grad():
+        network.set_draft_vocab(torch.rand(VOCAB))  # scattered ids: d2t offsets all differ
+        network.init_from_target(target.model.embed_tokens.weight, target.lm_head.weight)
+        for name, p in network.named_parameters():
+            if name != "embed_tokens.weight":
+                p.add_(0.3 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
+    save_native(network, module.target, root / "native")
+    x = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = target(x, output_hidden_states=True).hidden_states
+    features = tuple(hidden[i] for i in LAYERS)
+    return {
+        "root": root,
+        "x": x,
+        "features": features,
+        "ours": peer_check.draftsmith_logits(network.eval(), x, features, STEPS),
+    }
+
+
+def peer_python(peer: str) -> Path:
+    python, why = peer_check.ensure_venv(peer, ROOT / f".venv-{peer}")
+    if python is None:
+        print(f"SKIP {peer}: {why}")
+        pytest.skip(why)
+    return python
+
+
+def run_peer(drafter: dict, peer: str, export: Path, work: str) -> peer_check.StepLogits:
+    features = torch.cat(drafter["features"], dim=-1)
+    return peer_check.peer_logits(
+        peer_python(peer), peer, export, drafter["x"], features, STEPS, drafter["root"] / work
+    )
+
+
+def agree(ours: peer_check.StepLogits, theirs: peer_check.StepLogits) -> tuple[bool, str]:
+    for j, (a, b) in enumerate(zip(ours.logits, theirs.logits, strict=True)):
+        if a.shape != b.shape:
+            return False, f"step {j}: shapes {tuple(a.shape)} vs {tuple(b.shape)}"
+        gap = float((a - b).abs().max() / a.abs().max())
+        if not gap <= 1e-4:  # NaN fails too
+            return False, f"step {j}: logits differ by {gap:.2e} of their scale"
+    for j, (a, b) in enumerate(zip(ours.target_tokens(), theirs.target_tokens(), strict=True)):
+        if not torch.equal(a, b):
+            return False, f"step {j}: target tokens differ at {int((a != b).sum())} of {a.numel()} positions"
+    return True, "equal"
+
+
+def export_dir(drafter: dict, peer: str) -> Path:
+    out = drafter["root"] / "export" / peer
+    if not (out / "config.json").is_file():
+        write_export(drafter["root"] / "native", peer_check.FORMATS[peer], out)
+    return out
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_the_peers_own_class_gives_draftsmiths_logits_and_tokens(drafter, peer):
+    theirs = run_peer(drafter, peer, export_dir(drafter, peer), f"{peer}-ok")
+    ok, why = agree(drafter["ours"], theirs)
+    print(f"{peer}: {why}")
+    assert ok, f"{peer} loads draftsmith's {peer_check.FORMATS[peer]} export with other outputs: {why}"
+
+
+def transposed_fc_block(state: dict, config: dict) -> None:
+    """The first feature layer's fc block transposed (square, so it still loads)."""
+    h = state["fc.weight"].shape[0]
+    state["fc.weight"][:, :h] = state["fc.weight"][:, :h].t().clone()
+
+
+def d2t_off_by_one(state: dict, config: dict) -> None:
+    state["d2t"] = state["d2t"] + 1
+
+
+def norm_flag_flipped(state: dict, config: dict) -> None:
+    """The flag that says which feature the layer keeps as its residual (speculators) / where logits are normed."""
+    if "norm_before_residual" in config and "speculators_model_type" in config:
+        config["norm_before_residual"] = not config["norm_before_residual"]
+    else:
+        config["norm_output"] = False  # SpecForge's class then reads logits off the un-normed state
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+@pytest.mark.parametrize("breakage", [transposed_fc_block, d2t_off_by_one, norm_flag_flipped])
+def test_a_broken_export_fails_the_comparison(drafter, peer, breakage, tmp_path):
+    good = export_dir(drafter, peer)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in good.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    state = load_file(broken / "model.safetensors")
+    config = json.loads((broken / "config.json").read_text())
+    breakage(state, config)
+    save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
+    (broken / "config.json").write_text(json.dumps(config))
+    try:
+        theirs = run_peer(drafter, peer, broken, f"{peer}-{breakage.__name__}")
+    except RuntimeError as e:  # refused to load: also a failure the check reports
+        print(f"{peer} {breakage.__name__}: refused: {str(e).splitlines()[0]}")
+        return
+    ok, why = agree(drafter["ours"], theirs)
+    print(f"{peer} {breakage.__name__}: {why}")
+    assert not ok, f"{breakage.__name__} went unnoticed by the {peer} comparison"
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_a_checkpoint_the_peer_wrote_imports_and_drafts_as_the_peer_computes(drafter, peer):
+    """Randomly initialised and saved by the peer's own code (grouped-query attention, scattered draft vocabulary):
+    imported, it gives the peer's logits and tokens, and decodes exactly (greedy = plain greedy) under the verifier."""
+    python, root = peer_python(peer), drafter["root"]
+    ckpt = peer_check.peer_checkpoint(python, peer, root / "target", root / "written" / peer)
+    import_drafter(ckpt, str(root / "target"), root / "imported" / peer)
+    network, info = load_network(root / "imported" / peer)
+    assert info["imported_from"]["layout"] == peer_check.FORMATS[peer]
+    ours = peer_check.draftsmith_logits(network.eval(), drafter["x"], drafter["features"], STEPS)
+    ok, why = agree(ours, run_peer(drafter, peer, ckpt, f"{peer}-written"))
+    print(f"{peer}-written checkpoint: {why}")
+    assert ok, f"the {peer}-written checkpoint drafts otherwise once imported: {why}"
+    target = Target.from_pretrained(root / "target")
+    decoder = SpeculativeDecoder(target, load_trained(root / "imported" / peer, target), k=3, sampling=Sampling(0.0))
+    for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
+        assert decoder.generate(prompt, 16).tokens == plain_decode(target, prompt, 16, Sampling(0.0), None).tokens
