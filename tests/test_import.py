@@ -193,3 +193,41 @@ def test_an_imported_drafter_is_fine_tuned_from_its_own_weights(env, tmp_path):
     assert not torch.equal(after["fc.weight"], before["fc.weight"]), "training did not move the imported network"
     with pytest.raises(DraftsmithError, match="holds a eagle3 drafter, not eagle1"):
         EagleModule(str(env["root"] / "target"), 1, init=str(tmp_path / "imported"))
+
+
+class ResBlock(torch.nn.Module):
+    """The Medusa repository's block (medusa_model.py): x + SiLU(linear(x))."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, hidden)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x):
+        return x + self.act(self.linear(x))
+
+
+def test_medusa_heads_in_the_medusa_repositorys_layout_import_with_their_logits(env, tmp_path):
+    """``medusa_head = ModuleList(Sequential(ResBlock x layers, Linear(H, V, bias=False)))`` saved as the repository
+    saves it (``medusa_lm_head.pt`` + ``config.json``): imported, draftsmith's heads give its logits."""
+    torch.manual_seed(0)
+    hidden, heads, layers = 64, 3, 2
+    medusa = torch.nn.ModuleList(
+        torch.nn.Sequential(*[ResBlock(hidden) for _ in range(layers)], torch.nn.Linear(hidden, VOCAB, bias=False))
+        for _ in range(heads)
+    )
+    src = tmp_path / "medusa"
+    src.mkdir()
+    torch.save(medusa.state_dict(), src / "medusa_lm_head.pt")
+    (src / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": layers}))
+    import_drafter(src, str(env["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    assert info["method"] == "medusa1" and info["imported_from"]["layout"] == "medusa"
+    h = torch.randn(2, 5, hidden)
+    with torch.no_grad():
+        assert torch.allclose(network(h), torch.stack([head(h) for head in medusa]), atol=1e-5)
+    target = Target.from_pretrained(env["root"] / "target")
+    decoder = SpeculativeDecoder(target, load_trained(tmp_path / "imported", target), k=3, sampling=Sampling(0.0))
+    assert decoder.generate([5, 9, 14, 2], 16).tokens == plain_decode(target, [5, 9, 14, 2], 16, Sampling(0.0)).tokens
+    with pytest.raises(DraftsmithError, match="another target: LM head"):
+        import_drafter(src, str(env["root"] / "other"), tmp_path / "other")

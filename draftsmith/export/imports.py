@@ -9,6 +9,12 @@ EAGLE-3 checkpoints in the layouts the field writes, each read as its own loader
   ``eagle_config.eagle_aux_hidden_state_layer_ids``, SGLang numbering: id k = HF ``hidden_states[k + 1]``).
 - ``vllm``: vLLM's ``Eagle3LlamaForCausalLM`` (``layers.0.*``; top-level aux ids, vLLM numbering).
 
+and Medusa heads in the Medusa repository's layout (FasterDecoding/Medusa ``medusa_model.py``, also what TGI
+reads): ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` and ``medusa_lm_head.safetensors`` or
+``.pt`` holding ``medusa_head``'s state, head i = ``nn.Sequential(ResBlock x layers, Linear(H, V))``: keys
+``{i}.{j}.linear.{weight,bias}`` and ``{i}.{layers}.weight``; head i reads the target's last (normed) hidden state
+and predicts the token i + 2 ahead, as draftsmith's Medusa does.
+
 Without aux ids every loader captures HF ``hidden_states`` (2, L/2, L-3). A grouped-query layer
 (``num_key_value_heads`` < heads) is imported exactly: each key/value head's projection rows are repeated for
 the query heads that share it. What draftsmith's EAGLE-3 layer cannot compute (another norm placement, RoPE
@@ -120,15 +126,72 @@ def repeat_kv(weight: torch.Tensor, kv_heads: int, heads: int) -> torch.Tensor:
     return weight.view(kv_heads, hd, -1).repeat_interleave(heads // kv_heads, dim=0).reshape(heads * hd, -1)
 
 
+def medusa_weights(src: Path) -> dict[str, torch.Tensor]:
+    if (src / "medusa_lm_head.safetensors").is_file():
+        try:
+            return load_file(src / "medusa_lm_head.safetensors")
+        except SafetensorError as e:
+            raise DraftsmithError(f"{src / 'medusa_lm_head.safetensors'}: cannot read the weights ({e})") from None
+    if (src / "medusa_lm_head.pt").is_file():
+        return torch.load(src / "medusa_lm_head.pt", map_location="cpu", weights_only=True)
+    raise DraftsmithError(f"{src}: a Medusa config without medusa_lm_head.safetensors or medusa_lm_head.pt")
+
+
+def import_medusa(src: Path, config: dict, target: Path, out: Path, dtype: str) -> Path:
+    """Medusa heads in the Medusa repository's layout -> a native medusa1 drafter (see the module docstring)."""
+    from draftsmith.families.registry import build_network
+
+    heads, layers = config["medusa_num_heads"], config.get("medusa_num_layers", 1)
+    state = medusa_weights(src)
+    tcfg = AutoConfig.from_pretrained(target)
+    head = state.get(f"0.{layers}.weight")
+    if head is None:
+        raise DraftsmithError(f"{src}: no 0.{layers}.weight (head 0's LM head) for medusa_num_layers={layers}")
+    if tuple(head.shape) != (tcfg.vocab_size, tcfg.hidden_size):
+        raise DraftsmithError(
+            f"{src} (Medusa layout) was trained for another target: LM head {tuple(head.shape)} vs the target's "
+            f"(vocabulary {tcfg.vocab_size}, hidden size {tcfg.hidden_size})"
+        )
+    network = build_network(
+        "medusa1",
+        {"num_heads": heads, "num_layers": layers, "hidden_size": tcfg.hidden_size, "vocab_size": tcfg.vocab_size},
+    )
+    ours = {}
+    for i in range(heads):
+        for j in range(layers):
+            for kind in ("weight", "bias"):
+                ours[f"blocks.{i}.layers.{j}.{kind}"] = state.get(f"{i}.{j}.linear.{kind}")
+        ours[f"lm_heads.{i}.weight"] = state.get(f"{i}.{layers}.weight")
+    missing = [k for k, v in ours.items() if v is None]
+    if missing:
+        raise DraftsmithError(f"{src} (Medusa layout): missing tensors for {missing[:3]} (medusa_num_heads={heads})")
+    try:
+        network.load_state_dict({k: v.float() for k, v in ours.items()})
+    except RuntimeError as e:
+        raise DraftsmithError(f"{src} (Medusa layout): {str(e).splitlines()[-1].strip()}") from None
+    fingerprint = target_fingerprint(target, dtype)
+    save_native(
+        network,
+        SimpleNamespace(fingerprint=fingerprint),
+        out,
+        {"imported_from": {"path": str(src), "layout": "medusa"}},
+    )
+    print(f"import: {src} (medusa, {heads} heads x {layers} blocks) -> {out}")
+    print(f"score it: draftsmith score --target {target} --drafter imported={out}")
+    return out
+
+
 def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "float32") -> Path:
-    """Convert an EAGLE-3 checkpoint trained elsewhere into a native drafter dir that ``score`` and ``fit`` take.
+    """Convert an EAGLE-3 (or Medusa) checkpoint trained elsewhere into a native drafter dir that ``score`` and
+    ``fit`` take.
 
     Checked against the target before anything is written: vocabulary, hidden size, feature layers within its
     depth, the draft vocabulary's maps. The target's embedding fills in a checkpoint that ships none (speculators
     and vLLM share it with the target).
 
     Args:
-        src: the checkpoint dir (speculators, SGLang / SpecForge / EAGLE, or vLLM layout: detected).
+        src: the checkpoint dir (EAGLE-3 in the speculators, SGLang / SpecForge / EAGLE or vLLM layout, or Medusa
+            heads in the Medusa repository's: detected).
         target: the target it drafts for (a model dir or a built-in name, e.g. smollm2).
         out: the native dir to write.
         dtype: the target dtype the drafter will be scored with (recorded in its fingerprint).
@@ -145,6 +208,8 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
         config = json.loads((src / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise DraftsmithError(f"{src / 'config.json'} is not valid JSON ({e.msg})") from None
+    if "medusa_num_heads" in config:
+        return import_medusa(src, config, target, out, dtype)
     state = read_weights(src)
     layout = detect_layout(config, state)
     layer = layer_config(config, layout)
