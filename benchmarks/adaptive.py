@@ -51,7 +51,7 @@ def interleaved(target: Target, decoders: dict, prompts: list[list[int]], new_to
     return plain, spec
 
 
-def adaptive_part(args, target: Target, target_dir: Path, prompts: list[list[int]]) -> tuple[dict, str]:
+def adaptive_part(args, target: Target, target_dir: Path, prompts: list[list[int]]) -> dict:
     head = args.head
     head_info: dict = {"path": str(head) if head else None}
     if head is None:
@@ -82,40 +82,13 @@ def adaptive_part(args, target: Target, target_dir: Path, prompts: list[list[int
         rows.append(m)
     best_fixed = max((r for r in rows if r["name"].startswith("fixed")), key=lambda r: r["tokens_per_s"])
     best_adaptive = max((r for r in rows if r["name"].startswith("adaptive")), key=lambda r: r["tokens_per_s"])
-    lines = [
-        "| drafter | α | τ | mean drafted | tokens/s | speedup | greedy exact |",
-        "|---|---|---|---|---|---|---|",
-        f"| plain decoding | – | 1.00 | – | {plain_metrics(plain).tokens_per_s:.1f} | 1.00× | – |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['name']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['mean_drafted']:.2f} | {r['tokens_per_s']:.1f} "
-            f"| {r['speedup']:.2f}× | {r['greedy_exact']}/{r['prompts']} |"
-        )
     verdict = best_adaptive["tokens_per_s"] / best_fixed["tokens_per_s"] - 1
-    val = head_info.get("val", {})
-    md = (
-        "## SpecDec++ adaptive K vs fixed K\n\n"
-        f"EAGLE-1 drafter `{args.drafter}`; acceptance head `{head_info['path']}`"
-        + (
-            f" trained {head_info['steps']} steps ({head_info['train_seconds']:.0f} s) on greedy continuations of "
-            f"{head_info['train_prompts']} built-in training prompts; held-out AUROC {val.get('auroc', float('nan')):.3f}, "
-            f"held-out acceptance rate {val.get('accept_rate', float('nan')):.3f}"
-            if "steps" in head_info
-            else ""
-        )
-        + f". Greedy, {len(prompts)} held-out prompts × {args.new_tokens} tokens, all rows interleaved prompt by "
-        "prompt in one run.\n\n"
-        + "\n".join(lines)
-        + f"\n\nBest adaptive ({best_adaptive['name']}) vs best fixed ({best_fixed['name']}) in wall-clock: "
-        f"{100 * verdict:+.1f}% tokens/s.\n"
-    )
     return {"head": head_info, "plain": plain_metrics(plain).to_dict(), "drafters": rows,
             "best_fixed": best_fixed["name"], "best_adaptive": best_adaptive["name"],
-            "adaptive_vs_fixed": verdict}, md  # fmt: skip
+            "adaptive_vs_fixed": verdict}  # fmt: skip
 
 
-def osd_part(args, target: Target, target_dir: Path, prompts: list[list[int]]) -> tuple[dict, str]:
+def osd_part(args, target: Target, target_dir: Path, prompts: list[list[int]]) -> dict:
     sibling = args.osd_drafter or target_dir / "sibling"
     decoders = {"frozen": SpeculativeDecoder(target, load_drafter(str(sibling), target), args.osd_k, Sampling())}
     online = {}
@@ -124,37 +97,98 @@ def osd_part(args, target: Target, target_dir: Path, prompts: list[list[int]]) -
         online[f"OSD lr={lr:g}"] = OnlineDrafter(load_drafter(str(sibling), target), target, cfg)
         decoders[f"OSD lr={lr:g}"] = SpeculativeDecoder(target, online[f"OSD lr={lr:g}"], args.osd_k, Sampling())
     plain, spec = interleaved(target, decoders, prompts, args.new_tokens)
-    rows, lines = [], ["| drafter | window (prompts) | α | τ | rounds |", "|---|---|---|---|---|"]
+    rows = []
     for name in decoders:
         m = drafter_metrics(name, args.osd_k, spec[name], plain, True).to_dict()
         m["online"] = online[name].online_report(spec[name]) if name in online else None
         m["windows"] = windows(spec[name], args.windows)
         rows.append(m)
-        for w in m["windows"]:
-            lines.append(f"| {name} | {w['prompts'][0] + 1}–{w['prompts'][1]} | {w['alpha']:.3f} | {w['tau']:.2f} | "
-                         f"{w['rounds']} |")  # fmt: skip
-    summary = ["| drafter | α first window | α last window | change | vs frozen | updates | tokens/s | speedup | greedy exact |",
-               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     frozen = rows[0]["windows"]
-    frozen_change = frozen[-1]["alpha"] - frozen[0]["alpha"]
     for r in rows:
         first, last = r["windows"][0]["alpha"], r["windows"][-1]["alpha"]
         r["alpha_change"] = last - first
-        r["alpha_change_vs_frozen"] = last - first - frozen_change
+        r["alpha_change_vs_frozen"] = last - first - (frozen[-1]["alpha"] - frozen[0]["alpha"])
+    return {"drafter": str(sibling), "k": args.osd_k, "plain": plain_metrics(plain).to_dict(), "drafters": rows}
+
+
+def adaptive_markdown(result: dict) -> str:
+    part, args = result["adaptive"], result["args"]
+    head, plain, rows = part["head"], part["plain"], part["drafters"]
+    lines = [
+        "| drafter | α | τ | mean drafted | tokens/s | speedup | greedy exact |",
+        "|---|---|---|---|---|---|---|",
+        f"| plain decoding | – | 1.00 | – | {plain['tokens_per_s']:.1f} | 1.00× | – |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['mean_drafted']:.2f} | {r['tokens_per_s']:.1f} "
+            f"| {r['speedup']:.2f}× | {r['greedy_exact']}/{r['prompts']} |"
+        )
+    val = head.get("val", {})
+    return (
+        "## SpecDec++ adaptive K vs fixed K\n\n"
+        f"EAGLE-1 drafter `{args['drafter']}`; acceptance head `{head['path']}`"
+        + (
+            f" trained {head['steps']} steps ({head['train_seconds']:.0f} s) on greedy continuations of "
+            f"{head['train_prompts']} built-in training prompts; held-out AUROC {val.get('auroc', float('nan')):.3f}, "
+            f"held-out acceptance rate {val.get('accept_rate', float('nan')):.3f}"
+            if "steps" in head
+            else ""
+        )
+        + f". Greedy, {rows[0]['prompts']} held-out prompts × {args['new_tokens']} tokens, all rows interleaved prompt "
+        "by prompt in one run.\n\n"
+        + "\n".join(lines)
+        + f"\n\nBest adaptive ({part['best_adaptive']}) vs best fixed ({part['best_fixed']}) in wall-clock: "
+        f"{100 * part['adaptive_vs_fixed']:+.1f}% tokens/s.\n"
+    )
+
+
+def osd_markdown(result: dict) -> str:
+    osd, args = result["osd"], result["args"]
+    rows, prompts = osd["drafters"], int(args["prompts"])
+    lines = ["| drafter | window (prompts) | α | τ | rounds |", "|---|---|---|---|---|"]
+    summary = [
+        "| drafter | α first window | α last window | change | vs frozen | updates | tokens/s | speedup | greedy exact |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for w in r["windows"]:
+            lines.append(
+                f"| {r['name']} | {w['prompts'][0] + 1}–{w['prompts'][1]} | {w['alpha']:.3f} | {w['tau']:.2f} | "
+                f"{w['rounds']} |"
+            )
+    for r in rows:
+        first, last = r["windows"][0]["alpha"], r["windows"][-1]["alpha"]
         updates = r["online"]["updates"] if r["online"] else 0
         summary.append(
             f"| {r['name']} | {first:.3f} | {last:.3f} | {last - first:+.3f} | {r['alpha_change_vs_frozen']:+.3f} | "
-            f"{updates} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | {r['greedy_exact']}/{len(prompts)} |"
+            f"{updates} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | {r['greedy_exact']}/{prompts} |"
         )
-    md = (
+    return (
         "## Online speculative decoding (OSD)\n\n"
-        f"Draft LM `{sibling}` (the default target's sibling: same corpus, not distilled), greedy, K = {args.osd_k}, "
-        f"{len(prompts)} held-out prompts × {args.new_tokens} tokens decoded in order, split into {args.windows} "
-        "windows. OSD rows learn from their rejected positions (buffer of the latest 256, every 16 new ones 4 AdamW "
-        "steps of forward KL to the target); the frozen row is the same model not learning, in the same run. "
-        "Learning time counts in tokens/s.\n\n" + "\n".join(summary) + "\n\nPer window:\n\n" + "\n".join(lines) + "\n"
+        f"Draft LM `{osd['drafter']}` (the default target's sibling: same corpus, not distilled), greedy, "
+        f"K = {osd['k']}, {prompts} held-out prompts × {args['new_tokens']} tokens decoded in order, split into "
+        f"{args['windows']} windows. OSD rows learn from their rejected positions (buffer of the latest 256, every 16 "
+        "new ones 4 AdamW steps of forward KL to the target); the frozen row is the same model not learning, in the "
+        "same run. Learning time counts in tokens/s.\n\n"
+        + "\n".join(summary)
+        + "\n\nPer window:\n\n"
+        + "\n".join(lines)
+        + "\n"
     )
-    return {"drafter": str(sibling), "k": args.osd_k, "plain": plain_metrics(plain).to_dict(), "drafters": rows}, md
+
+
+def markdown(result: dict) -> str:
+    m, args = result["machine"], result["args"]
+    return (
+        "# Adaptive draft length (SpecDec++) and online speculative decoding (OSD)\n\n"
+        f"`{m['command']}` on {m['date']} (git {m['git']}, {m['platform']}, {args['threads']} torch thread(s))."
+        + (f" {result['note']}" if result.get("note") else "")
+        + "\n\n"
+        + adaptive_markdown(result)
+        + "\n"
+        + osd_markdown(result)
+    )
 
 
 def main() -> None:
@@ -181,21 +215,12 @@ def main() -> None:
     target_dir = targets.resolve("default")
     target = Target.from_pretrained(target_dir)
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.prompts)]
-    adaptive, adaptive_md = adaptive_part(args, target, target_dir, prompts)
-    osd, osd_md = osd_part(args, target, target_dir, prompts)
+    adaptive = adaptive_part(args, target, target_dir, prompts)
+    osd = osd_part(args, target, target_dir, prompts)
     info = machine()
     data = {"machine": info, "note": args.note, "target": target.fingerprint,
             "args": {k: str(v) for k, v in vars(args).items()}, "adaptive": adaptive, "osd": osd}  # fmt: skip
-    md = (
-        "# Adaptive draft length (SpecDec++) and online speculative decoding (OSD)\n\n"
-        f"`{info['command']}` on {info['date']} (git {info['git']}, {info['platform']}, {args.threads} torch thread(s))."
-        + (f" {args.note}" if args.note else "")
-        + "\n\n"
-        + adaptive_md
-        + "\n"
-        + osd_md
-    )
-    write("adaptive", data, md)
+    write("adaptive", data, markdown(data))
 
 
 if __name__ == "__main__":

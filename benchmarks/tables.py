@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKDOWN = {
+    "adaptive": "adaptive",
     "baselines": "baselines",
     "baselines_smollm2": "baselines",
     "bf16_target": "bf16_target",
@@ -104,6 +105,70 @@ def headline(name: str = "real_target_bf16") -> str:
     )
 
 
+def scaling_headline(name: str = "scaling") -> str:
+    """The README's headline from the data-scaling benchmark: the drafters of its largest subset on each held-out set,
+    greedy at K = 4 and at ``--k auto``'s K, and sampled (T 0.7), every speedup over plain decoding of the same bf16
+    target in the same run; then τ at K = 4 per subset size (the curve)."""
+    result = load(name)
+    blocks, rows = result["blocks"], result["rows"]
+    largest = max(r["tokens"] for r in rows)
+    labels = sorted({t.rsplit(" ", 1)[1] for t in blocks}, key=lambda x: float(x[:-1]) * (1e6 if x[-1] == "M" else 1e3))
+    size_label = labels[-1]
+    lines = []
+    for s in ("mt-bench", "chat-heldout"):
+        greedy, auto, sampled = (blocks.get(f"{s} {mode} {size_label}") for mode in ("greedy", "auto", "sampled"))
+        if greedy is None:
+            continue
+        lines += [
+            f"{s}, plain decoding {greedy['plain']['tokens_per_s']:.1f} tokens/s:",
+            "",
+            "| drafter | τ (K = 4) | first-token acceptance | speedup (K = 4) | K chosen by --k auto | speedup there | "
+            "sampled T 0.7, K = 4 | greedy exact |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for d in greedy["drafters"]:
+            a = next((r for r in auto["drafters"] if r["name"] == d["name"]), None) if auto else None
+            t = next((r for r in sampled["drafters"] if r["name"] == d["name"]), None) if sampled else None
+            lines.append(
+                f"| {d['name']} | {d['tau']:.2f} | {d['accept_at'][0]:.2f} | {d['speedup']:.2f}× | "
+                + (f"{a['auto_k']['k']} | {a['speedup']:.2f}×" if a else "– | –")
+                + f" | {t['speedup']:.2f}× (τ {t['tau']:.2f})" * bool(t)
+                + " | –" * (not t)
+                + f" | {d['greedy_exact']}/{d['prompts']} |"
+            )
+        lines.append("")
+    curve = ["| family | " + " | ".join(f"{x:,} tokens" for x in sorted({r["tokens"] for r in rows})) + " |"]
+    curve.append("|---|" + "---|" * len({r["tokens"] for r in rows}))
+    for s in ("mt-bench", "chat-heldout"):
+        for f in dict.fromkeys(r["family"] for r in rows):
+            cells = {r["tokens"]: r for r in rows if r["set"] == s and r["family"] == f}
+            if cells:
+                curve.append(
+                    f"| {f}, {s} | "
+                    + " | ".join(
+                        f"τ {cells[x]['tau']:.2f}, {cells[x]['speedup']:.2f}×" if x in cells else "–"
+                        for x in sorted({r["tokens"] for r in rows})
+                    )
+                    + " |"
+                )
+    c = result["corpus"]
+    return "\n".join(
+        [
+            f"SmolLM2-135M-Instruct in bfloat16 (batch-invariant), drafters trained on {largest:,} generated tokens of "
+            f"its own answers (a {c.get('generated_tokens', 0):,}-token corpus), {result['args']['num_prompts']} "
+            f"held-out prompts × {result['args']['score_tokens']} new tokens per set; every speedup is over plain "
+            "decoding of the same target, interleaved prompt by prompt in the same run.",
+            "",
+            *lines,
+            "Greedy τ at K = 4 and speedup by training data (nested subsets of the corpus):",
+            "",
+            *curve,
+            "",
+            source(result),
+        ]
+    )
+
+
 def verification_cost(name: str = "bf16_target") -> str:
     """r(m) per target dtype and kernel choice: what verifying m tokens costs in decoding steps."""
     result = load(name)
@@ -178,6 +243,7 @@ TABLES = {
     "engines": engines,
     "result": result,
     "headline": headline,
+    "scaling_headline": scaling_headline,
     "verification_cost": verification_cost,
     "block": block,
     "by_block": by_block,
