@@ -114,3 +114,29 @@ def kill_after_first_shard(cmd: list[str], out: Path, timeout: float, env: dict 
         proc.kill()
         proc.stderr.close()
     return len(list((out / "shards").glob("shard-?????")))
+
+
+def eagle3_case(root: Path, draft_vocab: int, length: int = 20, layers: tuple[int, ...] = (1, 2, 3)) -> dict:
+    """A 4-layer tiny target at ``root/target`` and an EAGLE-3 drafter for it at ``root/native`` with a scattered
+    draft vocabulary and perturbed weights (norms away from 1, so a dropped or doubled norm shows), and inputs for
+    its training-time test: ``x`` (1, length) and the target's real ``features`` at ``layers``."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.eagle.module import EagleModule
+
+    target = make_llama(seed=0, layers=4)
+    target.save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    module = EagleModule(str(root / "target"), 3, list(layers), draft_vocab_size=draft_vocab)
+    network = module.drafter
+    torch.manual_seed(0)
+    with torch.no_grad():
+        network.set_draft_vocab(torch.rand(VOCAB))  # scattered ids: d2t offsets all differ
+        network.init_from_target(target.model.embed_tokens.weight, target.lm_head.weight)
+        for name, p in network.named_parameters():
+            if name != "embed_tokens.weight":
+                p.add_(0.3 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
+    save_native(network, module.target, root / "native")
+    x = torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = target(x, output_hidden_states=True).hidden_states
+    return {"root": root, "x": x, "features": tuple(hidden[i] for i in layers), "network": network.eval()}

@@ -14,10 +14,9 @@ import shutil
 
 import pytest
 import torch
-from conftest import VOCAB, make_llama, make_tokenizer
+from conftest import VOCAB, eagle3_case, make_llama, make_tokenizer
 from safetensors.torch import load_file, save_file
 
-from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
@@ -33,26 +32,10 @@ LAYERS, STEPS, T = [1, 2, 3], 3, 20
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("import")
-    models = {}
-    for name, seed, vocab in [("target", 0, VOCAB), ("other", 1, VOCAB + 32)]:
-        models[name] = make_llama(seed=seed, layers=4, vocab=vocab)
-        models[name].save_pretrained(root / name)
-        make_tokenizer(vocab=vocab).save_pretrained(root / name)
-    module = EagleModule(str(root / "target"), 3, LAYERS, draft_vocab_size=40)
-    network = module.drafter
-    torch.manual_seed(0)
-    with torch.no_grad():
-        network.set_draft_vocab(torch.rand(VOCAB))
-        for name, p in network.named_parameters():
-            if name != "embed_tokens.weight":
-                p.add_(0.3 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
-    save_native(network, module.target, root / "native")
-    x = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        hidden = models["target"](x, output_hidden_states=True).hidden_states
-    features = tuple(hidden[i] for i in LAYERS)
-    return {"root": root, "x": x, "features": features, "ours": logits(network.eval(), x, features)}
+    case = eagle3_case(tmp_path_factory.mktemp("import"), draft_vocab=40, length=T, layers=tuple(LAYERS))
+    make_llama(seed=1, layers=4, vocab=VOCAB + 32).save_pretrained(case["root"] / "other")
+    make_tokenizer(vocab=VOCAB + 32).save_pretrained(case["root"] / "other")
+    return case | {"ours": logits(case["network"], case["x"], case["features"])}
 
 
 def logits(network, x, features) -> peer_check.StepLogits:

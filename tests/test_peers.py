@@ -17,18 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, make_tokenizer
+from conftest import eagle3_case
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export import peer_check
 from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import write_export
-from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.registry import load_network, load_trained
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -38,42 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("peers")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=128,
-        bos_token_id=None,
-        pad_token_id=None,
-        eos_token_id=None,
-    )
-    target = LlamaForCausalLM(cfg).eval()
-    target.save_pretrained(root / "target")
-    make_tokenizer().save_pretrained(root / "target")
-    module = EagleModule(str(root / "target"), 3, LAYERS, draft_vocab_size=48)
-    network = module.drafter
-    with torch.no_grad():
-        network.set_draft_vocab(torch.rand(VOCAB))  # scattered ids: d2t offsets all differ
-        network.init_from_target(target.model.embed_tokens.weight, target.lm_head.weight)
-        for name, p in network.named_parameters():
-            if name != "embed_tokens.weight":
-                p.add_(0.3 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
-    save_native(network, module.target, root / "native")
-    x = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        hidden = target(x, output_hidden_states=True).hidden_states
-    features = tuple(hidden[i] for i in LAYERS)
-    return {
-        "root": root,
-        "x": x,
-        "features": features,
-        "ours": peer_check.draftsmith_logits(network.eval(), x, features, STEPS),
-    }
+    case = eagle3_case(tmp_path_factory.mktemp("peers"), draft_vocab=48, length=T, layers=tuple(LAYERS))
+    return case | {"ours": peer_check.draftsmith_logits(case["network"], case["x"], case["features"], STEPS)}
 
 
 def peer_python(peer: str) -> Path:
