@@ -128,16 +128,22 @@ def main() -> None:
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "k": args.k,
+        "tag": args.tag,
         "drafters": results,
     }
+    write(f"profile_round_{args.target}_{args.tag}", data, markdown(data))
+
+
+def markdown(data: dict) -> str:
+    results = data["drafters"]
     names = list(results)
     md = [
-        f"# One speculative round, profiled ({args.tag}): {args.target} target",
+        f"# One speculative round, profiled ({data['tag']}): {data['target']} target",
         "",
         f"`{data['machine']['command']}` at `{data['machine']['git']}` on {data['machine']['date']} (load average "
-        f"before / after {data['load'][0]} / {data['load'][1]}). {len(prompts)} prompts × {args.max_new_tokens} "
-        f"tokens, greedy, K = {args.k}. Milliseconds per round under cProfile (which inflates Python-heavy "
-        "parts), prefill counted as a round; share of the total in brackets.",
+        f"before / after {data['load'][0]} / {data['load'][1]}). {data['num_prompts']} prompts × "
+        f"{data['max_new_tokens']} tokens, greedy, K = {data['k']}. Milliseconds per round under cProfile (which "
+        "inflates Python-heavy parts), prefill counted as a round; share of the total in brackets.",
         "",
         "| part | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
@@ -151,7 +157,7 @@ def main() -> None:
     md.append(
         "| tokens/s without the profiler | " + " | ".join(f"{results[n]['tokens_per_s']:.1f}" for n in names) + " |"
     )
-    write(f"profile_round_{args.target}_{args.tag}", data, "\n".join(md) + "\n")
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":

@@ -338,6 +338,7 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
                         "coverage": coverage(args.out / "drafters" / d["name"], data[1]),
                         "fit_seconds": fit.get("seconds"),
                         "steps": fit.get("steps"),
+                        "epochs": round(fit["steps"] * BATCH / subsets[size][0], 2) if fit.get("steps") else None,
                         "val_tau_est": fit.get("val_tau_est"),
                     }
                 )
@@ -405,18 +406,20 @@ def markdown(result: dict) -> str:
             if c.get("snapshot")
             else ""
         )
-        + ". Each subset is a prefix of the corpus (nested). Scored: greedy chains at "
+        + ". Each subset is a prefix of the corpus (nested); epochs: each fit's passes over its subset (a fit made "
+        "earlier is reused as it was made, whatever this run's --epochs). Scored: greedy chains at "
         "K = 4, each row interleaved per prompt with plain decoding of the same bf16 target (batch-invariant).",
         "",
-        "| set | family | tokens | rows | steps | fit s | val τ_est | τ | α | per-position acceptance | speedup | ideal "
-        "| draft-vocab coverage |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| set | family | tokens | rows | steps | epochs | fit s | val τ_est | τ | α | per-position acceptance | speedup "
+        "| ideal | draft-vocab coverage |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(result["rows"], key=lambda r: (r["set"], r["family"], r["tokens"])):
         acc = " ".join(f"{a:.2f}" for a in r["accept_at"])
         cov = f"{r['coverage']:.3f}" if r["coverage"] is not None else "–"
         lines.append(
-            f"| {r['set']} | {r['family']} | {r['tokens']:,} | {r['rows']} | {r['steps']} | {r['fit_seconds']} | "
+            f"| {r['set']} | {r['family']} | {r['tokens']:,} | {r['rows']} | {r['steps']} | {r.get('epochs')} | "
+            f"{r['fit_seconds']} | "
             f"{r['val_tau_est'] or 0:.2f} | {r['tau']:.2f} | {r['alpha']:.3f} | {acc} | {r['speedup']:.2f}× | "
             f"{(r['ideal'] or 0):.2f}× | {cov} |"
         )

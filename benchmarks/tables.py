@@ -37,6 +37,8 @@ MARKDOWN = {
     "ngram_policies_smollm2": "ngram_policies",
     "parallel_default": "parallel",
     "parallel_smollm2": "parallel",
+    "profile_round_default_after": "profile_round",
+    "profile_round_default_before": "profile_round",
     "real_target": "real_target",
     "real_target_bf16": "real_target",
     "train": "train",
