@@ -41,6 +41,7 @@ MARKDOWN = {
     "profile_round_default_before": "profile_round",
     "real_target": "real_target",
     "real_target_bf16": "real_target",
+    "scaling": "scaling",
     "train": "train",
     "train_throughput": "train_throughput",
     "verifier": "verifier",
@@ -125,8 +126,9 @@ def scaling_headline(name: str = "scaling") -> str:
             f"{s}, plain decoding {greedy['plain']['tokens_per_s']:.1f} tokens/s:",
             "",
             "| drafter | τ (K = 4) | first-token acceptance | speedup (K = 4) | K chosen by --k auto | speedup there | "
-            "sampled T 0.7, K = 4 | greedy exact |",
-            "|---|---|---|---|---|---|---|---|",
+            + "sampled T 0.7, K = 4 | " * bool(sampled)
+            + "greedy exact |",
+            "|---|---|---|---|---|---|---|" + "---|" * bool(sampled),
         ]
         for d in greedy["drafters"]:
             a = next((r for r in auto["drafters"] if r["name"] == d["name"]), None) if auto else None
@@ -134,8 +136,7 @@ def scaling_headline(name: str = "scaling") -> str:
             lines.append(
                 f"| {d['name']} | {d['tau']:.2f} | {d['accept_at'][0]:.2f} | {d['speedup']:.2f}× | "
                 + (f"{a['auto_k']['k']} | {a['speedup']:.2f}×" if a else "– | –")
-                + f" | {t['speedup']:.2f}× (τ {t['tau']:.2f})" * bool(t)
-                + " | –" * (not t)
+                + ((f" | {t['speedup']:.2f}× (τ {t['tau']:.2f})" if t else " | –") if sampled else "")
                 + f" | {d['greedy_exact']}/{d['prompts']} |"
             )
         lines.append("")
