@@ -38,8 +38,6 @@ from draftsmith.export.common import target_fingerprint
 from draftsmith.export.eagle_layout import vocab_maps
 from draftsmith.families.eagle.network import Eagle3Config, EagleModel
 
-LAYOUTS = ("speculators", "sglang", "vllm")
-
 
 def read_weights(src: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint dir: ``model.safetensors``, a sharded safetensors index, or
@@ -61,15 +59,12 @@ def read_weights(src: Path) -> dict[str, torch.Tensor]:
         raise DraftsmithError(f"{src}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
     state = {}
     for f in files:
-        try:
-            state.update(load_file(f))
-        except SafetensorError as e:
-            raise DraftsmithError(f"{f}: cannot read the weights (truncated or corrupt: {e})") from None
+        state.update(load_safetensors(f))
     return state
 
 
 def detect_layout(config: dict, state: dict) -> str:
-    """Which of ``LAYOUTS`` a checkpoint is in, from its config and tensor names."""
+    """Which EAGLE-3 layout (speculators, sglang, vllm) a checkpoint is in, from its config and tensor names."""
     if config.get("speculators_model_type") is not None:
         kind = config["speculators_model_type"]
         if kind != "eagle3":
@@ -126,12 +121,28 @@ def repeat_kv(weight: torch.Tensor, kv_heads: int, heads: int) -> torch.Tensor:
     return weight.view(kv_heads, hd, -1).repeat_interleave(heads // kv_heads, dim=0).reshape(heads * hd, -1)
 
 
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file; an unreadable one is one line."""
+    try:
+        return load_file(path)
+    except SafetensorError as e:
+        raise DraftsmithError(f"{path}: cannot read the weights (truncated or corrupt: {e})") from None
+
+
+def write_imported(network, target: Path, out: Path, dtype: str, src: Path, layout: str, what: str) -> Path:
+    """The native dir for ``target`` in ``dtype``, recording where it came from; prints how to score it."""
+    fingerprint = target_fingerprint(target, dtype)
+    save_native(
+        network, SimpleNamespace(fingerprint=fingerprint), out, {"imported_from": {"path": str(src), "layout": layout}}
+    )
+    print(f"import: {src} ({layout}, {what}) -> {out}")
+    print(f"score it: draftsmith score --target {target} --drafter imported={out}")
+    return out
+
+
 def medusa_weights(src: Path) -> dict[str, torch.Tensor]:
     if (src / "medusa_lm_head.safetensors").is_file():
-        try:
-            return load_file(src / "medusa_lm_head.safetensors")
-        except SafetensorError as e:
-            raise DraftsmithError(f"{src / 'medusa_lm_head.safetensors'}: cannot read the weights ({e})") from None
+        return load_safetensors(src / "medusa_lm_head.safetensors")
     if (src / "medusa_lm_head.pt").is_file():
         return torch.load(src / "medusa_lm_head.pt", map_location="cpu", weights_only=True)
     raise DraftsmithError(f"{src}: a Medusa config without medusa_lm_head.safetensors or medusa_lm_head.pt")
@@ -169,16 +180,7 @@ def import_medusa(src: Path, config: dict, target: Path, out: Path, dtype: str) 
         network.load_state_dict({k: v.float() for k, v in ours.items()})
     except RuntimeError as e:
         raise DraftsmithError(f"{src} (Medusa layout): {str(e).splitlines()[-1].strip()}") from None
-    fingerprint = target_fingerprint(target, dtype)
-    save_native(
-        network,
-        SimpleNamespace(fingerprint=fingerprint),
-        out,
-        {"imported_from": {"path": str(src), "layout": "medusa"}},
-    )
-    print(f"import: {src} (medusa, {heads} heads x {layers} blocks) -> {out}")
-    print(f"score it: draftsmith score --target {target} --drafter imported={out}")
-    return out
+    return write_imported(network, target, out, dtype, src, "medusa", f"{heads} heads x {layers} blocks")
 
 
 def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "float32") -> Path:
@@ -287,13 +289,9 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
             f"unexpected {result.unexpected_keys}"
         )
     vocab_maps(network)  # d2t/t2d consistent, inside the target's vocabulary
-    fingerprint = target_fingerprint(target, dtype)
-    save_native(
-        network, SimpleNamespace(fingerprint=fingerprint), out, {"imported_from": {"path": str(src), "layout": layout}}
+    return write_imported(
+        network, target, out, dtype, src, layout, f"feature layers {list(layers)}, draft vocabulary {draft_vocab}"
     )
-    print(f"import: {src} ({layout}, feature layers {list(layers)}, draft vocabulary {draft_vocab}) -> {out}")
-    print(f"score it: draftsmith score --target {target} --drafter imported={out}")
-    return out
 
 
 def target_embedding(target: Path) -> torch.Tensor:
