@@ -61,6 +61,19 @@ def machine() -> dict:
     }
 
 
+def saved_block(path: Path, names: list[str], run) -> dict:
+    """A scored block's result, computed once (``run()``) and saved, so an interrupted benchmark resumes; a saved
+    block of other drafters is computed again."""
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if [row["name"] for row in saved["drafters"]] == names:
+            return saved
+    result = run()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def write(name: str, data: dict, markdown: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))

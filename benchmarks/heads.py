@@ -25,7 +25,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import HELDOUT, machine, write
+from common import HELDOUT, machine, saved_block, write
 
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
@@ -51,18 +51,6 @@ UNTRAINED = {"kangaroo_exit": None, "skip": "skip:0.5"}
 """Rows without training: Kangaroo's adapter as it starts (early exit at its layer), and the layer skipper."""
 NO_EXIT = "kangaroo_noexit"
 """The trained Kangaroo without its second early exit (threshold 0: it always drafts K)."""
-
-
-def scored(path: Path, names: list[str], run) -> dict:
-    """A block's result, computed once (``run()``) and saved; a saved block of other drafters is computed again."""
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if [row["name"] for row in saved["drafters"]] == names:
-            return saved
-    result = run()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    return result
 
 
 def drafters_for(target: Target, exports: dict[str, Path], k: int, tree_size: int, top_k: int) -> dict:
@@ -159,7 +147,7 @@ def main() -> None:
     blocks = {}
     for k in args.ks:
         drafters = drafters_for(target, exports, k, args.tree_size, args.top_k)
-        blocks[f"greedy, K = {k}"] = scored(
+        blocks[f"greedy, K = {k}"] = saved_block(
             out / "bench" / "heads" / f"greedy-k{k}.json",
             list(drafters),
             lambda d=drafters, k=k: block(target, d, prompts, k, args.max_new_tokens),

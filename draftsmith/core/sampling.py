@@ -99,6 +99,76 @@ def verify_chain_sampling(
     return len(draft), sample(p[len(draft)], generator)
 
 
+def draw_candidates(
+    q: torch.Tensor, n: int, replacement: bool, generator: torch.Generator | None
+) -> tuple[list[int], list[torch.Tensor]]:
+    """Draw ``n`` candidate tokens from a (V,) distribution, and the distribution each was drawn from.
+
+    With replacement the draws are i.i.d. (each from ``q``: SpecInfer's and SpecTr's candidates); without,
+    draw i comes from ``q`` with the earlier draws removed and renormalised (RSD's candidates), and fewer than
+    ``n`` come back when ``q``'s support is smaller. The rows returned are what the acceptance rules must see.
+    """
+    tokens, rows = [], []
+    for _ in range(n):
+        if replacement:
+            row = q
+        else:
+            row = q.clone()
+            row[tokens] = 0.0
+            total = row.sum()
+            if total <= 0:
+                break
+            row = row / total
+        tokens.append(sample(row, generator))
+        rows.append(row)
+    return tokens, rows
+
+
+def spectr_rho(p: torch.Tensor, q: torch.Tensor, m: int) -> float:
+    """SpecTr's ρ for ``m`` i.i.d. candidates from ``q`` verified against ``p``: the smallest ρ in [1, m] that keeps
+    K-SEQ's residual non-negative, i.e. with β(ρ) = Σ min(q, p/ρ), (1 - (1 - β)^m) / β <= ρ (Sun et al. 2023,
+    Algorithm 2 and its validity condition). A smaller ρ accepts more: the chance some candidate is accepted,
+    1 - (1 - β(ρ))^m, falls as ρ grows. Found by bisection whose upper end is always valid (ρ = m is)."""
+
+    def valid(rho: float) -> bool:
+        beta = float(torch.minimum(q, p / rho).sum())
+        return beta <= 0 or (1 - (1 - beta) ** m) / beta <= rho * (1 + 1e-6)
+
+    if m <= 1 or valid(1.0):
+        return 1.0
+    lo, hi = 1.0, float(m)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if valid(mid) else (mid, hi)
+    return hi
+
+
+def verify_kseq(
+    p: torch.Tensor, q: torch.Tensor, candidates: list[int], generator: torch.Generator | None
+) -> tuple[int | None, int]:
+    """SpecTr's k-sequential selection (K-SEQ) of one of ``m`` i.i.d. candidates drawn from ``q``; lossless for ``p``.
+
+    Candidate i is accepted with probability min(1, p(x_i) / (ρ q(x_i))), in draw order; when all are rejected the
+    token is drawn from the residual p - min(q, p/ρ) (1 - (1 - β)^m) / β, normalised. Token x then comes out with
+    probability min(q, p/ρ)(x) (1 - (1 - β)^m) / β + that residual's share = p(x). With m = 1 and ρ = 1 this is
+    ordinary speculative sampling.
+
+    Returns:
+        (index of the accepted candidate or None, the token chosen).
+    """
+    m = len(candidates)
+    rho = spectr_rho(p, q, m)
+    for i, x in enumerate(candidates):
+        if torch.rand((), generator=generator) * rho * q[x] < p[x]:
+            return i, x
+    kept = torch.minimum(q, p / rho)
+    beta = float(kept.sum())
+    share = (1 - (1 - beta) ** m) / beta if beta > 0 else 0.0
+    r = (p - kept * share).clamp_min(0)  # >= 0 up to rounding, by the choice of ρ
+    total = r.sum()
+    return None, sample(r / total if total > 0 else p, generator)
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)): what to sample from after a rejection."""
     r = (p - q).clamp_min(0)

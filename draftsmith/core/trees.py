@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.core.sampling import one_hot, residual, sample
+from draftsmith.core.sampling import one_hot, residual, sample, verify_kseq
+from draftsmith.errors import DraftsmithError
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
@@ -108,3 +109,42 @@ def verify_tree_sampling(
             r = residual(r, qc)
         else:
             return path, sample(r, generator)
+
+
+def verify_tree_spectr(
+    p: torch.Tensor, q: torch.Tensor | None, tokens: list[int], parents: torch.Tensor, generator
+) -> tuple[list[int], int]:
+    """SpecTr down a tree: at each node, K-SEQ (``sampling.verify_kseq``) over its children, which must be i.i.d.
+    draws from one distribution given the node's path (a sampled tree drawn with replacement); a chain is the
+    m = 1 case, ordinary speculative sampling. Lossless for the same reason as each node's K-SEQ: the accepted
+    child's subtree was drawn given its path alone.
+
+    Args and returns as ``verify_tree_sampling``; ``q`` None (point masses) only for chains.
+    """
+    kids, node, path = children(parents), -1, []
+    vocab = p.shape[-1]
+    while True:
+        below = kids.get(node, [])
+        if not below:
+            return path, sample(p[node + 1], generator)
+        row = one_hot(tokens[below[0]], vocab) if q is None else q[below[0]]
+        if len(below) > 1 and (q is None or any(not torch.equal(q[c], row) for c in below[1:])):
+            raise DraftsmithError(
+                "--verify spectr needs each node's candidates drawn i.i.d. from one distribution (--tree sampled); "
+                "this draft's siblings come from different ones"
+            )
+        chosen, token = verify_kseq(p[node + 1], row, [tokens[c] for c in below], generator)
+        if chosen is None:
+            return path, token
+        node = below[chosen]
+        path.append(node)
+
+
+VERIFY_RULES = {"specinfer": verify_tree_sampling, "spectr": verify_tree_spectr, "rsd": verify_tree_sampling}
+"""Multi-candidate rules for sampling (greedy verification follows the argmax whatever the rule). RSD (Jeon et al.
+2024) verifies with the same recursive rejection as SpecInfer: what makes it RSD is its candidates, drawn without
+replacement with each sibling's row the renormalised remainder (``sampling.draw_candidates``), which that rule
+needs to stay lossless; SpecInfer and SpecTr draw siblings i.i.d."""
+
+REPLACEMENT = {"specinfer": True, "spectr": True, "rsd": False}
+"""Whether each rule's sampled trees draw siblings with replacement."""

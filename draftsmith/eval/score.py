@@ -5,12 +5,13 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.core import trees
 from draftsmith.core.draft import DecodeResult, Drafter
 from draftsmith.core.machine import machine_record
 from draftsmith.core.manifest import write_manifest
@@ -20,7 +21,7 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.metrics import by_category, drafter_metrics, plain_metrics
 from draftsmith.eval.report import markdown_table, write_report
-from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, plain_decode
+from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
 from draftsmith.families.specs import Named, build_drafter, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import TargetSpec, load_target, parse_target
@@ -36,23 +37,30 @@ def score_drafters(
     seed: int = 0,
     progress: bool = True,
     categories: list[str | None] | None = None,
+    verify: str | dict[str, str] = "specinfer",
 ) -> tuple[dict, list[dict]]:
     """Decode every prompt plainly and with each drafter, interleaved so all see the same machine state.
 
     A drafter that fine-tuned its target (``own_target``, Medusa-2) decodes with that target and is
     compared with plain decoding of it, in the same interleaved loop. ``k="auto"`` picks each drafter's K (and
     static tree size) of highest predicted speed before the scored pass (``choose_shapes``). ``categories``
-    (one per prompt, e.g. MT-bench's) adds each row's τ and speedup per category.
+    (one per prompt, e.g. MT-bench's) adds each row's τ and speedup per category. ``verify``: the sampled trees'
+    multi-candidate rule, one for all drafters or one per drafter name (``trees.VERIFY_RULES``).
 
     Returns:
         (plain metrics of ``target``, per-drafter metrics) as dicts.
     """
     targets = {name: d.own_target or target for name, d in drafters.items()}
+    rules = verify if isinstance(verify, dict) else dict.fromkeys(drafters, verify)
     for name, drafter in drafters.items():
         check_compatible(targets[name], drafter, name)
+        check_rule(drafter, rules.get(name, "specinfer"), sampling, name)
     shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(k) for name in drafters}
-    decoders = {name: SpeculativeDecoder(targets[name], d, ks[name], sampling) for name, d in drafters.items()}
+    decoders = {
+        name: SpeculativeDecoder(targets[name], d, ks[name], sampling, rules.get(name, "specinfer"))
+        for name, d in drafters.items()
+    }
     baselines = {id(t): t for t in [target, *targets.values()]}
     # warm-up: first calls pay one-off allocation costs that would bias whichever runs first; a compiled target
     # also compiles a graph per new shape family (prefill lengths, each drafted length), so it warms up on two
@@ -88,6 +96,8 @@ def score_drafters(
         m |= drafters[name].extra_metrics(spec[name])  # --online-adapt: α and τ over time
         if targets[name] is not target:
             m["target"] = targets[name].name
+        if rules.get(name, "specinfer") != "specinfer":
+            m["verify"] = rules[name]
         rows.append(m)
     return plain_metrics(plain[id(target)]).to_dict(), rows
 
@@ -96,6 +106,8 @@ def most_verified(drafter: Drafter, k: int) -> int:
     """The most tokens one verification forward of ``drafter``'s rounds holds (its drafts + 1)."""
     from draftsmith.families.ngram.drafter import NGramDrafter
 
+    if isinstance(drafter, TreeDrafter) and drafter.tree.kind == "sampled":
+        return drafter.tree.sampled_nodes(k) + 1
     if isinstance(drafter, TreeDrafter) and drafter.tree.kind != "chain":
         return drafter.tree.size + 1
     if isinstance(drafter, NGramDrafter):
@@ -153,7 +165,7 @@ def choose_shapes(
         ratios, _ = verify_ratios(target, prompt, counts, 3)
         tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
         if tree is not None:  # calibrate as a chain: one drafter forward per drafted token
-            drafter.set_tree(TreePolicy("chain", tree.size, tree.top_k), AUTO_MAX_K)
+            drafter.set_tree(replace(tree, kind="chain"), AUTO_MAX_K)
         decoder = SpeculativeDecoder(target, drafter, AUTO_MAX_K, sampling)
         result = decoder.generate(prompt, 64, torch.Generator().manual_seed(seed))
         plain = plain_decode(target, prompt, 16, sampling, torch.Generator().manual_seed(seed))
@@ -166,11 +178,11 @@ def choose_shapes(
             accept, source = metrics.accept_given_reached, "calibration"
         if tree is not None and tree.kind == "static" and accuracy:
             choice = auto_k.choose_tree(accuracy, ratios, cost, max_depth=AUTO_MAX_K)
-            drafter.set_tree(TreePolicy("static", choice.tree_size, tree.top_k), choice.k)
+            drafter.set_tree(replace(tree, size=choice.tree_size, paths=()), choice.k)
         else:
             choice = auto_k.choose_chain_k(accept, ratios, cost, ks=range(1, AUTO_MAX_K + 1))
             if tree is not None:
-                drafter.set_tree(TreePolicy(tree.kind, tree.size, tree.top_k), choice.k)
+                drafter.set_tree(replace(tree, paths=()), choice.k)
         shapes[name] = Shape(
             choice.k, choice.tree_size, choice.predicted_tau, choice.predicted_speedup, cost, source,
             choice.candidates,
@@ -254,13 +266,15 @@ class ScoreConfig:
     online_adapt: bool = False
     """Online speculative decoding: each draft LM learns from its rejected positions while it decodes."""
     tree: TreePolicy = TreePolicy("chain", 16, 4)
-    """How EAGLE, Medusa and Hydra drafters draft (chain, static or dynamic tree)."""
+    """How EAGLE, Medusa and Hydra drafters draft (chain, static, dynamic or sampled tree)."""
     compile: bool = False
     """``torch.compile`` the target's and the draft LMs' forwards (``Target.compile``), for plain and speculative
     decoding alike: pays on small models, whose eager forward is mostly Python and dispatch overhead."""
     batch_invariant: bool | None = None
     """Compute the target's rows as they would be computed alone (``core.numerics``): greedy speculative output
     then equals plain greedy output bit for bit in bf16 too, at a cost to plain decoding. None: on for bf16/fp16."""
+    verify: str = "specinfer"
+    """The multi-candidate rule of sampled trees: ``specinfer``, ``spectr`` or ``rsd`` (``trees.VERIFY_RULES``)."""
 
     def __post_init__(self) -> None:
         if self.k != AUTO_K and not (isinstance(self.k, int) and self.k > 0):
@@ -288,6 +302,8 @@ def score(
     compile: bool = False,
     dtype: str | None = None,
     batch_invariant: bool | None = None,
+    verify: str = "specinfer",
+    tree_branching: str = "2,2,1,1",
 ) -> dict:
     """Score drafters against a target by real speculative decoding.
 
@@ -310,7 +326,8 @@ def score(
             its drafts were rejected while it decodes the prompts in order; the report adds α and τ per
             window of prompts (first vs last).
         tree: how EAGLE, Medusa and Hydra drafters draft: ``chain``, ``static`` (a tree built from
-            their held-out top-k accuracies) or ``dynamic`` (EAGLE-2: grown by draft confidence).
+            their held-out top-k accuracies), ``dynamic`` (EAGLE-2: grown by draft confidence) or ``sampled``
+            (``--tree_branching`` candidates drawn from the drafter per node: multi-draft sampling, see ``verify``).
             Drafters that cannot grow trees draft as their spec says.
         tree_size: tree nodes (drafted tokens) per round.
         tree_top_k: dynamic trees: nodes expanded per depth, children per expanded node.
@@ -321,14 +338,26 @@ def score(
         batch_invariant: the target computes each row as it would alone, so greedy output is exact in bf16 too
             (default: on for bf16/fp16 targets; ``--batch_invariant false`` for the fastest kernels, whose
             divergences the report then locates and measures).
+        verify: how sampled trees are verified (sampling only): ``specinfer`` (i.i.d. candidates, recursive
+            rejection; also the rule of every deterministic tree), ``spectr`` (i.i.d. candidates, SpecTr's K-SEQ)
+            or ``rsd`` (candidates drawn without replacement, recursive rejection: RSD-C). All lossless.
+        tree_branching: sampled trees: candidates drawn per node at each depth, e.g. ``2,2,1,1`` (14 nodes).
     """
     try:
         sampling = Sampling(temperature, top_p)
     except ValueError as e:
         raise DraftsmithError(str(e)) from None
+    try:
+        branching = tuple(int(b) for b in str(tree_branching).split(","))
+    except ValueError:
+        raise DraftsmithError(
+            f"--tree_branching must be comma-separated integers such as 2,2,1,1, got {tree_branching!r}"
+        ) from None
+    replacement = trees.REPLACEMENT.get(verify, True)
+    policy = TreePolicy(tree, tree_size, tree_top_k, branching=branching, replacement=replacement)
     config = ScoreConfig(
         prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
-        TreePolicy(tree, tree_size, tree_top_k), compile, batch_invariant,
+        policy, compile, batch_invariant, verify,
     )  # fmt: skip
     return score_specs(parse_target(target, dtype), [parse_spec(d) for d in drafter], config, Path(out))
 
@@ -355,7 +384,7 @@ def score_specs(
     categories = [p.category for p in loaded_prompts]
     categories = categories if any(c is not None for c in categories) else None
     plain, rows = score_drafters(
-        t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed, categories=categories
+        t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed, categories=categories, verify=cfg.verify
     )
     report = {
         "config": {
@@ -369,6 +398,8 @@ def score_specs(
             "online_adapt": cfg.online_adapt,
             "tree": cfg.tree.kind,
             "tree_size": cfg.tree.size if cfg.tree.kind != "chain" else None,
+            "tree_branching": list(cfg.tree.branching) if cfg.tree.kind == "sampled" else None,
+            "verify": cfg.verify,
             "compile": cfg.compile,
             "dtype": t.dtype,
             "batch_invariant": t.batch_invariant,

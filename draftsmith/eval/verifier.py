@@ -19,12 +19,40 @@ def check_compatible(target: Target, drafter: Drafter, drafter_name: str) -> Non
     if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
         raise DraftsmithError(
             f"drafter {drafter_name!r} has vocabulary size {drafter.vocab_size} but target "
-            f"{target.name!r} has {target.vocab_size}: they must share a tokenizer"
+            f"{target.name!r} has {target.vocab_size}: they must share a tokenizer (a draft model with its own: xvocab:DIR)"
         )
     if drafter.tokenizer_hash is not None and t_hash is not None and drafter.tokenizer_hash != t_hash:
         raise DraftsmithError(
             f"drafter {drafter_name!r} uses a different tokenizer (hash {drafter.tokenizer_hash}) than "
-            f"target {target.name!r} (hash {t_hash}): they must share a tokenizer"
+            f"target {target.name!r} (hash {t_hash}): they must share a tokenizer (a draft model with its own: xvocab:DIR)"
+        )
+
+
+def check_rule(drafter: Drafter, verify: str, sampling: Sampling, drafter_name: str = "drafter") -> None:
+    """Refuse a verification rule the drafter cannot feed, in one line naming both."""
+    from draftsmith.layers.tree_draft import TreeDrafter
+
+    if verify not in trees.VERIFY_RULES:
+        raise DraftsmithError(f"--verify must be one of {', '.join(trees.VERIFY_RULES)}, got {verify!r}")
+    if verify == "specinfer":
+        return
+    if sampling.greedy:
+        raise DraftsmithError(
+            f"--verify {verify} is a rule for sampling: it needs --temperature > 0 (greedy verification follows the "
+            "target's argmax whatever the rule)"
+        )
+    tree = getattr(drafter, "tree", None) if isinstance(drafter, TreeDrafter) else None
+    if tree is None or tree.kind != "sampled":
+        raise DraftsmithError(
+            f"--verify {verify} needs several candidates drawn per node, and {drafter_name!r} drafts "
+            f"{'one chain' if tree is None else f'a {tree.kind} tree'}: use --tree sampled with a tree drafter "
+            "(EAGLE, Medusa, Hydra, Clover, Falcon, the parallel drafters)"
+        )
+    if tree.replacement != trees.REPLACEMENT[verify]:
+        how = "with" if trees.REPLACEMENT[verify] else "without"
+        raise DraftsmithError(
+            f"--verify {verify} needs siblings drawn {how} replacement; {drafter_name!r} draws "
+            "them the other way (set its tree policy's replacement)"
         )
 
 
@@ -49,12 +77,16 @@ class SpeculativeDecoder:
         drafter: any ``Drafter``.
         k: tokens drafted per round.
         sampling: greedy (temperature 0) or sampling settings of the target.
+        verify: the multi-candidate rule for sampled trees (``trees.VERIFY_RULES``): ``specinfer`` (also every
+            deterministic tree's), ``spectr`` or ``rsd``; these two need a drafter drawing several candidates per
+            node the rule's way (``--tree sampled``) and sampling.
     """
 
-    def __init__(self, target: Target, drafter: Drafter, k: int, sampling: Sampling) -> None:
+    def __init__(self, target: Target, drafter: Drafter, k: int, sampling: Sampling, verify: str = "specinfer") -> None:
         if k <= 0:
             raise DraftsmithError(f"k (draft length) must be a positive integer, got {k}")
-        self.target, self.drafter, self.k, self.sampling = target, drafter, k, sampling
+        check_rule(drafter, verify, sampling)
+        self.target, self.drafter, self.k, self.sampling, self.verify = target, drafter, k, sampling, verify
         drafter.bind(target)
 
     def _verify(self, logits: torch.Tensor, draft: Draft, generator) -> tuple[int, int]:
@@ -84,9 +116,8 @@ class SpeculativeDecoder:
         if self.sampling.greedy:
             path, nxt = trees.verify_tree_greedy(logits.argmax(-1).tolist(), tokens, draft.parents)
         else:
-            path, nxt = trees.verify_tree_sampling(
-                probs(logits, self.sampling), draft.q, tokens, draft.parents, generator
-            )
+            rule = trees.VERIFY_RULES[self.verify]
+            path, nxt = rule(probs(logits, self.sampling), draft.q, tokens, draft.parents, generator)
         keep_positions(cache, list(range(committed + 1)) + [committed + 1 + i for i in path])
         rows = torch.tensor([0] + [1 + i for i in path])
         return [tokens[i] for i in path] + [nxt], out.positions(rows)

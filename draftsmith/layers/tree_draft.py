@@ -11,10 +11,13 @@ From these, ``propose`` builds:
   ``static_tree`` from per-depth top-k accuracies measured on held-out data;
 - a **dynamic tree** (EAGLE-2): at each depth expand the ``top_k`` nodes with the highest
   cumulative draft confidence (product of the drafter's probabilities along the path) into
-  their ``top_k`` children, then keep the ``size`` most confident nodes overall.
+  their ``top_k`` children, then keep the ``size`` most confident nodes overall;
+- a **sampled tree** (multi-draft: SpecInfer, SpecTr, RSD-C): every node at depth d gets
+  ``branching[d]`` children drawn from the drafter's distribution, i.i.d. or without replacement,
+  each recording the row it was drawn from (what the verifier's rule needs to stay lossless).
 
-Tree tokens are chosen deterministically (top ranks), so their q is a point mass (``q=None``):
-the verifier's multi-candidate rule then stays lossless under sampling.
+Static and dynamic tree tokens are chosen deterministically (top ranks), so their q is a point
+mass (``q=None``): the verifier's multi-candidate rule then stays lossless under sampling.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from typing import Any
 import torch
 
 from draftsmith.core.draft import Draft, Drafter
-from draftsmith.core.sampling import Sampling, probs, sample
+from draftsmith.core.sampling import Sampling, draw_candidates, probs, sample
 from draftsmith.errors import DraftsmithError
 
-TREE_KINDS = ("chain", "static", "dynamic")
+TREE_KINDS = ("chain", "static", "dynamic", "sampled")
 
 
 @dataclass(frozen=True)
@@ -42,18 +45,32 @@ class TreePolicy:
         size: tree nodes (drafted tokens) per round, for trees.
         top_k: dynamic trees: nodes expanded per depth and children per expanded node.
         paths: static trees: rank paths, parents before children (see ``static_tree``).
+        branching: sampled trees: children drawn per node at each depth (its length caps the depth).
+        replacement: sampled trees: siblings drawn i.i.d. (True) or without replacement (RSD).
     """
 
     kind: str = "chain"
     size: int = 16
     top_k: int = 4
     paths: tuple[tuple[int, ...], ...] = ()
+    branching: tuple[int, ...] = (2, 2, 1, 1)
+    replacement: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in TREE_KINDS:
             raise DraftsmithError(f"--tree must be one of {', '.join(TREE_KINDS)}, got {self.kind!r}")
         if self.size <= 0 or self.top_k <= 0:
             raise DraftsmithError(f"--tree-size and top-k must be positive, got {self.size} and {self.top_k}")
+        if not self.branching or any(b <= 0 for b in self.branching):
+            raise DraftsmithError(f"--tree-branching must be positive integers, got {list(self.branching)}")
+
+    def sampled_nodes(self, depth: int) -> int:
+        """Nodes of a full sampled tree cut at ``depth``: sum over its depths of the product of the branchings."""
+        total, width = 0, 1
+        for b in self.branching[:depth]:
+            width *= b
+            total += width
+        return total
 
 
 def static_tree(accuracy: list[list[float]], size: int, max_depth: int) -> tuple[tuple[int, ...], ...]:
@@ -149,6 +166,8 @@ class TreeDrafter(Drafter):
             return self._chain(state, k, sampling, generator)
         if self.tree.kind == "static":
             return self._static(state, k)
+        if self.tree.kind == "sampled":
+            return self._sampled(state, k, sampling, generator)
         return self._dynamic(state, k)
 
     def _chain(self, state, k: int, sampling: Sampling, generator) -> Draft:
@@ -162,6 +181,30 @@ class TreeDrafter(Drafter):
             if i < k - 1:
                 logits = self.grow(state, scratch, tokens, parents, [i])[0]
         return Draft.chain(tokens, torch.stack(qs))
+
+    def _sampled(self, state, k: int, sampling: Sampling, generator) -> Draft:
+        if sampling.greedy:
+            raise DraftsmithError(
+                "--tree sampled draws candidates from the drafter's distribution: it needs --temperature > 0 "
+                "(greedy verification follows the target's argmax, so use --tree dynamic or static there)"
+            )
+        scratch, logits = self.root(state)
+        tokens, parents, rows = [], [], []
+        frontier = [(-1, logits)]
+        depth_limit = min(k, len(self.tree.branching))
+        for depth in range(depth_limit):
+            new = []
+            for node, node_logits in frontier:
+                q = probs(node_logits.float(), sampling)
+                drawn, drawn_rows = draw_candidates(q, self.tree.branching[depth], self.tree.replacement, generator)
+                for token, row in zip(drawn, drawn_rows, strict=True):
+                    new.append(len(tokens))
+                    tokens.append(token)
+                    parents.append(node)
+                    rows.append(row)
+            if depth + 1 < depth_limit:
+                frontier = list(zip(new, self.grow(state, scratch, tokens, parents, new), strict=True))
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), torch.stack(rows))
 
     def _static(self, state, k: int) -> Draft:
         paths = [p for p in self.tree.paths if len(p) <= k]

@@ -1,0 +1,171 @@
+"""Multi-draft verification (issue 33): SpecTr's K-SEQ and RSD's candidates without replacement, both lossless.
+
+The chi-square tests decode with a sampled tree (several candidates per node) and compare the first two tokens'
+joint distribution with plain sampling of the target; a deliberately broken variant of each rule must fail them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_trees import soft_target  # noqa: F401 (fixture)
+from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
+
+from draftsmith.core import sampling as sampling_module
+from draftsmith.core.sampling import Sampling, draw_candidates, spectr_rho, verify_kseq
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.score import score_drafters
+from draftsmith.eval.verifier import SpeculativeDecoder
+from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.layers import tree_draft
+from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
+
+
+class BigramTree(TreeDrafter):
+    """A bigram drafter: the logits of a token's child are a fixed random row of the token; it grows any tree."""
+
+    vocab_size = SMALL_V
+
+    def __init__(self, seed: int, policy: TreePolicy) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.table = 1.5 * torch.randn(SMALL_V, SMALL_V, generator=g)
+        self.tree = policy
+
+    def begin(self, tokens, target_out):
+        return tokens.tolist()
+
+    def advance(self, state, tokens, target_out) -> None:
+        state.extend(tokens.tolist())
+
+    def root(self, state):
+        return None, self.table[state[-1]]
+
+    def grow(self, state, scratch, tokens, parents, new):
+        return self.table[[tokens[i] for i in new]]
+
+
+def sampled_tree(rule: str, branching=(3, 2)) -> BigramTree:
+    from draftsmith.core.trees import REPLACEMENT
+
+    return BigramTree(7, TreePolicy("sampled", branching=branching, replacement=REPLACEMENT[rule]))
+
+
+def pairs(target, drafter, rule: str, sampling: Sampling, n: int) -> torch.Tensor:
+    decoder = SpeculativeDecoder(target, drafter, 2, sampling, verify=rule)
+    counts = torch.zeros(SMALL_V * SMALL_V)
+    g = torch.Generator().manual_seed(99)
+    for _ in range(n):
+        tokens = decoder.generate([1, 2, 3], 3, g).tokens
+        counts[tokens[0] * SMALL_V + tokens[1]] += 1
+    return counts
+
+
+SAMPLINGS = [Sampling(temperature=1.0), Sampling(temperature=0.8, top_p=0.9)]
+
+
+@pytest.mark.parametrize("rule", ["specinfer", "spectr", "rsd"])
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_multi_draft_rules_are_distributed_as_the_target(soft_target, rule, sampling):  # noqa: F811
+    counts = pairs(soft_target, sampled_tree(rule), rule, sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) > 1e-3
+
+
+def test_chi_square_catches_spectr_without_its_rho(soft_target, monkeypatch):  # noqa: F811
+    """K-SEQ with ρ = 1 for several candidates accepts more than p allows: its residual would go negative."""
+    monkeypatch.setattr(sampling_module, "spectr_rho", lambda p, q, m: 1.0)
+    sampling = Sampling(temperature=1.0)
+    counts = pairs(soft_target, sampled_tree("spectr"), "spectr", sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
+
+
+def test_chi_square_catches_rsd_verified_against_the_unconditioned_q(soft_target, monkeypatch):  # noqa: F811
+    """Candidates drawn without replacement but verified as if each came from q itself: biased."""
+
+    def forgetful(q, n, replacement, generator):
+        tokens, _ = draw_candidates(q, n, replacement, generator)
+        return tokens, [q] * len(tokens)
+
+    monkeypatch.setattr(tree_draft, "draw_candidates", forgetful)
+    sampling = Sampling(temperature=1.0)
+    counts = pairs(soft_target, sampled_tree("rsd"), "rsd", sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
+
+
+def random_pq(seed: int, vocab: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(1.5 * torch.randn(2, vocab, generator=g), -1).unbind()
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_kseq_outputs_the_target_distribution_and_accepts_more_with_more_candidates(m):
+    p, q = random_pq(3)
+    g = torch.Generator().manual_seed(5)
+    counts, accepted, n = torch.zeros(len(p)), 0, 6000
+    for _ in range(n):
+        candidates = torch.multinomial(q, m, replacement=True, generator=g).tolist()
+        chosen, token = verify_kseq(p, q, candidates, g)
+        counts[token] += 1
+        accepted += chosen is not None
+    assert chi_square_pvalue(counts, p) > 1e-3
+    rho = spectr_rho(p, q, m)
+    beta = float(torch.minimum(q, p / rho).sum())
+    assert 1 <= rho <= m and (1 - (1 - beta) ** m) / beta <= rho * (1 + 1e-6)
+    single = float(torch.minimum(p, q).sum())  # one candidate's acceptance
+    expected = 1 - (1 - beta) ** m
+    assert expected >= single - 1e-6 and (m == 1 or expected > single)
+    assert abs(accepted / n - expected) < 4 * (expected * (1 - expected) / n) ** 0.5 + 1e-3
+
+
+def test_candidates_without_replacement_are_distinct_with_renormalised_rows():
+    q = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    g = torch.Generator().manual_seed(0)
+    tokens, rows = draw_candidates(q, 5, False, g)
+    assert sorted(tokens) == [0, 1, 2]  # the support ran out after three
+    for i, row in enumerate(rows):
+        assert float(row[tokens[:i]].sum()) == 0 and abs(float(row.sum()) - 1) < 1e-6
+        expected = q.clone()
+        expected[tokens[:i]] = 0
+        torch.testing.assert_close(row, expected / expected.sum())
+    iid, iid_rows = draw_candidates(q, 5, True, g)
+    assert len(iid) == 5 and all(r is q for r in iid_rows)
+
+
+def test_sampled_tree_shape_and_rows():
+    drafter = sampled_tree("spectr", branching=(3, 2, 1))
+    draft = drafter.propose([1, 2], 3, Sampling(1.0), torch.Generator().manual_seed(1))
+    assert len(draft) == 3 + 6 + 6 == drafter.tree.sampled_nodes(3)
+    assert draft.parents[:3].tolist() == [-1, -1, -1] and draft.parents[3:9].tolist() == [0, 0, 1, 1, 2, 2]
+    torch.testing.assert_close(draft.q[3], torch.softmax(drafter.table[int(draft.tokens[0])], -1))
+    assert len(drafter.propose([1, 2], 2, Sampling(1.0), None)) == 9  # cut at depth k
+
+
+def test_rules_a_drafter_cannot_feed_fail_in_one_line(soft_target):  # noqa: F811
+    hot = Sampling(temperature=1.0)
+    prompts = [[1, 2, 3]]
+    cases = [
+        (
+            {"ngram": NGramDrafter()},
+            "rsd",
+            hot,
+            "needs several candidates drawn per node, and 'ngram' drafts one chain",
+        ),
+        ({"tree": BigramTree(1, TreePolicy("dynamic"))}, "spectr", hot, "drafts a dynamic tree: use --tree sampled"),
+        ({"tree": sampled_tree("rsd")}, "rsd", Sampling(0.0), "needs --temperature > 0"),
+        ({"tree": sampled_tree("rsd")}, "spectr", hot, "needs siblings drawn with replacement"),
+        ({"tree": sampled_tree("rsd")}, "beam", hot, "--verify must be one of specinfer, spectr, rsd"),
+    ]
+    for drafters, rule, sampling, message in cases:
+        with pytest.raises(DraftsmithError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            score_drafters(soft_target, drafters, prompts, 2, sampling, 4, progress=False, verify=rule)
+    with pytest.raises(DraftsmithError, match="--tree sampled draws candidates"):
+        sampled_tree("specinfer").propose([1], 2, Sampling(0.0), None)
+    with pytest.raises(DraftsmithError, match="--tree-branching must be positive"):
+        TreePolicy("sampled", branching=(2, 0))
+
+
+def test_score_reports_each_rule_on_one_interleaved_run(soft_target):  # noqa: F811
+    drafters = {rule: sampled_tree(rule) for rule in ("specinfer", "spectr", "rsd")}
+    rules = {rule: rule for rule in drafters}
+    _, rows = score_drafters(soft_target, drafters, [[1, 2, 3], [4, 5]], 2, Sampling(1.0), 12, 0, False, verify=rules)
+    assert [r.get("verify", "specinfer") for r in rows] == ["specinfer", "spectr", "rsd"]
+    assert all(r["tau"] >= 1 for r in rows)
