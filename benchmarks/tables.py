@@ -33,6 +33,8 @@ MARKDOWN = {
     "heads_default": "heads",
     "heads_smollm2": "heads",
     "longer_eagle3": "longer_eagle3",
+    "multidraft_default": "multidraft",
+    "multidraft_smollm2": "multidraft",
     "ngram_policies": "ngram_policies",
     "ngram_policies_smollm2": "ngram_policies",
     "parallel_default": "parallel",
