@@ -79,7 +79,15 @@ class SkipLayers:
     """Stop a draft before its first token of top-1 probability below this (0: draft all K)."""
 
 
-DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers
+@dataclass(frozen=True)
+class CrossVocab:
+    """A Hugging Face causal LM directory with its own tokenizer (another vocabulary): drafts translated through text
+    (``families/crossvocab``)."""
+
+    path: str
+
+
+DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers | CrossVocab
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,9 @@ class Named:
 def parse_spec(text: str) -> Named:
     """Shorthand -> spec: ``[NAME=]SPEC`` with SPEC ``ngram``, ``ngram:N``, ``ngram:N:W``, ``target``,
     ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), ``confidence:THRESHOLD:DRAFT_LM`` (or
-    ``confidence:DRAFT_LM``), ``skip``, ``skip:RATIO`` or ``skip:RATIO:THRESHOLD``, a trained drafter (``.ckpt``
-    or native dir) or a HF draft-model dir. A bare SPEC names itself."""
+    ``confidence:DRAFT_LM``), ``skip``, ``skip:RATIO`` or ``skip:RATIO:THRESHOLD``, ``xvocab:DIR`` (a HF draft
+    model with another tokenizer), a trained drafter (``.ckpt`` or native dir) or a HF draft-model dir. A bare SPEC
+    names itself."""
     name, eq, rest = text.partition("=")
     name, body = (name, rest) if eq and name and "/" not in name else (text, text)
     return Named(name, _parse(body))
@@ -118,6 +127,8 @@ def _parse(text: str) -> DrafterSpec:
         return NGram(*[int(x) for x in parts])
     if text == "target":
         return SelfDraft()
+    if text.startswith("xvocab:"):
+        return CrossVocab(text.removeprefix("xvocab:"))
     if text == "skip" or text.startswith("skip:"):
         return _skip(text)
     path = Path(text)
@@ -179,16 +190,26 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
             if not Path(path).exists():
                 raise DraftsmithError(f"drafter {path!r}: no such checkpoint")
             return load_trained(path, target)
+        case CrossVocab(path):
+            from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
+
+            _check_model_dir(f"xvocab:{path}", Path(path), "a model directory with config.json")
+            return CrossVocabDrafter.from_pretrained(path, target.tokenizer, device=str(target.device))
         case DraftModel(path):
-            config = Path(path) / "config.json"
-            if not config.is_file():
-                raise DraftsmithError(f"drafter {path!r}: not 'ngram', 'target' or a model directory with config.json")
-            try:
-                json.loads(config.read_text())
-            except json.JSONDecodeError as e:
-                raise DraftsmithError(f"drafter {path!r}: {config} is not valid JSON ({e.msg})") from None
+            _check_model_dir(path, Path(path), "'ngram', 'target' or a model directory with config.json")
             return DraftLM.from_pretrained(path, device=str(target.device))
     raise DraftsmithError(f"not a drafter spec: {spec!r}")
+
+
+def _check_model_dir(spec: str, path: Path, expected: str) -> None:
+    """Refuse, in one line naming ``spec``, a path that is not a HF model directory with a readable config.json."""
+    config = path / "config.json"
+    if not config.is_file():
+        raise DraftsmithError(f"drafter {spec!r}: not {expected}")
+    try:
+        json.loads(config.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"drafter {spec!r}: {config} is not valid JSON ({e.msg})") from None
 
 
 def load_drafter(spec: str | DrafterSpec, target: Target) -> Drafter:

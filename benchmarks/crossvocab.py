@@ -1,0 +1,150 @@
+"""Drafting across vocabularies: the default target's LM (4k-token BPE) drafting for SmolLM2 (49k), draftsmith against
+HF's universal assisted generation with the same draft model, same prompts, same run.
+
+    python benchmarks/crossvocab.py [--num-prompts 10] [--max-new-tokens 64] [-k 4] [--steps 300]
+        [--data runs/multidraft/smollm2/data/train] [--dtype float32]
+
+Rows, greedy, interleaved per prompt (the order rotating) after a warm-up prompt (``baselines.run``), each checked
+token for token against draftsmith's plain decoding: draftsmith plain, HF ``generate``, and for each draft model
+draftsmith's ``xvocab:`` drafter (``families/crossvocab``) beside HF's ``generate(assistant_model=...,
+tokenizer=..., assistant_tokenizer=...)`` with a constant K and no confidence threshold. Draft models: the default
+target's LM as built, and the same model distilled across vocabularies on SmolLM2's own generated answers
+(``train.crossvocab.distill_across_vocab``, ``--steps``; data made by ``benchmarks/multidraft.py --target smollm2`` or
+any ``draftsmith generate`` run on SmolLM2). Writes ``benchmarks/results/crossvocab.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from baselines import ForwardCounter, run
+from common import HELDOUT, machine, write
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from draftsmith.core.sampling import Sampling
+from draftsmith.data import shards
+from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
+from draftsmith.targets import load_target, resolve
+from draftsmith.train.crossvocab import distill_across_vocab
+
+
+def rows(target_dir: Path, dtype: str, drafts: dict[str, Path], k: int, max_new: int) -> dict:
+    greedy = Sampling(0.0)
+    target = load_target(f"{target_dir}:{dtype}", batch_invariant=False)
+    tokenizer = target.tokenizer
+    hf_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, dtype)).eval()
+    counters = {hf_model: ForwardCounter(hf_model)}
+    eos = list(target.eos_token_ids)
+    base = {"do_sample": False, "max_new_tokens": max_new, "eos_token_id": eos, "pad_token_id": eos[0]}
+
+    def ours(decoder: SpeculativeDecoder | None):
+        def decode(prompt):
+            r = plain_decode(target, prompt, max_new, greedy) if decoder is None else decoder.generate(prompt, max_new)
+            return r.tokens, r.target_calls, sum(r.drafted), r.seconds
+
+        return decode
+
+    def hf(assistant=None, assistant_tokenizer=None):
+        kwargs = {}
+        if assistant is not None:
+            kwargs = {"assistant_model": assistant, "tokenizer": tokenizer, "assistant_tokenizer": assistant_tokenizer}
+            counters[assistant] = ForwardCounter(assistant)
+
+        @torch.no_grad()
+        def decode(prompt):
+            ids = torch.tensor([prompt])
+            before = {m: c.calls for m, c in counters.items()}
+            start = time.perf_counter()
+            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **base, **kwargs)
+            seconds = time.perf_counter() - start
+            drafted = None if assistant is None else counters[assistant].calls - before[assistant]
+            return out[0, len(prompt) :].tolist(), counters[hf_model].calls - before[hf_model], drafted, seconds
+
+        return decode
+
+    decoders = {"draftsmith plain": ours(None), "HF generate": hf()}
+    for name, path in drafts.items():
+        draft_tok = AutoTokenizer.from_pretrained(path)
+        drafter = CrossVocabDrafter.from_pretrained(path, tokenizer)
+        assistant = AutoModelForCausalLM.from_pretrained(path).eval()
+        assistant.generation_config.num_assistant_tokens = k
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        assistant.generation_config.assistant_confidence_threshold = 0.0
+        decoders[f"draftsmith xvocab, {name}"] = ours(SpeculativeDecoder(target, drafter, k, greedy))
+        decoders[f"HF universal assisted, {name}"] = hf(assistant, draft_tok)
+    return decoders
+
+
+def markdown(data: dict) -> str:
+    m, rows_ = data["machine"], data["rows"]
+    lines = [
+        "# Drafting across vocabularies: the default target's LM drafting for SmolLM2",
+        "",
+        f"`{m['command']}` at `{m['git']}` on {m['date']} ({m['platform']}, {m['threads']} threads; target "
+        f"{data['dtype']}; load average before / after {data['load'][0]} / {data['load'][1]}). {data['num_prompts']} "
+        f"prompts from `{data['prompts']}` × {data['max_new_tokens']} new tokens, K = {data['k']}, greedy, "
+        f"{data['repeats']} passes interleaved per prompt. Draft model: the default target's 4-layer LM (its own "
+        f"4k-token BPE; SmolLM2's vocabulary is 49k), as built and distilled across vocabularies "
+        f"({data['distill']['settings']['steps']} steps × {data['distill']['settings']['batch_size']} of SmolLM2's "
+        f"answers in {data['distill']['rows']} rows, {data['distill']['seconds']:.0f} s; loss "
+        f"{data['distill']['loss_first']:.2f} → {data['distill']['loss_last']:.2f}). τ = tokens per target forward "
+        "(prefill included); drafted / forward: draft-model forwards (HF) or drafted target tokens (draftsmith) per "
+        "target forward; exact = outputs equal to draftsmith's plain decoding.",
+        "",
+        "| row | tokens/s | τ | drafted / forward | target forwards | exact |",
+        "|---|---|---|---|---|---|",
+    ]
+    plain = rows_["draftsmith plain"]["tokens_per_s"]
+    for name, r in rows_.items():
+        drafted = "–" if r["drafted"] is None else f"{r['drafted'] / r['target_calls']:.2f}"
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:.1f} ({r['tokens_per_s'] / plain:.2f}×) | {r['tau']:.2f} | {drafted} | "
+            f"{r['target_calls']} | {r['greedy_exact']}/{r['decodes']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-prompts", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=300, help="cross-vocabulary distillation steps")
+    parser.add_argument("--data", type=Path, default=Path("runs/multidraft/smollm2/data/train"))
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--out", type=Path, default=Path("runs/crossvocab"))
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    target_dir, draft_dir = resolve("smollm2"), resolve("default")
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    if shards.read_metadata(args.data) is None:
+        parser.error(f"--data: {args.data} holds no generated data (run benchmarks/multidraft.py --target smollm2)")
+    distilled = distill_across_vocab(draft_dir, tokenizer, args.data, args.out / "distilled", steps=args.steps)
+    prompts = [encode(p, tokenizer) for p in load_prompts(HELDOUT["smollm2"], limit=args.num_prompts)]
+    decoders = rows(target_dir, args.dtype, {"as built": draft_dir, "distilled": distilled}, args.k,
+                    args.max_new_tokens)  # fmt: skip
+    data = {
+        "machine": machine(),
+        "prompts": HELDOUT["smollm2"],
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "k": args.k,
+        "repeats": args.repeats,
+        "dtype": args.dtype,
+        "distill": json.loads((distilled / "distill.json").read_text()),
+        "rows": run(decoders, prompts, args.repeats),
+    }
+    data["load"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    write("crossvocab", data, markdown(data))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Cross-vocabulary drafting (issue 33): a draft LM with another tokenizer drafts for the target through text.
+
+The draft tokenizer is a byte-level BPE trained here on the target's text (another vocabulary and segmentation than
+the target's word-level one); the draft LM is distilled on the target's greedy text re-tokenized in its own
+vocabulary, so its drafts get accepted and the translation is exercised for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_llama, make_tokenizer
+from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.score import score_drafters
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
+from draftsmith.families.specs import load_drafter
+
+
+def byte_bpe(texts: list[str], vocab: int = 300) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def distil_on_text(model, tokenizer, texts: list[str], steps: int = 150) -> None:
+    """Sequence-level distillation across vocabularies: the target's text, in the draft's own tokens."""
+    rows = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    labels = ids.masked_fill(mask == 0, -100)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def crossvocab(target, tokenizer):
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 90, (n,), generator=g).tolist() for n in (4, 6, 8, 5, 7, 9)]
+    texts = [tokenizer.decode(p + plain_decode(target, p, 32, Sampling()).tokens) for p in prompts]
+    draft_tok = byte_bpe(texts)
+    model = make_llama(seed=3, layers=1, hidden=48, vocab=len(draft_tok))
+    distil_on_text(model, draft_tok, texts)
+    return CrossVocabDrafter(model, draft_tok, tokenizer), draft_tok, prompts
+
+
+def test_the_draft_vocabulary_differs_from_the_targets(crossvocab, tokenizer):
+    _, draft_tok, prompts = crossvocab
+    text = tokenizer.decode(prompts[0])
+    assert len(draft_tok) != len(tokenizer)
+    assert draft_tok.encode(text, add_special_tokens=False) != tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_cross_vocabulary_greedy_equals_plain_greedy_and_drafts_get_accepted(target, crossvocab, k):
+    drafter, _, prompts = crossvocab
+    decoder = SpeculativeDecoder(target, drafter, k, Sampling())
+    accepted = drafted = 0
+    for prompt in prompts:
+        result = decoder.generate(prompt, 32)
+        assert result.tokens == plain_decode(target, prompt, 32, Sampling()).tokens
+        accepted, drafted = accepted + sum(result.accepted), drafted + sum(result.drafted)
+    # distilled on this text, the translated drafts are mostly the target's own tokens
+    assert drafted > 0 and accepted / drafted > 0.5
+
+
+def test_translation_reforms_the_boundary_and_memoizes(crossvocab, tokenizer):
+    drafter = CrossVocabDrafter(crossvocab[0].model, crossvocab[1], tokenizer)
+    tail = tokenizer.encode("w1 w2 w3", add_special_tokens=False)
+    assert drafter._translate("w1 w2 w3", " w5 w61", tail) == tokenizer.encode("w5 w61", add_special_tokens=False)
+    assert drafter._translate("w1 w2 w3", " w5 w61", tail) == tokenizer.encode("w5 w61", add_special_tokens=False)
+    assert drafter.memo_hits == 1 and drafter.translations == 2
+
+
+@pytest.fixture(scope="module")
+def soft_pair():
+    target = Target(make_llama(seed=11, layers=1, hidden=32, vocab=SMALL_V))
+    target.model.lm_head.weight.data.mul_(0.15)
+    words = make_tokenizer(SMALL_V)
+    g = torch.Generator().manual_seed(0)
+    texts = [" ".join(f"w{int(i)}" for i in torch.randint(0, SMALL_V - 2, (30,), generator=g)) for _ in range(20)]
+    draft_tok = byte_bpe(texts, vocab=270)
+    return target, CrossVocabDrafter(make_llama(seed=5, layers=1, hidden=32, vocab=len(draft_tok)), draft_tok, words)
+
+
+def test_cross_vocabulary_sampling_is_distributed_as_the_target(soft_pair):
+    target, drafter = soft_pair
+    sampling = Sampling(temperature=0.8, top_p=0.9)
+    decoder = SpeculativeDecoder(target, drafter, 2, sampling)
+    counts, drafted = torch.zeros(SMALL_V * SMALL_V), 0
+    g = torch.Generator().manual_seed(7)
+    for _ in range(1500):
+        result = decoder.generate([1, 2, 3], 3, g)
+        counts[result.tokens[0] * SMALL_V + result.tokens[1]] += 1
+        drafted += sum(result.drafted)
+    assert drafted > 0
+    assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) > 1e-3
+
+
+def test_xvocab_spec_scores_and_bad_drafts_fail_in_one_line(target, crossvocab, tmp_path, prompts):
+    drafter, draft_tok, _ = crossvocab
+    good = tmp_path / "draft"
+    drafter.model.save_pretrained(good)
+    draft_tok.save_pretrained(good)
+    rows = score_drafters(target, {"x": load_drafter(f"xvocab:{good}", target)}, prompts, 3, Sampling(), 8, 0, False)[1]
+    assert rows[0]["greedy_exact"] == len(prompts) and "translation_memo_hits" in rows[0]
+    bare = tmp_path / "bare"
+    drafter.model.save_pretrained(bare)
+    with pytest.raises(DraftsmithError, match="no tokenizer in"):
+        load_drafter(f"xvocab:{bare}", target)
+    with pytest.raises(DraftsmithError, match="not a model directory with config.json"):
+        load_drafter(f"xvocab:{tmp_path / 'nothing'}", target)
+    words = tmp_path / "words"
+    drafter.model.save_pretrained(words)
+    make_tokenizer(salt="x").save_pretrained(words)
+    with pytest.raises(DraftsmithError, match="does not round-trip text"):
+        load_drafter(f"xvocab:{words}", target)
+    with pytest.raises(DraftsmithError, match=r"must share a tokenizer \(a draft model with its own: xvocab:DIR\)"):
+        score_drafters(target, {"plain": load_drafter(str(good), target)}, prompts, 3, Sampling(), 8, 0, False)
