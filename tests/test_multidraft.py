@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_trees import soft_target  # noqa: F401 (fixture)
-from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
+from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, small_pair  # noqa: F401
 
 from draftsmith.core import sampling as sampling_module
 from draftsmith.core.sampling import Sampling, draw_candidates, spectr_rho, verify_kseq
@@ -169,3 +169,55 @@ def test_score_reports_each_rule_on_one_interleaved_run(soft_target):  # noqa: F
     _, rows = score_drafters(soft_target, drafters, [[1, 2, 3], [4, 5]], 2, Sampling(1.0), 12, 0, False, verify=rules)
     assert [r.get("verify", "specinfer") for r in rows] == ["specinfer", "spectr", "rsd"]
     assert all(r["tau"] >= 1 for r in rows)
+
+
+def test_draft_lm_grows_sampled_trees_whose_rows_are_its_own_distributions(small_pair):  # noqa: F811
+    """A draft LM drafts trees one depth per forward, its frontier as a batch over its cache: each node's q row is
+    what the draft model gives after that node's own path, and its cache holds the committed context afterwards."""
+    target, drafter = small_pair
+    drafter.tree = TreePolicy("sampled", branching=(2, 2, 1), replacement=False)
+    prompt = [1, 2, 3]
+    state = drafter.begin(torch.tensor(prompt), None)
+    draft = drafter.propose(state, 3, Sampling(1.0), torch.Generator().manual_seed(2))
+    assert len(draft) == 2 + 4 + 4 and state.cache.get_seq_length() == len(state.cached) == len(prompt)
+    tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+    for node in range(2, len(tokens)):
+        path, p = [], parents[node]
+        while p >= 0:
+            path.insert(0, tokens[p])
+            p = parents[p]
+        logits = drafter.model(torch.tensor([prompt + path])).logits[0, -1]
+        expected = torch.softmax(logits.float(), -1)
+        siblings = [s for s in range(node) if parents[s] == parents[node]]
+        if siblings:  # without replacement: the earlier siblings' tokens removed
+            expected[[tokens[s] for s in siblings]] = 0
+            expected = expected / expected.sum()
+        torch.testing.assert_close(draft.q[node], expected, atol=1e-5, rtol=1e-4)
+    drafter.tree = TreePolicy()
+
+
+@pytest.mark.parametrize("rule", ["spectr", "rsd"])
+def test_draft_lm_multi_draft_sampling_is_distributed_as_the_target(small_pair, rule):  # noqa: F811
+    target, drafter = small_pair
+    from draftsmith.core.trees import REPLACEMENT
+
+    drafter.tree = TreePolicy("sampled", branching=(3, 1), replacement=REPLACEMENT[rule])
+    try:
+        sampling = Sampling(temperature=1.0)
+        counts = pairs(target, drafter, rule, sampling, 1500)
+    finally:
+        drafter.tree = TreePolicy()
+    assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) > 1e-3
+
+
+def test_draft_lm_dynamic_trees_keep_greedy_exact(target, tokenizer, prompts):
+    from draftsmith.eval.verifier import plain_decode
+    from draftsmith.families.draft_lm.network import DraftLM
+
+    drafter = DraftLM(target.model, tokenizer)  # the target drafting for itself: its argmax is always a root child
+    drafter.set_tree(TreePolicy("dynamic", size=32, top_k=2), 4)
+    decoder = SpeculativeDecoder(target, drafter, 4, Sampling())
+    for prompt in prompts:
+        result = decoder.generate(prompt, 20)
+        assert result.tokens == plain_decode(target, prompt, 20, Sampling()).tokens
+        assert min(result.accepted[:-1]) >= 1 and max(result.accepted) > 1

@@ -46,7 +46,7 @@ def check_rule(drafter: Drafter, verify: str, sampling: Sampling, drafter_name: 
         raise DraftsmithError(
             f"--verify {verify} needs several candidates drawn per node, and {drafter_name!r} drafts "
             f"{'one chain' if tree is None else f'a {tree.kind} tree'}: use --tree sampled with a tree drafter "
-            "(EAGLE, Medusa, Hydra, Clover, Falcon, the parallel drafters)"
+            "(EAGLE, Medusa, Hydra, Clover, Falcon, the parallel drafters, draft LMs)"
         )
     if tree.replacement != trees.REPLACEMENT[verify]:
         how = "with" if trees.REPLACEMENT[verify] else "without"

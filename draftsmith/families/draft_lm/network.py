@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from draftsmith.core.draft import Draft, Drafter, DrafterNetwork
+from draftsmith.core.draft import Draft, DrafterNetwork
 from draftsmith.core.sampling import Sampling, probs, sample
 from draftsmith.core.target import (
     TargetOutput,
@@ -23,6 +23,7 @@ from draftsmith.core.target import (
 )
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
+from draftsmith.layers.tree_draft import TreeDrafter
 
 
 @dataclass
@@ -33,8 +34,10 @@ class DraftLMState:
     """The tokens whose keys/values the cache holds (a prefix of ids + the last draft)."""
 
 
-class DraftLM(Drafter):
-    """Autoregressive drafting with a small causal LM.
+class DraftLM(TreeDrafter):
+    """Autoregressive drafting with a small causal LM: chains, or (``score --tree``) token trees grown one depth
+    per forward, the frontier's nodes as a batch over the cache (rows re-selected from their parents' at each depth),
+    e.g. several sampled drafts for the multi-draft rules (``--tree sampled``).
 
     Args:
         model: the draft model; its output vocabulary must equal the target's.
@@ -79,7 +82,26 @@ class DraftLM(Drafter):
         state.cached.extend(new)
         return out.logits[0, -1].float()
 
+    def root(self, state: DraftLMState) -> tuple[dict[int, int], torch.Tensor]:
+        """Tree rounds: the committed context cached (one batch row), the first draft token's logits; the scratch maps
+        each frontier node to its cache row (-1: the root)."""
+        return {-1: 0}, self._logits(state, state.ids[len(state.cached) :])
+
+    @torch.no_grad()
+    def grow(self, state: DraftLMState, scratch: dict[int, int], tokens, parents, new) -> torch.Tensor:
+        state.cache.batch_select_indices(torch.tensor([scratch[parents[i]] for i in new]))
+        ids = torch.tensor([[tokens[i]] for i in new], device=self.model.device)
+        out = self._forward(input_ids=ids, past_key_values=state.cache, use_cache=True, **self._last_only)
+        scratch.clear()
+        scratch.update({node: row for row, node in enumerate(new)})
+        return out.logits[:, -1].float()
+
     def propose(self, state: DraftLMState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
+        if self.tree.kind != "chain":
+            draft = super().propose(state, k, sampling, generator)
+            state.cache.batch_select_indices(torch.tensor([0]))  # every row shares the committed prefix
+            rollback(state.cache, len(state.cached))
+            return draft
         logits = self._logits(state, state.ids[len(state.cached) :])
         tokens, qs = [], []
         for i in range(k):
