@@ -29,6 +29,7 @@ MARKDOWN = {
     "baselines": "baselines",
     "baselines_smollm2": "baselines",
     "bf16_target": "bf16_target",
+    "crossvocab": "crossvocab",
     "export_vllm": "export_vllm",
     "heads_default": "heads",
     "heads_smollm2": "heads",

@@ -159,7 +159,7 @@ def test_rules_a_drafter_cannot_feed_fail_in_one_line(soft_target):  # noqa: F81
             score_drafters(soft_target, drafters, prompts, 2, sampling, 4, progress=False, verify=rule)
     with pytest.raises(DraftsmithError, match="--tree sampled draws candidates"):
         sampled_tree("specinfer").propose([1], 2, Sampling(0.0), None)
-    with pytest.raises(DraftsmithError, match="--tree-branching must be positive"):
+    with pytest.raises(DraftsmithError, match="--tree_branching must be positive"):
         TreePolicy("sampled", branching=(2, 0))
 
 

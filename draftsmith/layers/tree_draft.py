@@ -62,7 +62,7 @@ class TreePolicy:
         if self.size <= 0 or self.top_k <= 0:
             raise DraftsmithError(f"--tree-size and top-k must be positive, got {self.size} and {self.top_k}")
         if not self.branching or any(b <= 0 for b in self.branching):
-            raise DraftsmithError(f"--tree-branching must be positive integers, got {list(self.branching)}")
+            raise DraftsmithError(f"--tree_branching must be positive integers, got {list(self.branching)}")
 
     def sampled_nodes(self, depth: int) -> int:
         """Nodes of a full sampled tree cut at ``depth``: sum over its depths of the product of the branchings."""
