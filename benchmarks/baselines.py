@@ -65,6 +65,50 @@ def default_assistant(target: str) -> Path:
     return exported
 
 
+Decoder = Callable[[list[int]], tuple[list[int], int, int | None, float]]
+"""A row: prompt -> (generated tokens, target forwards, draft-model forwards or drafted tokens, seconds)."""
+
+
+def ours_decoder(target: Target, decoder: SpeculativeDecoder | None, max_new: int) -> Decoder:
+    """draftsmith's plain decoding (``decoder`` None) or speculative decoding, greedy, as a row."""
+
+    def decode(prompt: list[int]) -> tuple[list[int], int, int | None, float]:
+        if decoder is None:
+            r = plain_decode(target, prompt, max_new, Sampling(0.0))
+        else:
+            r = decoder.generate(prompt, max_new)
+        return r.tokens, r.target_calls, sum(r.drafted), r.seconds
+
+    return decode
+
+
+def hf_decoder(
+    hf_model: torch.nn.Module, counters: dict, base: dict, assistant: torch.nn.Module | None = None, **kwargs
+) -> Decoder:
+    """HF ``generate`` as a row (``assistant``: assisted generation with it; ``kwargs``: further ``generate``
+    arguments). ``counters``: a ``ForwardCounter`` per model, the target's and the assistant's among them."""
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+
+    @torch.no_grad()
+    def decode(prompt: list[int]) -> tuple[list[int], int, int | None, float]:
+        ids = torch.tensor([prompt])
+        before = {m: c.calls for m, c in counters.items()}
+        start = time.perf_counter()
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **base, **kwargs)
+        seconds = time.perf_counter() - start
+        drafted = None if assistant is None else counters[assistant].calls - before[assistant]
+        calls = counters[hf_model].calls - before[hf_model]
+        return (
+            out[0, len(prompt) :].tolist(),
+            calls,
+            drafted if "prompt_lookup_num_tokens" not in kwargs else None,
+            seconds,
+        )
+
+    return decode
+
+
 def rows(
     target_dir: Path, assistant_dir: Path, k: int, ngram: int, max_new: int, threshold: float, compiled: bool
 ) -> dict[str, Callable[[list[int]], tuple[list[int], int, int | None, float]]]:
@@ -97,33 +141,10 @@ def rows(
     base = {"do_sample": False, "max_new_tokens": max_new, "eos_token_id": eos, "pad_token_id": eos[0]}
 
     def ours(decoder: SpeculativeDecoder | None) -> Callable:
-        def decode(prompt: list[int]) -> tuple[list[int], int, int | None, float]:
-            r = plain_decode(target, prompt, max_new, greedy) if decoder is None else decoder.generate(prompt, max_new)
-            return r.tokens, r.target_calls, sum(r.drafted), r.seconds
-
-        return decode
+        return ours_decoder(target, decoder, max_new)
 
     def hf(assistant: torch.nn.Module | None = None, **kwargs) -> Callable:
-        if assistant is not None:
-            kwargs["assistant_model"] = assistant
-
-        @torch.no_grad()
-        def decode(prompt: list[int]) -> tuple[list[int], int, int | None, float]:
-            ids = torch.tensor([prompt])
-            before = {m: c.calls for m, c in counters.items()}
-            start = time.perf_counter()
-            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **base, **kwargs)
-            seconds = time.perf_counter() - start
-            drafted = None if assistant is None else counters[assistant].calls - before[assistant]
-            calls = counters[hf_model].calls - before[hf_model]
-            return (
-                out[0, len(prompt) :].tolist(),
-                calls,
-                drafted if "prompt_lookup_num_tokens" not in kwargs else None,
-                seconds,
-            )
-
-        return decode
+        return hf_decoder(hf_model, counters, base, assistant, **kwargs)
 
     decoders = {
         "draftsmith plain": ours(None),

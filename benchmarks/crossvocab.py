@@ -18,67 +18,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
-from baselines import ForwardCounter, run
+from baselines import ForwardCounter, hf_decoder, ours_decoder, run
 from common import HELDOUT, machine, write
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.data import shards
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.eval.verifier import SpeculativeDecoder
 from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
 from draftsmith.targets import load_target, resolve
 from draftsmith.train.crossvocab import distill_across_vocab
 
 
 def rows(target_dir: Path, dtype: str, drafts: dict[str, Path], k: int, max_new: int) -> dict:
-    greedy = Sampling(0.0)
     target = load_target(f"{target_dir}:{dtype}", batch_invariant=False)
     tokenizer = target.tokenizer
     hf_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, dtype)).eval()
     counters = {hf_model: ForwardCounter(hf_model)}
     eos = list(target.eos_token_ids)
     base = {"do_sample": False, "max_new_tokens": max_new, "eos_token_id": eos, "pad_token_id": eos[0]}
-
-    def ours(decoder: SpeculativeDecoder | None):
-        def decode(prompt):
-            r = plain_decode(target, prompt, max_new, greedy) if decoder is None else decoder.generate(prompt, max_new)
-            return r.tokens, r.target_calls, sum(r.drafted), r.seconds
-
-        return decode
-
-    def hf(assistant=None, assistant_tokenizer=None):
-        kwargs = {}
-        if assistant is not None:
-            kwargs = {"assistant_model": assistant, "tokenizer": tokenizer, "assistant_tokenizer": assistant_tokenizer}
-            counters[assistant] = ForwardCounter(assistant)
-
-        @torch.no_grad()
-        def decode(prompt):
-            ids = torch.tensor([prompt])
-            before = {m: c.calls for m, c in counters.items()}
-            start = time.perf_counter()
-            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **base, **kwargs)
-            seconds = time.perf_counter() - start
-            drafted = None if assistant is None else counters[assistant].calls - before[assistant]
-            return out[0, len(prompt) :].tolist(), counters[hf_model].calls - before[hf_model], drafted, seconds
-
-        return decode
-
-    decoders = {"draftsmith plain": ours(None), "HF generate": hf()}
+    decoders = {
+        "draftsmith plain": ours_decoder(target, None, max_new),
+        "HF generate": hf_decoder(hf_model, counters, base),
+    }
     for name, path in drafts.items():
-        draft_tok = AutoTokenizer.from_pretrained(path)
         drafter = CrossVocabDrafter.from_pretrained(path, tokenizer)
         assistant = AutoModelForCausalLM.from_pretrained(path).eval()
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
-        decoders[f"draftsmith xvocab, {name}"] = ours(SpeculativeDecoder(target, drafter, k, greedy))
-        decoders[f"HF universal assisted, {name}"] = hf(assistant, draft_tok)
+        counters[assistant] = ForwardCounter(assistant)
+        decoders[f"draftsmith xvocab, {name}"] = ours_decoder(
+            target, SpeculativeDecoder(target, drafter, k, Sampling(0.0)), max_new
+        )
+        decoders[f"HF universal assisted, {name}"] = hf_decoder(
+            hf_model, counters, base, assistant, tokenizer=tokenizer, assistant_tokenizer=drafter.tokenizer
+        )
     return decoders
 
 

@@ -81,7 +81,7 @@ def test_cross_vocabulary_greedy_equals_plain_greedy_and_drafts_get_accepted(tar
 
 
 def test_translation_reforms_the_boundary_and_memoizes(crossvocab, tokenizer):
-    drafter = CrossVocabDrafter(crossvocab[0].model, crossvocab[1], tokenizer)
+    drafter = CrossVocabDrafter(crossvocab[0].lm.model, crossvocab[1], tokenizer)
     tail = tokenizer.encode("w1 w2 w3", add_special_tokens=False)
     assert drafter._translate("w1 w2 w3", " w5 w61", tail) == tokenizer.encode("w5 w61", add_special_tokens=False)
     assert drafter._translate("w1 w2 w3", " w5 w61", tail) == tokenizer.encode("w5 w61", add_special_tokens=False)
@@ -116,18 +116,18 @@ def test_cross_vocabulary_sampling_is_distributed_as_the_target(soft_pair):
 def test_xvocab_spec_scores_and_bad_drafts_fail_in_one_line(target, crossvocab, tmp_path, prompts):
     drafter, draft_tok, _ = crossvocab
     good = tmp_path / "draft"
-    drafter.model.save_pretrained(good)
+    drafter.lm.model.save_pretrained(good)
     draft_tok.save_pretrained(good)
     rows = score_drafters(target, {"x": load_drafter(f"xvocab:{good}", target)}, prompts, 3, Sampling(), 8, 0, False)[1]
     assert rows[0]["greedy_exact"] == len(prompts) and "translation_memo_hits" in rows[0]
     bare = tmp_path / "bare"
-    drafter.model.save_pretrained(bare)
+    drafter.lm.model.save_pretrained(bare)
     with pytest.raises(DraftsmithError, match="no tokenizer in"):
         load_drafter(f"xvocab:{bare}", target)
     with pytest.raises(DraftsmithError, match="not a model directory with config.json"):
         load_drafter(f"xvocab:{tmp_path / 'nothing'}", target)
     words = tmp_path / "words"
-    drafter.model.save_pretrained(words)
+    drafter.lm.model.save_pretrained(words)
     make_tokenizer(salt="x").save_pretrained(words)
     with pytest.raises(DraftsmithError, match="does not round-trip text"):
         load_drafter(f"xvocab:{words}", target)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_trees import soft_target  # noqa: F401 (fixture)
-from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, small_pair  # noqa: F401
+from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, sampled_pairs, small_pair  # noqa: F401
 
 from draftsmith.core import sampling as sampling_module
 from draftsmith.core.sampling import Sampling, draw_candidates, spectr_rho, verify_kseq
@@ -51,13 +51,7 @@ def sampled_tree(rule: str, branching=(3, 2)) -> BigramTree:
 
 
 def pairs(target, drafter, rule: str, sampling: Sampling, n: int) -> torch.Tensor:
-    decoder = SpeculativeDecoder(target, drafter, 2, sampling, verify=rule)
-    counts = torch.zeros(SMALL_V * SMALL_V)
-    g = torch.Generator().manual_seed(99)
-    for _ in range(n):
-        tokens = decoder.generate([1, 2, 3], 3, g).tokens
-        counts[tokens[0] * SMALL_V + tokens[1]] += 1
-    return counts
+    return sampled_pairs(target, drafter, [1, 2, 3], sampling, n, seed=99, verify=rule)
 
 
 SAMPLINGS = [Sampling(temperature=1.0), Sampling(temperature=0.8, top_p=0.9)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_llama
-from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
+from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, sampled_pairs
 
 from draftsmith.core import trees
 from draftsmith.core.draft import Draft, Drafter
@@ -94,13 +94,7 @@ class RandomTree(Drafter):
 
 
 def tree_pairs(target: Target, sampling: Sampling, n: int) -> torch.Tensor:
-    decoder = SpeculativeDecoder(target, RandomTree(seed=5), 2, sampling)
-    counts = torch.zeros(SMALL_V * SMALL_V)
-    g = torch.Generator().manual_seed(321)
-    for _ in range(n):
-        tokens = decoder.generate([1, 2, 3], 3, g).tokens
-        counts[tokens[0] * SMALL_V + tokens[1]] += 1
-    return counts
+    return sampled_pairs(target, RandomTree(seed=5), [1, 2, 3], sampling, n, seed=321)
 
 
 @pytest.fixture(scope="module")

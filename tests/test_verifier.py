@@ -129,11 +129,13 @@ def exact_pair_distribution(target: Target, prompt: list[int], sampling: Samplin
     return torch.stack(rows).flatten()
 
 
-def sampled_pairs(target: Target, drafter, prompt: list[int], sampling: Sampling, n: int) -> torch.Tensor:
-    """Counts of (x1, x2): x1 comes from the prefill, x2 from a verified draft token."""
-    decoder = SpeculativeDecoder(target, drafter, 2, sampling)
+def sampled_pairs(
+    target: Target, drafter, prompt: list[int], sampling: Sampling, n: int, seed: int = 123, verify: str = "specinfer"
+) -> torch.Tensor:
+    """Counts of (x1, x2): x1 comes from the prefill, x2 from a verified draft token (``verify``: the tree rule)."""
+    decoder = SpeculativeDecoder(target, drafter, 2, sampling, verify)
     counts = torch.zeros(SMALL_V * SMALL_V)
-    g = torch.Generator().manual_seed(123)
+    g = torch.Generator().manual_seed(seed)
     for _ in range(n):
         tokens = decoder.generate(prompt, 3, g).tokens
         counts[tokens[0] * SMALL_V + tokens[1]] += 1

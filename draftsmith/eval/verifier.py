@@ -41,7 +41,7 @@ def check_rule(drafter: Drafter, verify: str, sampling: Sampling, drafter_name: 
             f"--verify {verify} is a rule for sampling: it needs --temperature > 0 (greedy verification follows the "
             "target's argmax whatever the rule)"
         )
-    tree = getattr(drafter, "tree", None) if isinstance(drafter, TreeDrafter) else None
+    tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
     if tree is None or tree.kind != "sampled":
         raise DraftsmithError(
             f"--verify {verify} needs several candidates drawn per node, and {drafter_name!r} drafts "

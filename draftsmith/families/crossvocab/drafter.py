@@ -1,8 +1,8 @@
 """Drafting across vocabularies: a draft LM with its own tokenizer drafts for a target, its tokens translated through
 text (the approach of HF's universal assisted generation and OmniDraft's starting point).
 
-Each round the committed target tokens are decoded to text and encoded with the draft tokenizer (its KV cache kept
-for the common prefix, as ``DraftLM`` keeps its own), the draft LM continues greedily, and its continuation's text is
+Each round the committed target tokens are decoded to text and encoded with the draft tokenizer (a ``DraftLM``'s
+state over those tokens keeps its KV cache for the common prefix), the draft LM continues greedily, and its continuation's text is
 encoded with the target tokenizer after the last few committed tokens' text, so a token spanning the boundary
 re-forms as the target would form it. The target tokens whose text lies wholly inside the draft's continuation are
 the draft (the last one, which a further draft token could still change, is dropped). Drafts are deterministic
@@ -15,18 +15,18 @@ continuation is not re-encoded (OmniDraft keeps such a cache of frequent transla
 
 from __future__ import annotations
 
-import inspect
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel
 
 from draftsmith.core.draft import Draft, Drafter
 from draftsmith.core.sampling import Sampling
-from draftsmith.core.target import TargetOutput, load_causal_lm, model_dir, new_cache, rollback
+from draftsmith.core.target import TargetOutput, load_causal_lm, model_dir, new_cache
 from draftsmith.errors import DraftsmithError
+from draftsmith.families.draft_lm.network import DraftLM, DraftLMState
 
 BOUNDARY = 3
 """Committed target tokens re-encoded with the draft's text, so the first drafted token forms as the target would."""
@@ -38,9 +38,8 @@ CONTEXT_TEXT = 8
 class CrossVocabState:
     ids: list[int]
     """Committed target tokens."""
-    cache: DynamicCache
-    cached: list[int] = field(default_factory=list)
-    """Draft-vocabulary tokens whose keys/values the cache holds."""
+    draft: DraftLMState
+    """The draft LM's state over the committed text in its own tokens (``ids``) and its cache."""
 
 
 class CrossVocabDrafter(Drafter):
@@ -54,10 +53,7 @@ class CrossVocabDrafter(Drafter):
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer, target_tokenizer, memo_size: int = 4096) -> None:
-        self.model, self.tokenizer, self.target_tokenizer = model.eval(), tokenizer, target_tokenizer
-        self._last_only = (
-            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        )
+        self.lm, self.tokenizer, self.target_tokenizer = DraftLM(model), tokenizer, target_tokenizer
         self.memo: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
         self.memo_size, self.memo_hits, self.translations = memo_size, 0, 0
 
@@ -85,39 +81,30 @@ class CrossVocabDrafter(Drafter):
             )
 
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> CrossVocabState:
-        return CrossVocabState(ids=tokens.tolist(), cache=new_cache())
-
-    @torch.no_grad()
-    def _feed(self, state: CrossVocabState, new: list[int]) -> torch.Tensor:
-        ids = torch.tensor([new], device=self.model.device)
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True, **self._last_only)
-        state.cached.extend(new)
-        return out.logits[0, -1]
+        return CrossVocabState(ids=tokens.tolist(), draft=DraftLMState(ids=[], cache=new_cache()))
 
     def propose(self, state: CrossVocabState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
         context = self.tokenizer.encode(self.target_tokenizer.decode(state.ids), add_special_tokens=False)
         if not context or k <= 0:
             return Draft.empty()
-        keep = 0
-        limit = min(len(state.cached), len(context) - 1)  # the last context token is fed to get the next logits
-        while keep < limit and state.cached[keep] == context[keep]:
-            keep += 1
-        rollback(state.cache, keep)
-        del state.cached[keep:]
-        logits = self._feed(state, context[keep:])
+        draft = state.draft
+        draft.ids = context
+        self.lm.sync(draft)
+        logits = self.lm._logits(draft, context[len(draft.cached) :])
         recent = context[-CONTEXT_TEXT:]
         tail = state.ids[-BOUNDARY:]
         boundary, base = self.target_tokenizer.decode(tail), self.tokenizer.decode(recent)
         drafted: list[int] = []
         proposal: list[int] = []
-        for _ in range(2 * k + 4):  # draft tokens until k target tokens lie wholly inside the continuation
+        for step in range(2 * k + 4):  # draft tokens until k target tokens lie wholly inside the continuation
+            if step:
+                logits = self.lm._logits(draft, [drafted[-1]])
             drafted.append(int(logits.argmax()))
             full = self.tokenizer.decode(recent + drafted)
             continuation = full[len(base) :] if full.startswith(base) else self.tokenizer.decode(drafted)
             proposal = self._translate(boundary, continuation, tail)
             if len(proposal) > k:
                 break
-            logits = self._feed(state, [drafted[-1]])
         return Draft.chain(proposal[: min(k, max(0, len(proposal) - 1))])
 
     def _translate(self, boundary: str, continuation: str, tail: list[int]) -> list[int]:

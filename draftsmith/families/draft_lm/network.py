@@ -123,6 +123,12 @@ class DraftLM(TreeDrafter):
 
     def advance(self, state: DraftLMState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
         state.ids.extend(tokens.tolist())
+        self.sync(state)
+
+    @staticmethod
+    def sync(state: DraftLMState) -> None:
+        """Roll the cache back to the longest prefix of ``state.ids`` it holds (never the last id: the next round
+        feeds it to get its logits)."""
         keep = 0
         limit = min(len(state.cached), len(state.ids) - 1)  # never cache the last id: propose needs its logits
         while keep < limit and state.cached[keep] == state.ids[keep]:
