@@ -37,12 +37,14 @@ def _commands() -> dict:
     from draftsmith.pipeline.slurm.status import status as slurm_status
     from draftsmith.pipeline.slurm.submit import pipeline as slurm_pipeline
     from draftsmith.pipeline.slurm.submit import submit as slurm_submit
+    from draftsmith.train.judge import judge
 
     return {
         "target": {"build": target_build},
         "generate": generate,
         "features": cache_features,
         "score": score,
+        "judge": judge,
         "report": report,
         "export": export,
         "import": import_drafter,

@@ -67,6 +67,8 @@ class DecodeResult:
         target_calls: target forwards, prefill included.
         seconds: wall-clock time of the whole decode.
         draft_seconds: of which spent in the drafter (propose + advance).
+        judged: per verification round, how many of the accepted tokens only a judge kept (Judge decoding; empty
+            for lossless rules).
     """
 
     tokens: list[int]
@@ -76,6 +78,7 @@ class DecodeResult:
     target_calls: int = 0
     seconds: float = 0.0
     draft_seconds: float = 0.0
+    judged: list[int] = field(default_factory=list)
 
 
 class Drafter(ABC):

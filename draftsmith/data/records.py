@@ -19,6 +19,8 @@ class Prompt:
     """Where the prompt comes from (the record's ``source`` field), when known."""
     category: str | None = None
     """The prompt's category (the record's ``category`` field, e.g. MT-bench's "writing", "math"), when known."""
+    check: dict | None = None
+    """How an answer to it is checked (the record's ``check`` field, ``data/checks.py``), when it has one."""
 
 
 def parse_record(record, where: str, field: str) -> Prompt:
@@ -28,13 +30,29 @@ def parse_record(record, where: str, field: str) -> Prompt:
         text = record[field]
         if not isinstance(text, str):
             raise DraftsmithError(f"{where}: field {field!r} must be a string")
-        return Prompt(text=text, source=record.get("source"), category=record.get("category"))
+        return Prompt(
+            text=text, source=record.get("source"), category=record.get("category"), check=_check(record, where)
+        )
     if "messages" in record:
         msgs = record["messages"]
         if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
             raise DraftsmithError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-        return Prompt(messages=tuple(msgs), source=record.get("source"), category=record.get("category"))
+        return Prompt(
+            messages=tuple(msgs),
+            source=record.get("source"),
+            category=record.get("category"),
+            check=_check(record, where),
+        )
     raise DraftsmithError(f"{where}: no {field!r} or 'messages' field (keys: {sorted(record)})")
+
+
+def _check(record: dict, where: str) -> dict | None:
+    check = record.get("check")
+    if check is None:
+        return None
+    from draftsmith.data.checks import validate
+
+    return validate(check, where)
 
 
 def read_jsonl(path: Path, field: str = "prompt") -> list[Prompt]:

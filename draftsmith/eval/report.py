@@ -7,21 +7,32 @@ from pathlib import Path
 
 
 def markdown_table(drafters: list[dict], plain: dict) -> str:
-    """The comparison table, one row per drafter, plain decoding first."""
-    lines = [
-        "| drafter | K | α | τ | per-position acceptance | tokens/s | speedup | ideal | r | c | greedy exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        f"| plain decoding | – | – | 1.00 | – | {plain['tokens_per_s']:.1f} | 1.00× | – | – | – | – |",
-    ]
+    """The comparison table, one row per drafter, plain decoding first. When a row is lossy (Judge decoding) or the
+    prompts carry checks, two more columns: "lossy" and how many answers pass their checks."""
+    extra = any(d.get("lossy") or "checks_passed" in d for d in drafters)
+    head = "| drafter | K | α | τ | per-position acceptance | tokens/s | speedup | ideal | r | c | greedy exact |"
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
+    plain_row = f"| plain decoding | – | – | 1.00 | – | {plain['tokens_per_s']:.1f} | 1.00× | – | – | – | – |"
+    if extra:
+        head, rule = head + " lossy | checks passed |", rule + "---|---|"
+        plain_row += f" no | {_passed(plain)} |"
+    lines = [head, rule, plain_row]
     for d in drafters:
         per_pos = " ".join(f"{a:.2f}" for a in d["accept_at"])
         exact = "–" if d["greedy_exact"] is None else f"{d['greedy_exact']}/{d['prompts']}"
-        lines.append(
+        line = (
             f"| {d['name']} | {d['k']} | {d['alpha']:.3f} | {d['tau']:.2f} | {per_pos} | "
             f"{d['tokens_per_s']:.1f} | {d['speedup']:.2f}× | {d['ideal_speedup']:.2f}× | "
             f"{_ratio(d)} | {d['cost_ratio']:.3f} | {exact} |"
         )
+        if extra:
+            line += f" {'yes (judge)' if d.get('lossy') else 'no'} | {_passed(d)} |"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _passed(row: dict) -> str:
+    return f"{row['checks_passed']}/{row['checked']}" if "checks_passed" in row else "–"
 
 
 def _ratio(d: dict) -> str:

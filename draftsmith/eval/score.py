@@ -38,6 +38,8 @@ def score_drafters(
     progress: bool = True,
     categories: list[str | None] | None = None,
     verify: str | dict[str, str] = "specinfer",
+    judges: dict | None = None,
+    checks: list[dict | None] | None = None,
 ) -> tuple[dict, list[dict]]:
     """Decode every prompt plainly and with each drafter, interleaved so all see the same machine state.
 
@@ -45,7 +47,9 @@ def score_drafters(
     compared with plain decoding of it, in the same interleaved loop. ``k="auto"`` picks each drafter's K (and
     static tree size) of highest predicted speed before the scored pass (``choose_shapes``). ``categories``
     (one per prompt, e.g. MT-bench's) adds each row's τ and speedup per category. ``verify``: the sampled trees'
-    multi-candidate rule, one for all drafters or one per drafter name (``trees.VERIFY_RULES``).
+    multi-candidate rule, one for all drafters or one per drafter name (``trees.VERIFY_RULES``). ``judges``: drafter
+    name -> judge head: that drafter is verified by Judge decoding (lossy: its row says so). ``checks`` (one per
+    prompt, ``data/checks.py``): every row, plain decoding's too, counts the answers that pass.
 
     Returns:
         (plain metrics of ``target``, per-drafter metrics) as dicts.
@@ -57,8 +61,9 @@ def score_drafters(
         check_rule(drafter, rules.get(name, "specinfer"), sampling, name)
     shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(k) for name in drafters}
+    judges = judges or {}
     decoders = {
-        name: SpeculativeDecoder(targets[name], d, ks[name], sampling, rules.get(name, "specinfer"))
+        name: SpeculativeDecoder(targets[name], d, ks[name], sampling, rules.get(name, "specinfer"), judges.get(name))
         for name, d in drafters.items()
     }
     baselines = {id(t): t for t in [target, *targets.values()]}
@@ -88,7 +93,11 @@ def score_drafters(
         m["prompts"] = len(prompts)
         if name in shapes:
             m["auto_k"] = shapes[name].record()
-        if sampling.greedy and m["greedy_exact"] < len(prompts):
+        if name in judges:  # lossy: output leaves the target's wherever the judge keeps a rejected token
+            m["lossy"] = True
+            m["judged"] = sum(sum(r.judged) for r in spec[name])
+            m["judged_share"] = round(m["judged"] / max(1, sum(sum(r.accepted) for r in spec[name])), 4)
+        elif sampling.greedy and m["greedy_exact"] < len(prompts):
             m["divergences"] = divergences(targets[name], prompts, spec[name], plain[id(targets[name])])
         if categories is not None:
             by = by_category(categories, {name: spec[name]}, plain[id(targets[name])], ks[name], sampling.greedy)
@@ -98,8 +107,25 @@ def score_drafters(
             m["target"] = targets[name].name
         if rules.get(name, "specinfer") != "specinfer":
             m["verify"] = rules[name]
+        if checks is not None:
+            m |= checked(targets[name], spec[name], checks)
         rows.append(m)
-    return plain_metrics(plain[id(target)]).to_dict(), rows
+    plain_row = plain_metrics(plain[id(target)]).to_dict()
+    if checks is not None:
+        plain_row |= checked(target, plain[id(target)], checks)
+    return plain_row, rows
+
+
+def checked(target: Target, results: list[DecodeResult], checks: list[dict | None]) -> dict:
+    """How many decoded answers pass their prompt's check (prompts without one are not counted)."""
+    from draftsmith.data.checks import passes
+
+    pairs = [(r, c) for r, c in zip(results, checks, strict=True) if c is not None]
+    text = target.tokenizer.decode
+    return {
+        "checked": len(pairs),
+        "checks_passed": sum(passes(c, text(r.tokens, skip_special_tokens=True)) for r, c in pairs),
+    }
 
 
 def most_verified(drafter: Drafter, k: int) -> int:
@@ -275,6 +301,10 @@ class ScoreConfig:
     then equals plain greedy output bit for bit in bf16 too, at a cost to plain decoding. None: on for bf16/fp16."""
     verify: str = "specinfer"
     """The multi-candidate rule of sampled trees: ``specinfer``, ``spectr`` or ``rsd`` (``trees.VERIFY_RULES``)."""
+    judge: str | None = None
+    """A judge dir (``draftsmith judge``): each drafter is also scored under Judge decoding (lossy), as NAME+judge."""
+    judge_threshold: float | None = None
+    """Overrides the judge's own threshold."""
 
     def __post_init__(self) -> None:
         if self.k != AUTO_K and not (isinstance(self.k, int) and self.k > 0):
@@ -304,6 +334,8 @@ def score(
     batch_invariant: bool | None = None,
     verify: str = "specinfer",
     tree_branching: str = "2,2,1,1",
+    judge: str | None = None,
+    judge_threshold: float | None = None,
 ) -> dict:
     """Score drafters against a target by real speculative decoding.
 
@@ -342,6 +374,10 @@ def score(
             rejection; also the rule of every deterministic tree), ``spectr`` (i.i.d. candidates, SpecTr's K-SEQ)
             or ``rsd`` (candidates drawn without replacement, recursive rejection: RSD-C). All lossless.
         tree_branching: sampled trees: candidates drawn per node at each depth, e.g. ``2,2,1,1`` (14 nodes).
+        judge: Judge decoding, LOSSY: a judge dir (``draftsmith judge``); each drafter is scored twice in the same
+            run, losslessly and as NAME+judge (a rejected draft token kept when the judge calls it correct). Needs
+            prompts with checks (``builtin:checkable-heldout``), so the report counts what it costs in quality.
+        judge_threshold: overrides the threshold the judge was trained with (higher: fewer tokens judged, less lost).
     """
     try:
         sampling = Sampling(temperature, top_p)
@@ -357,7 +393,7 @@ def score(
     policy = TreePolicy(tree, tree_size, tree_top_k, branching=branching, replacement=replacement)
     config = ScoreConfig(
         prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
-        policy, compile, batch_invariant, verify,
+        policy, compile, batch_invariant, verify, judge, judge_threshold,
     )  # fmt: skip
     return score_specs(parse_target(target, dtype), [parse_spec(d) for d in drafter], config, Path(out))
 
@@ -369,6 +405,21 @@ def score_specs(
     ``out/report.{json,md}`` and its manifest (``stage``: the inputs ``is_current`` compares), returns the report."""
     t = load_target(target, batch_invariant=cfg.batch_invariant)
     loaded = {d.name: build_drafter(d.spec, t) for d in drafters}
+    loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
+    checks = [p.check for p in loaded_prompts]
+    checks = checks if any(c is not None for c in checks) else None
+    judges = {}
+    if cfg.judge is not None:
+        from draftsmith.families.judge import load_judge
+
+        if checks is None:
+            raise DraftsmithError(
+                f"--judge is lossy, and prompts {cfg.prompts} carry no checks to measure what it costs: score it on "
+                "builtin:checkable-heldout or prompts with a 'check' field (data/checks.py)"
+            )
+        head = load_judge(cfg.judge, t, cfg.judge_threshold)
+        judges = {f"{d.name}+judge": head for d in drafters}
+        loaded |= {f"{d.name}+judge": build_drafter(d.spec, t) for d in drafters}
     if cfg.online_adapt:
         from draftsmith.families.online.drafter import adapt_online
 
@@ -379,13 +430,13 @@ def score_specs(
     if cfg.compile:
         for compiled in [t, *loaded.values()]:
             compiled.compile()
-    loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
     ids = [encode(p, t.tokenizer) for p in loaded_prompts]
     categories = [p.category for p in loaded_prompts]
     categories = categories if any(c is not None for c in categories) else None
     plain, rows = score_drafters(
-        t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed, categories=categories, verify=cfg.verify
-    )
+        t, loaded, ids, cfg.k, cfg.sampling, cfg.max_new_tokens, cfg.seed, categories=categories, verify=cfg.verify,
+        judges=judges, checks=checks,
+    )  # fmt: skip
     report = {
         "config": {
             "prompts": cfg.prompts,
@@ -400,6 +451,8 @@ def score_specs(
             "tree_size": cfg.tree.size if cfg.tree.kind != "chain" else None,
             "tree_branching": list(cfg.tree.branching) if cfg.tree.kind == "sampled" else None,
             "verify": cfg.verify,
+            "judge": cfg.judge,
+            "judge_threshold": next(iter(judges.values())).threshold if judges else None,
             "compile": cfg.compile,
             "dtype": t.dtype,
             "batch_invariant": t.batch_invariant,

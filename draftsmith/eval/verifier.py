@@ -8,7 +8,15 @@ import torch
 
 from draftsmith.core import trees
 from draftsmith.core.draft import DecodeResult, Draft, Drafter
-from draftsmith.core.sampling import Sampling, one_hot, probs, sample, verify_chain_greedy, verify_chain_sampling
+from draftsmith.core.sampling import (
+    Sampling,
+    one_hot,
+    probs,
+    sample,
+    verify_chain_greedy,
+    verify_chain_judged,
+    verify_chain_sampling,
+)
 from draftsmith.core.target import Target, TargetOutput, keep_positions, rollback
 from draftsmith.errors import DraftsmithError
 
@@ -80,24 +88,48 @@ class SpeculativeDecoder:
         verify: the multi-candidate rule for sampled trees (``trees.VERIFY_RULES``): ``specinfer`` (also every
             deterministic tree's), ``spectr`` or ``rsd``; these two need a drafter drawing several candidates per
             node the rule's way (``--tree sampled``) and sampling.
+        judge: Judge decoding (LOSSY): a draft token the rule rejects is kept when this head, reading the target's
+            final hidden state at the token's position, judges it correct (``families.judge``; chains only).
     """
 
-    def __init__(self, target: Target, drafter: Drafter, k: int, sampling: Sampling, verify: str = "specinfer") -> None:
+    def __init__(
+        self, target: Target, drafter: Drafter, k: int, sampling: Sampling, verify: str = "specinfer", judge=None
+    ) -> None:
         if k <= 0:
             raise DraftsmithError(f"k (draft length) must be a positive integer, got {k}")
         check_rule(drafter, verify, sampling)
         self.target, self.drafter, self.k, self.sampling, self.verify = target, drafter, k, sampling, verify
+        self.judge = judge
         drafter.bind(target)
 
-    def _verify(self, logits: torch.Tensor, draft: Draft, generator) -> tuple[int, int]:
-        tokens = draft.tokens.tolist()
-        if self.sampling.greedy:
-            return verify_chain_greedy(logits.argmax(-1).tolist(), tokens)
+    def _verify(self, out: TargetOutput, draft: Draft, generator) -> tuple[int, int, int]:
+        """(kept draft tokens, the target's next token, of the kept how many only the judge kept)."""
+        tokens, logits = draft.tokens.tolist(), out.logits[0]
+        if self.sampling.greedy and self.judge is None:
+            return (*verify_chain_greedy(logits.argmax(-1).tolist(), tokens), 0)
         p = probs(logits, self.sampling)
         q = draft.q
-        if q is None:  # deterministic drafter: a point mass on each token
+        if q is None or self.sampling.greedy:  # deterministic drafter (or greedy): a point mass on each token
             q = torch.stack([one_hot(t, p.shape[-1]) for t in tokens]) if tokens else p[:0]
-        return verify_chain_sampling(p, q, tokens, generator)
+        if self.judge is None:
+            return (*verify_chain_sampling(p, q, tokens, generator), 0)
+        judged = self.judge.accepts(out.features[-1][0, 1 : 1 + len(tokens)])
+        return verify_chain_judged(p, q, tokens, judged, generator)
+
+    def _layers(self) -> tuple[bool, tuple[int, ...] | None]:
+        """(with_features, feature_layers) of the verification forward: the drafter's, and with a judge the target's
+        final hidden state last."""
+        feats, layers = self.drafter.needs_features, self.drafter.feature_layers
+        if self.judge is None:
+            return feats, layers
+        own = (layers or self.target.feature_layers) if feats else ()
+        return True, (*own, self.target.num_layers)
+
+    def _for_drafter(self, out: TargetOutput) -> TargetOutput:
+        """``out`` without the judge's layer (the drafter reads only its own)."""
+        if self.judge is None:
+            return out
+        return TargetOutput(out.logits, out.features[:-1], out.past_key_values)
 
     def _tree_round(self, cache, last: int, draft: Draft, generator, layers) -> tuple[list[int], TargetOutput]:
         """Verify a token tree in one target forward; keep the accepted path's cache entries.
@@ -130,8 +162,8 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         cache = target.new_cache()
         ids = torch.tensor([prompt])
-        feats, layers = drafter.needs_features, drafter.feature_layers
-        out = target(ids, cache, with_features=feats, feature_layers=layers)
+        feats, layers = self._layers()
+        out = self._for_drafter(target(ids, cache, with_features=feats, feature_layers=layers))
         first = _pick(out.logits[0, -1], self.sampling, generator)
         result = DecodeResult(tokens=[first], target_calls=1)
         result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
@@ -144,6 +176,8 @@ class SpeculativeDecoder:
             draft = drafter.propose(state, k, self.sampling, generator) if k > 0 else Draft.empty()
             result.draft_seconds += time.perf_counter() - t0
             if not draft.is_chain:
+                if self.judge is not None:
+                    raise DraftsmithError("judge decoding verifies chains: score judged drafters with --tree chain")
                 new, rows = self._tree_round(cache, result.tokens[-1], draft, generator, layers)
                 result.target_calls += 1
                 result.accepted.append(len(new) - 1)
@@ -159,14 +193,16 @@ class SpeculativeDecoder:
             step = torch.cat([torch.tensor([result.tokens[-1]]), draft.tokens])[None]  # (1, 1+n)
             out = target(step, cache, with_features=feats, feature_layers=layers)
             result.target_calls += 1
-            n, nxt = self._verify(out.logits[0], draft, generator)
+            n, nxt, judged = self._verify(out, draft, generator)
             rollback(cache, committed + 1 + n)
             new = draft.tokens[:n].tolist() + [nxt]
             result.accepted.append(n)
             result.drafted.append(len(draft))
             result.depth.append(len(draft))
+            if self.judge is not None:
+                result.judged.append(judged)
             t0 = time.perf_counter()
-            drafter.advance(state, torch.tensor(new), out.positions(slice(0, n + 1)))
+            drafter.advance(state, torch.tensor(new), self._for_drafter(out).positions(slice(0, n + 1)))
             result.draft_seconds += time.perf_counter() - t0
             result.tokens.extend(new)
             result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
