@@ -1,11 +1,11 @@
 """Judge decoding on SmolLM2 (lossy by design): what it buys in speed and what it costs in answers that pass checks.
 
-    python benchmarks/judge.py [--target smollm2:bfloat16] [--num-prompts 40] [--max-new-tokens 64] [-k 4]
-        [--drafters ngram=ngram skip=skip:0.25] [--thresholds 0.9]
+    python benchmarks/judge.py [--target smollm2] [--num-prompts 40] [--max-new-tokens 64] [-k 4]
+        [--drafters ngram=ngram skip=skip:0.25] [--thresholds 0.9] [--label-tokens 48] [--label-batch 32]
 
 Stages, each reused when done: (1) the judge (``draftsmith judge``: labels from the target's own alternatives on
 ``builtin:checkable-train``, each forced and continued by the target, checked; a logistic head on the target's final
-hidden state; ``train/judge.py``), in ``runs/judge/<target>/judge``; (2) scoring on ``builtin:checkable-heldout``
+hidden state; ``train/judge.py``; answers of ``--label-tokens``), in ``runs/judge/<target>/judge``; (2) scoring on ``builtin:checkable-heldout``
 (short Python functions run against tests, and capitals; disjoint from the training tasks): plain decoding, each
 drafter verified losslessly, and each under Judge decoding at the judge's own threshold (and at each of
 ``--thresholds``), greedy, interleaved per prompt in one run (``eval.score.score_drafters``). Every row counts its
@@ -67,17 +67,24 @@ def markdown(data: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="smollm2:bfloat16")
+    parser.add_argument("--target", default="smollm2", help="auto dtype: bf16 where this CPU multiplies it natively")
     parser.add_argument("--num-prompts", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--drafters", nargs="+", default=["ngram=ngram", "skip=skip:0.25"])
     parser.add_argument("--thresholds", nargs="*", type=float, default=[], help="more judge thresholds to score")
+    parser.add_argument("--label-tokens", type=int, default=48, help="answer length labelled (judge training)")
+    parser.add_argument("--label-batch", type=int, default=32, help="forced continuations generated together")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path("runs/judge") / args.target.replace(":", "-")
     target = load_target(args.target)
-    record = train_judge(target, load_prompts(TRAIN), out / "judge", JudgeConfig(max_new_tokens=args.max_new_tokens))
+    record = train_judge(
+        target,
+        load_prompts(TRAIN),
+        out / "judge",
+        JudgeConfig(max_new_tokens=args.label_tokens, batch_size=args.label_batch),
+    )
     prompts = load_prompts(HELDOUT, limit=args.num_prompts)
     ids = [encode(p, target.tokenizer) for p in prompts]
     specs = [parse_spec(s) for s in args.drafters]

@@ -9,7 +9,7 @@ So the judge learns which deviations from the target's own choice leave the answ
 code or a fact few do. Only the target's deviations are labelled (its own tokens are kept by the lossless rule anyway).
 
 The head (``families.judge.JudgeHead``) is fitted by class-balanced logistic regression on the labels of most
-prompts; its threshold is the lowest at which at most ``max_false_accept`` of the other prompts' incorrect tokens
+prompts, its L2 penalty the one of best AUC on the other prompts' labels; its threshold is the lowest at which at most ``max_false_accept`` of the other prompts' incorrect tokens
 are accepted.
 """
 
@@ -31,6 +31,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.families.judge import JudgeHead, save_judge
 
 LABELS = "labels.pt"
+L2_GRID = (1e-2, 1e-1, 1.0, 10.0)
+"""L2 penalties of the logistic fit (on standardised features) tried; the one of best held-out AUC is kept."""
 
 
 @dataclass(frozen=True)
@@ -135,21 +137,25 @@ def fit_head(labels: dict, cfg: JudgeConfig, num_prompts: int) -> tuple[JudgeHea
             "or more --alternatives"
         )
     mean, std = fit_x.mean(0), fit_x.std(0).clamp_min(1e-6)
-    head = JudgeHead(x.shape[1])
     weight = (1 - fit_y.mean()) / fit_y.mean()  # balance the classes
-    opt = torch.optim.Adam(head.parameters(), lr=1e-2, weight_decay=1e-4)
-    torch.manual_seed(cfg.seed)
-    for _ in range(cfg.steps):
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            head((fit_x - mean) / std), fit_y, pos_weight=weight
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    with torch.no_grad():  # fold the standardisation into the weights: the head reads raw hidden states
-        head.linear.weight.div_(std)
-        head.linear.bias.sub_((head.linear.weight * mean).sum())
-        p = torch.sigmoid(head(x[val]))
+    fits = []
+    for l2 in L2_GRID:  # a few thousand labels in hundreds of dimensions overfit: the L2 of best held-out AUC
+        head = JudgeHead(x.shape[1])
+        opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+        torch.manual_seed(cfg.seed)
+        for _ in range(cfg.steps):
+            logits = head((fit_x - mean) / std)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, fit_y, pos_weight=weight)
+            loss = loss + l2 * head.linear.weight.square().sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():  # fold the standardisation into the weights: the head reads raw hidden states
+            head.linear.weight.div_(std)
+            head.linear.bias.sub_((head.linear.weight * mean).sum())
+            p = torch.sigmoid(head(x[val]))
+        fits.append((_auc(p[y[val] == 1], p[y[val] == 0]), l2, head, p, float(loss.detach())))
+    auc, l2, head, p, loss = max(fits, key=lambda f: f[0])
     neg, pos = p[y[val] == 0].sort().values, p[y[val] == 1]
     # the lowest threshold accepting at most max_false_accept of the held-out incorrect tokens
     allowed = int(cfg.max_false_accept * neg.numel())
@@ -157,12 +163,14 @@ def fit_head(labels: dict, cfg: JudgeConfig, num_prompts: int) -> tuple[JudgeHea
     report = {
         "labels": int(y.numel()),
         "correct_share": round(float(y.mean()), 4),
-        "fit_loss": round(float(loss.detach()), 4),
+        "fit_loss": round(loss, 4),
+        "l2": l2,
+        "val_auc_by_l2": {str(f[1]): round(f[0], 4) for f in fits},
         "val_labels": int(val.sum()),
         "threshold": round(head.threshold, 6),
         "val_false_accept": round(float((neg >= head.threshold).float().mean()), 4),
         "val_true_accept": round(float((pos >= head.threshold).float().mean()), 4) if pos.numel() else None,
-        "val_auc": round(_auc(pos, neg), 4),
+        "val_auc": round(auc, 4),
     }
     return head, report
 
