@@ -44,7 +44,8 @@ def markdown(data: dict) -> str:
         f"capitals) × {data['max_new_tokens']} new tokens, K = {data['k']}, greedy, interleaved per prompt. "
         f"Judge: {judge['labels']} labels from {judge['prompts']} training prompts ({judge['method']}; "
         f"{judge['correct_share']:.0%} correct; made in {judge['label_seconds']:.0f} s); on the held-out quarter of "
-        f"those prompts AUC {judge['val_auc']:.3f}, and at its threshold {judge['threshold']:.3f} it accepts "
+        f"those prompts AUC {judge['val_auc']:.3f} (L2 {judge.get('l2', '–')}, chosen by that AUC), and at its "
+        f"threshold {judge['threshold']:.3f} it accepts "
         f"{judge['val_true_accept']:.0%} of correct and {judge['val_false_accept']:.0%} of incorrect alternatives. "
         "Lossy rows are Judge decoding: never exact by design; checks passed counts answers whose code passes its "
         "tests or that name the capital.",

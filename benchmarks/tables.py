@@ -32,6 +32,7 @@ MARKDOWN = {
     "crossvocab": "crossvocab",
     "export_vllm": "export_vllm",
     "heads_default": "heads",
+    "judge": "judge",
     "heads_smollm2": "heads",
     "longer_eagle3": "longer_eagle3",
     "multidraft_default": "multidraft",
