@@ -120,30 +120,29 @@ CAPITALS = [
 ]
 
 
+KINDS = {
+    "code": (CODE, "Write a Python function {}.", "python", "test"),
+    "capitals": (CAPITALS, "What is the capital of {}?", "contains", "answer"),
+}
+"""Category -> (its tasks as (question part, check value), the question's form, the check's kind and field)."""
+
+
 def checkable_prompts(split: str) -> list[Prompt]:
     """The ``train`` or ``heldout`` split (every second task of each kind held out), code and capitals interleaved."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be train or heldout, got {split!r}")
-    held_out = split == "heldout"
-    keep = lambda i: (i % 2 == 1) == held_out  # noqa: E731
-    code = [
-        Prompt(
-            messages=({"role": "user", "content": f"Write a Python function {what}."},),
-            source="checkable:code",
-            category="code",
-            check={"kind": "python", "test": test},
-        )
-        for i, (what, test) in enumerate(CODE)
-        if keep(i)
+    held = split == "heldout"
+    by_kind = [
+        [
+            Prompt(
+                messages=({"role": "user", "content": form.format(part)},),
+                source=f"checkable:{category}",
+                category=category,
+                check={"kind": kind, field: value},
+            )
+            for i, (part, value) in enumerate(tasks)
+            if (i % 2 == 1) == held
+        ]
+        for category, (tasks, form, kind, field) in KINDS.items()
     ]
-    capitals = [
-        Prompt(
-            messages=({"role": "user", "content": f"What is the capital of {country}?"},),
-            source="checkable:capitals",
-            category="capitals",
-            check={"kind": "contains", "answer": capital},
-        )
-        for i, (country, capital) in enumerate(CAPITALS)
-        if keep(i)
-    ]
-    return [p for pair in zip(code, capitals, strict=True) for p in pair]
+    return [p for group in zip(*by_kind, strict=True) for p in group]
