@@ -64,7 +64,7 @@ def test_greedy_vllm_data_equals_hf_data_on_most_prompts(vllm_python, tmp_path):
             assert [t[0] for t in top_v] == [t[0] for t in top_h]
 
 
-SAMPLED = {"temperature": 1.0, "top_p": 0.9, "seed": 3, "num_prompts": 128}
+SAMPLED = {"temperature": 1.0, "top_p": 0.9, "seed": 3, "num_prompts": 64}
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +89,8 @@ def test_killed_vllm_run_resumes_to_the_same_dataset(vllm_python, sampled, tmp_p
     cmd += ["--shard-size", "2", "--max-new-tokens", str(MAX_NEW), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in SAMPLED.items()]
     saved = kill_after_first_shard(cmd, out, 300)  # draftsmith and its vLLM worker
-    print(f"killed after {saved} of 64 shards")
-    assert 1 <= saved < 64 and json.loads((out / "draftsmith.json").read_text())["status"] == "running"
+    print(f"killed after {saved} of 32 shards")
+    assert 1 <= saved < 32 and json.loads((out / "draftsmith.json").read_text())["status"] == "running"
     resumed, meta = run(out, "vllm", vllm_python, shard_size=2, resume=True, **SAMPLED)
     assert resumed["input_ids"] == sampled["input_ids"]  # the uninterrupted run
-    assert meta["rows"] == 128 and meta["engine"]["name"] == "vllm"
+    assert meta["rows"] == 64 and meta["engine"]["name"] == "vllm"
