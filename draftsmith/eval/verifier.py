@@ -162,8 +162,9 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         cache = target.new_cache()
         ids = torch.tensor([prompt])
+        # the prefill feeds the drafter only; the judge reads verification forwards
+        out = target(ids, cache, with_features=drafter.needs_features, feature_layers=drafter.feature_layers)
         feats, layers = self._layers()
-        out = self._for_drafter(target(ids, cache, with_features=feats, feature_layers=layers))
         first = _pick(out.logits[0, -1], self.sampling, generator)
         result = DecodeResult(tokens=[first], target_calls=1)
         result.tokens, done = _finish(result.tokens, max_new_tokens, target.eos_token_ids)
