@@ -1,19 +1,23 @@
-"""Multi-draft verification at equal draft budgets: SpecInfer, SpecTr (K-SEQ) and RSD-C, one EAGLE-3 per target.
+"""Multi-draft verification at equal draft budgets: SpecInfer, SpecTr (K-SEQ), RSD-C and RSD-S, one EAGLE-3 per
+target.
 
     python benchmarks/multidraft.py [--target default|smollm2] [--num-prompts 12] [--max-new-tokens 64]
         [--samplings 0.7:0.9 1.0:1.0] [--steps N] [--out DIR]
 
 Stages (each reused from ``--out`` when finished, so an interrupted run resumes):
-1. the target's data and an EAGLE-3 from its recipe (``train.suite``'s plan; SmolLM2 in bfloat16, trained with the
-   target's features computed online; the default target at ``--steps``);
+1. the target's data and an EAGLE-3 from its recipe (``train.suite``'s plan; SmolLM2 in its auto dtype, bfloat16
+   where the CPU multiplies it natively, else float32, trained with the target's features computed online; the
+   default target at ``--steps``);
 2. per sampling setting one scored block, every row interleaved per prompt with plain decoding of the same target:
    the chain (one draft of depth 4) and, for each sampled tree shape, the three rules on the same drafter:
    ``2,1,1,1`` (at depth 1 two candidates, each continued as one chain: two drafts of length 4, 8 nodes),
-   ``4,1,1,1`` (four drafts, 16 nodes) and ``2,2,1,1`` (a 14-node tree). SpecInfer and SpecTr draw siblings i.i.d.,
-   RSD without replacement.
+   ``4,1,1,1`` (four drafts, 16 nodes) and ``2,2,1,1`` (a 14-node tree). SpecInfer and SpecTr draw siblings i.i.d.
+   (a repeated candidate is verified once), RSD-C without replacement; and RSD-S, a stochastic beam search of 2 and 4
+   paths (at most 8 and 16 nodes: the budgets of ``2,1,1,1`` and ``4,1,1,1``).
 
 The papers' claims checked (as measured, in the Markdown): SpecTr, k drafts of length L accept more tokens per
-round than one draft of length L; RSD, above SpecInfer's multi-candidate rule on the same tree shape.
+round than one draft of length L; RSD, above SpecInfer's multi-candidate rule on the same tree shape; RSD-S, above
+RSD-C at the same budget.
 Hours: default target ~15 min (training 5, scoring 10); SmolLM2 ~45 min (data 5, training 10, scoring ~30).
 
 Writes ``benchmarks/results/multidraft_<target>.{json,md}``.
@@ -43,6 +47,8 @@ from draftsmith.train.suite import PLANS, make_data, recipe_steps, train_drafter
 K = 4
 SHAPES = {"2,1,1,1": (2, 1, 1, 1), "4,1,1,1": (4, 1, 1, 1), "2,2,1,1": (2, 2, 1, 1)}
 """Sampled tree shapes (candidates per node at each depth), all of depth K."""
+BEAMS = {"beam 2": (2, "2,1,1,1"), "beam 4": (4, "4,1,1,1")}
+"""RSD-S rows: beam width, and the sampled shape of the same node budget (K × width)."""
 
 
 def drafters_for(target, drafter: Path) -> tuple[dict, dict]:
@@ -54,6 +60,10 @@ def drafters_for(target, drafter: Path) -> tuple[dict, dict]:
             d.set_tree(TreePolicy("sampled", branching=branching, replacement=REPLACEMENT[rule]), K)
             drafters[f"{label}/{rule}"] = d
             rules[f"{label}/{rule}"] = rule
+    for label, (width, _) in BEAMS.items():
+        d = load_drafter(str(drafter), target)
+        d.set_tree(TreePolicy("beam", beam_width=width), K)
+        drafters[f"{label}/rsd-s"], rules[f"{label}/rsd-s"] = d, "rsd"
     return drafters, rules
 
 
@@ -84,7 +94,8 @@ def markdown(result: dict) -> str:
         f"{result['num_prompts']} × {result['max_new_tokens']} new tokens; K = {K} (every tree has depth {K}). Each "
         "table is one run, every row interleaved per prompt with plain decoding of the same target. A shape "
         "`b1,b2,b3,b4` draws b_d candidates per node at depth d: `2,1,1,1` is two drafts of length 4, `4,1,1,1` "
-        "four, `2,2,1,1` a 14-node tree. SpecInfer and SpecTr draw siblings i.i.d., RSD without replacement. "
+        "four, `2,2,1,1` a 14-node tree. SpecInfer and SpecTr draw siblings i.i.d. (a repeated candidate verified "
+        "once), RSD-C without replacement; RSD-S keeps a stochastic beam of 2 or 4 paths (at most K × width nodes). "
         "τ ± its standard error over rounds; a comparison is called only beyond twice the standard error of the "
         "difference.",
     ]
@@ -102,6 +113,13 @@ def markdown(result: dict) -> str:
             nodes = TreePolicy("sampled", branching=branching).sampled_nodes(K)
             taus = " | ".join(f"{c['tau']:.2f} ± {tau_se(c):.2f}" for c in cells)
             table.append(f"| {label} | {nodes} | {taus} | " + " | ".join(f"{c['speedup']:.2f}×" for c in cells) + " |")
+        for label, (width, _) in BEAMS.items():
+            c = rows.get(f"{label}/rsd-s")
+            if c is not None:  # blocks saved before RSD-S rows existed have none
+                table.append(
+                    f"| RSD-S, {label} | ≤ {K * width} | – | – | {c['tau']:.2f} ± {tau_se(c):.2f} | – | – "
+                    f"| {c['speedup']:.2f}× |"
+                )
         claims = [
             f"- SpecTr's claim (k drafts of length {K} accept more per round than one draft): SpecTr with 2 drafts is "
             f"{verdict(rows['2,1,1,1/spectr'], chain)} the chain, with 4 drafts "
@@ -110,6 +128,15 @@ def markdown(result: dict) -> str:
             + "; ".join(f"{label} {verdict(rows[f'{label}/rsd'], rows[f'{label}/specinfer'])}" for label in SHAPES)
             + ".",
         ]
+        if all(f"{label}/rsd-s" in rows for label in BEAMS):
+            claims.append(
+                "- RSD-S against RSD-C at the same budget: "
+                + "; ".join(
+                    f"{label} {verdict(rows[f'{label}/rsd-s'], rows[f'{shape}/rsd'])} {shape}"
+                    for label, (_, shape) in BEAMS.items()
+                )
+                + "."
+            )
         lines += ["", f"## {title}", "", *table, "", *claims, "", "### All rows", "", markdown_table(b["drafters"], b["plain"])]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -128,8 +155,6 @@ def main() -> None:
     out = args.out or Path("runs/multidraft") / args.target
     load_before = os.getloadavg()[0]
     plan = replace(PLANS[args.target], drafters=("eagle3",), acceptance_head=False, draft_lm=False)
-    if args.target == "smollm2":
-        plan = replace(plan, dtype="bfloat16")
     target_dir = resolve(args.target)
     data = make_data(target_dir, out, plan.budget, plan)
     steps = args.steps or (None if args.target == "smollm2" else 150)

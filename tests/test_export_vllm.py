@@ -22,8 +22,10 @@ from conftest import VOCAB, make_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftsmith.core.native import save_native
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
+from draftsmith.eval.verifier import plain_decode
 from draftsmith.export import vllm_check
 from draftsmith.export.registry import export, write_export
 from draftsmith.families.dflash.module import DFlashModule
@@ -207,8 +209,9 @@ def served_smollm2(tmp_path_factory) -> dict:
 
     texts = load_prompts("builtin:chat-heldout", limit=8)
     prompts = vllm_check.eos_free(target, [encode(p, target.tokenizer) for p in texts], MAX_NEW)[:4]
+    # vLLM's plain run is left out (it is compared with its speculative runs on the toy target above): here vLLM's
+    # speculative output must equal draftsmith's plain greedy decoding of SmolLM2, one vLLM start fewer (~30 s of CI)
     runs = [
-        {"name": "plain", "speculative_config": None},
         {"name": "eagle3", "speculative_config": {"method": "eagle3", "model": str(out), "num_speculative_tokens": K}},
     ]
     spec = {"target": str(target_dir), "prompts": prompts, "max_tokens": MAX_NEW, "runs": runs, "max_model_len": 512}
@@ -220,8 +223,8 @@ def test_vllm_serves_an_eagle3_trained_on_smollm2_exactly_with_the_verifiers_cou
     runs = {r["name"]: r for r in served_smollm2["runs"]}
     prompts, target = served_smollm2["prompts"], served_smollm2["target"]
     assert len(prompts) >= 2
-    plain = runs["plain"]["outputs"]
-    assert runs["eagle3"]["outputs"] == plain, "vLLM's speculative output differs from its plain greedy output"
+    plain = [plain_decode(target, p, MAX_NEW, Sampling(0.0), None).tokens for p in prompts]
+    assert runs["eagle3"]["outputs"] == plain, "vLLM's speculative output differs from SmolLM2's plain greedy output"
     drafter = load_trained(served_smollm2["root"] / "eagle3", target)
     ours = vllm_check.verifier_acceptance(target, drafter, prompts, K, MAX_NEW)
     assert ours["outputs"] == plain, "draftsmith's greedy output on SmolLM2 differs from vLLM's"

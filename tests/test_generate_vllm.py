@@ -74,12 +74,12 @@ def sampled(vllm_python, tmp_path_factory):
     return run(tmp_path_factory.mktemp("sampled") / "data", "vllm", vllm_python, batch_size=64, **SAMPLED)[0]
 
 
-def test_sampled_vllm_data_depends_on_the_seed_only(vllm_python, sampled, tmp_path):
-    again, _ = run(tmp_path / "b", "vllm", vllm_python, batch_size=4, **SAMPLED)
-    other, _ = run(tmp_path / "c", "vllm", vllm_python, batch_size=16, **{**SAMPLED, "seed": 4})
-    assert again["input_ids"] == sampled["input_ids"]
-    differ = sum(a != b for a, b in zip(other["input_ids"], sampled["input_ids"], strict=True))
-    assert differ > len(sampled) // 2  # another seed, other samples
+def test_another_seed_samples_other_vllm_data(vllm_python, sampled, tmp_path):
+    """The same seed in other batches gives the same rows: the killed run below, resumed two rows at a time, must
+    equal ``sampled`` (decoded 64 at a time)."""
+    other, _ = run(tmp_path / "c", "vllm", vllm_python, batch_size=16, **{**SAMPLED, "seed": 4, "num_prompts": 16})
+    differ = sum(a != b for a, b in zip(other["input_ids"], sampled["input_ids"][:16], strict=True))
+    assert differ > 16 // 2  # another seed, other samples
 
 
 def test_killed_vllm_run_resumes_to_the_same_dataset(vllm_python, sampled, tmp_path):
@@ -92,5 +92,5 @@ def test_killed_vllm_run_resumes_to_the_same_dataset(vllm_python, sampled, tmp_p
     print(f"killed after {saved} of 32 shards")
     assert 1 <= saved < 32 and json.loads((out / "draftsmith.json").read_text())["status"] == "running"
     resumed, meta = run(out, "vllm", vllm_python, shard_size=2, resume=True, **SAMPLED)
-    assert resumed["input_ids"] == sampled["input_ids"]  # the uninterrupted run
+    assert resumed["input_ids"] == sampled["input_ids"]  # the uninterrupted run, decoded 64 rows at a time
     assert meta["rows"] == 64 and meta["engine"]["name"] == "vllm"

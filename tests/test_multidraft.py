@@ -85,6 +85,86 @@ def test_chi_square_catches_rsd_verified_against_the_unconditioned_q(soft_target
     assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
 
 
+def test_repeated_candidates_are_verified_once_and_drawn_from_one_row(soft_target):  # noqa: F811
+    """A peaked drafter draws the same token twice often: the target verifies it once, the drafter grows it once."""
+    drafter = sampled_tree("spectr", branching=(4, 2))
+    drafter.table = 4 * drafter.table  # peaked: repeats are common
+    calls = []
+    grow = drafter.grow
+    drafter.grow = lambda state, scratch, tokens, parents, new: (
+        calls.append(len(new)) or grow(state, scratch, tokens, parents, new)
+    )
+    decoder = SpeculativeDecoder(soft_target, drafter, 2, Sampling(1.0), "spectr")
+    result = decoder.generate([1, 2, 3], 40, torch.Generator().manual_seed(0))
+    assert min(result.drafted) < 12 and max(result.drafted) <= 12  # 4 + 8 nodes drafted, repeats verified once
+    assert min(calls) < 4  # repeated root children grown once
+
+
+def drop_repeats(tokens: list[int], below: list[int]) -> list[int]:
+    seen: set[int] = set()
+    return [c for c in below if not (tokens[c] in seen or seen.add(tokens[c]))]
+
+
+def test_chi_square_catches_merging_that_drops_repeated_trials(soft_target, monkeypatch):  # noqa: F811
+    """K-SEQ needs every draw as a trial: merging repeats into one trial of their token is biased (measured too:
+    trying the trials grouped by token instead of in draw order is biased by less than 1,500 samples resolve)."""
+    from draftsmith.core import trees
+
+    original = trees.Walk.candidates
+    monkeypatch.setattr(trees.Walk, "candidates", lambda walk: drop_repeats(walk.tokens, original(walk)))
+    sampling = Sampling(temperature=1.0)
+    counts = pairs(soft_target, sampled_tree("spectr", branching=(4, 1)), "spectr", sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
+
+
+def beam_tree(width: int = 3) -> BigramTree:
+    return BigramTree(7, TreePolicy("beam", beam_width=width))
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_rsd_s_beam_trees_are_distributed_as_the_target(soft_target, sampling):  # noqa: F811
+    counts = pairs(soft_target, beam_tree(), "rsd", sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) > 1e-3
+
+
+def test_chi_square_catches_a_beam_tree_whose_siblings_are_out_of_draw_order(soft_target, monkeypatch):  # noqa: F811
+    """Siblings listed by token id: each row still removes the siblings before it, but the first one listed is no
+    longer a draw from the node's distribution."""
+    monkeypatch.setattr(tree_draft, "draw_order", lambda kept: sorted(kept, key=lambda c: (c[1], c[2])))
+    sampling = Sampling(temperature=1.0)
+    counts = pairs(soft_target, beam_tree(), "rsd", sampling, 1500)
+    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
+
+
+def test_beam_tree_shape_rows_and_first_draws():
+    """At most ``width`` nodes per depth, parents first, siblings distinct with each row its parent's distribution
+    minus the earlier siblings; and the first child of the root is a draw from the root's distribution (a beam of
+    width 1 is ancestral sampling)."""
+    drafter = beam_tree(width=3)
+    g = torch.Generator().manual_seed(4)
+    draft = drafter.propose([1, 2], 4, Sampling(1.0), g)
+    tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+    depth = tree_draft_depths(parents)
+    assert max(depth) == 4 and all(depth.count(d) <= 3 for d in range(1, 5)) and depth.count(1) == 3
+    assert all(p < i for i, p in enumerate(parents))
+    for node, parent in enumerate(parents):
+        q = torch.softmax(drafter.table[2 if parent < 0 else tokens[parent]], -1)
+        earlier = [tokens[s] for s in range(node) if parents[s] == parent]
+        assert tokens[node] not in earlier
+        q[earlier] = 0
+        torch.testing.assert_close(draft.q[node], q / q.sum())
+    first = torch.zeros(SMALL_V)
+    for _ in range(3000):
+        first[int(beam_tree(width=1).propose([1, 2], 1, Sampling(1.0), g).tokens[0])] += 1
+    assert chi_square_pvalue(first, torch.softmax(drafter.table[2], -1)) > 1e-3
+
+
+def tree_draft_depths(parents: list[int]) -> list[int]:
+    from draftsmith.core.trees import depths
+
+    return depths(torch.tensor(parents)).tolist()
+
+
 def random_pq(seed: int, vocab: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.softmax(1.5 * torch.randn(2, vocab, generator=g), -1).unbind()
@@ -147,6 +227,8 @@ def test_rules_a_drafter_cannot_feed_fail_in_one_line(soft_target):  # noqa: F81
         ({"tree": sampled_tree("rsd")}, "rsd", Sampling(0.0), "needs --temperature > 0"),
         ({"tree": sampled_tree("rsd")}, "spectr", hot, "needs siblings drawn with replacement"),
         ({"tree": sampled_tree("rsd")}, "beam", hot, "--verify must be one of specinfer, spectr, rsd"),
+        ({"tree": beam_tree()}, "spectr", hot, "drafts a beam tree (RSD-S"),
+        ({"tree": beam_tree()}, "rsd", Sampling(0.0), "needs --temperature > 0"),
     ]
     for drafters, rule, sampling, message in cases:
         with pytest.raises(DraftsmithError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -155,6 +237,10 @@ def test_rules_a_drafter_cannot_feed_fail_in_one_line(soft_target):  # noqa: F81
         sampled_tree("specinfer").propose([1], 2, Sampling(0.0), None)
     with pytest.raises(DraftsmithError, match="--tree_branching must be positive"):
         TreePolicy("sampled", branching=(2, 0))
+    with pytest.raises(DraftsmithError, match="--tree beam draws candidates"):
+        beam_tree().propose([1], 2, Sampling(0.0), None)
+    with pytest.raises(DraftsmithError, match="--tree_beam_width must be positive"):
+        TreePolicy("beam", beam_width=0)
 
 
 def test_score_reports_each_rule_on_one_interleaved_run(soft_target):  # noqa: F811
@@ -190,12 +276,15 @@ def test_draft_lm_grows_sampled_trees_whose_rows_are_its_own_distributions(small
     drafter.tree = TreePolicy()
 
 
-@pytest.mark.parametrize("rule", ["spectr", "rsd"])
+@pytest.mark.parametrize("rule", ["spectr", "rsd", "rsd-s"])
 def test_draft_lm_multi_draft_sampling_is_distributed_as_the_target(small_pair, rule):  # noqa: F811
     target, drafter = small_pair
     from draftsmith.core.trees import REPLACEMENT
 
-    drafter.tree = TreePolicy("sampled", branching=(3, 1), replacement=REPLACEMENT[rule])
+    if rule == "rsd-s":  # a beam of 3 paths grown through the draft model's batched frontier
+        drafter.tree, rule = TreePolicy("beam", beam_width=3), "rsd"
+    else:
+        drafter.tree = TreePolicy("sampled", branching=(3, 1), replacement=REPLACEMENT[rule])
     try:
         sampling = Sampling(temperature=1.0)
         counts = pairs(target, drafter, rule, sampling, 1500)

@@ -43,6 +43,17 @@ def test_greedy_tree_verification_follows_the_argmax_path():
     assert trees.verify_tree_greedy([4, 0, 0, 0, 0, 0], tokens, PARENTS) == ([], 4)
 
 
+def test_duplicate_candidates_are_one_node_to_the_target_and_the_walk_takes_every_copys_children():
+    """Root children 5, 5, 6 (5 drawn twice); the first 5 has child 7, the second 5 has child 8."""
+    tokens, parents = [5, 5, 6, 7, 8, 9], [-1, -1, -1, 0, 1, 4]
+    assert trees.representatives(tokens, parents) == [0, 0, 2, 3, 4, 5]
+    nodes, index = trees.unique(tokens, parents)
+    assert nodes == [0, 2, 3, 4, 5] and index == [0, 0, 1, 2, 3, 4]
+    # verified rows: root, 5, 6, 7, 8, 9; drafted node i reads row 1 + index[i]; argmax: root -> 5 -> 8 -> 9 -> 1
+    argmax = [5, 8, 8, 0, 0, 9, 1]  # the second 5 (node 1) shares the first's row: 8
+    assert trees.verify_tree_greedy(argmax, tokens, torch.tensor(parents)) == ([0, 4, 5], 1)
+
+
 def repetitive_prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(3)
     motifs = [torch.randint(0, 90, (4,), generator=g).tolist() for _ in range(3)]

@@ -62,7 +62,7 @@ class DecodeResult:
     Attributes:
         tokens: the generated tokens (prompt excluded).
         accepted: per verification round, how many draft tokens were accepted.
-        drafted: per verification round, how many tokens were drafted (tree nodes for trees).
+        drafted: per verification round, how many tokens were drafted (tree nodes for trees; duplicates once).
         depth: per verification round, the draft's depth (its length for chains).
         target_calls: target forwards, prefill included.
         seconds: wall-clock time of the whole decode.

@@ -4,6 +4,13 @@ The verified sequence is [root, node_0 .. node_{N-1}]: the root is the last comm
 and node i's parent is ``parents[i]`` (-1 = root). Each node sits at position
 ``committed + depth`` and attends to the whole committed context, the root, its ancestors and
 itself. Row r of the target's output predicts the child of sequence entry r.
+
+Duplicate candidates are merged (SpecTr, Sun et al. 2023): nodes with the same token path (i.i.d.
+siblings drawn twice) are one node to the target (``unique``), and the rules walk classes of such
+nodes: a class's candidates are the children of all its members, in draw order, repeats included
+(a repeat is another trial of the same token, which K-SEQ needs), and an accepted token leads to
+the class of every candidate carrying it. Lossless: each member's children were drawn given the
+token path alone, so together they are i.i.d. draws given it, whichever trial accepted the token.
 """
 
 from __future__ import annotations
@@ -55,6 +62,43 @@ def children(parents: torch.Tensor) -> dict[int, list[int]]:
     return out
 
 
+def representatives(tokens: list[int], parents: list[int]) -> list[int]:
+    """Per node, the first node with the same token path (itself when it is the first); parents come first."""
+    rep, first = [], {}
+    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
+        rep.append(first.setdefault((p if p < 0 else rep[p], t), i))
+    return rep
+
+
+def unique(tokens: list[int], parents: list[int]) -> tuple[list[int], list[int]]:
+    """The tree the target verifies, duplicates merged: (its nodes as indices of the drafted ones, per drafted node
+    its index in that tree). Its parents: ``[index[parents[u]] for u in nodes]`` (-1 kept)."""
+    rep = representatives(tokens, parents)
+    nodes = [i for i, r in enumerate(rep) if r == i]
+    where = {u: j for j, u in enumerate(nodes)}
+    return nodes, [where[r] for r in rep]
+
+
+class Walk:
+    """A rule's walk down the tree over classes of nodes with the same token path (see the module's docstring)."""
+
+    def __init__(self, tokens: list[int], parents: torch.Tensor) -> None:
+        self.tokens, self.kids, self.members, self.path = tokens, children(parents), [-1], []
+
+    @property
+    def row(self) -> int:
+        """The class's row in the verified sequence (its first member's)."""
+        return self.members[0] + 1
+
+    def candidates(self) -> list[int]:
+        """The class's candidates: every member's children, members in node order, each's in draw order."""
+        return [c for m in self.members for c in self.kids.get(m, [])]
+
+    def accept(self, token: int, below: list[int]) -> None:
+        self.members = [c for c in below if self.tokens[c] == token]
+        self.path.append(self.members[0])
+
+
 def verify_tree_greedy(argmax: list[int], tokens: list[int], parents: torch.Tensor) -> tuple[list[int], int]:
     """Follow the target's argmax down the tree.
 
@@ -65,14 +109,12 @@ def verify_tree_greedy(argmax: list[int], tokens: list[int], parents: torch.Tens
     Returns:
         (accepted path as node indices, the target's token after it).
     """
-    kids, node, path = children(parents), -1, []
+    walk = Walk(tokens, parents)
     while True:
-        choice = argmax[node + 1]
-        match = next((c for c in kids.get(node, []) if tokens[c] == choice), None)
-        if match is None:
-            return path, choice
-        path.append(match)
-        node = match
+        choice, below = argmax[walk.row], walk.candidates()
+        if not any(tokens[c] == choice for c in below):
+            return walk.path, choice
+        walk.accept(choice, below)
 
 
 def verify_tree_sampling(
@@ -95,20 +137,18 @@ def verify_tree_sampling(
     Returns:
         (accepted path as node indices, the token drawn after it).
     """
-    kids, node, path = children(parents), -1, []
-    vocab = p.shape[-1]
+    walk, vocab = Walk(tokens, parents), p.shape[-1]
     while True:
-        r = p[node + 1]
-        for c in kids.get(node, []):
+        r, below = p[walk.row], walk.candidates()
+        for c in below:
             qc = one_hot(tokens[c], vocab) if q is None else q[c]
             x = tokens[c]
             if torch.rand((), generator=generator) * qc[x] < r[x]:
-                path.append(c)
-                node = c
+                walk.accept(x, below)
                 break
             r = residual(r, qc)
         else:
-            return path, sample(r, generator)
+            return walk.path, sample(r, generator)
 
 
 def verify_tree_spectr(
@@ -121,30 +161,29 @@ def verify_tree_spectr(
 
     Args and returns as ``verify_tree_sampling``; ``q`` None (point masses) only for chains.
     """
-    kids, node, path = children(parents), -1, []
-    vocab = p.shape[-1]
+    walk, vocab = Walk(tokens, parents), p.shape[-1]
     while True:
-        below = kids.get(node, [])
+        below = walk.candidates()
         if not below:
-            return path, sample(p[node + 1], generator)
+            return walk.path, sample(p[walk.row], generator)
         row = one_hot(tokens[below[0]], vocab) if q is None else q[below[0]]
         if len(below) > 1 and (q is None or any(not torch.equal(q[c], row) for c in below[1:])):
             raise DraftsmithError(
                 "--verify spectr needs each node's candidates drawn i.i.d. from one distribution (--tree sampled); "
                 "this draft's siblings come from different ones"
             )
-        chosen, token = verify_kseq(p[node + 1], row, [tokens[c] for c in below], generator)
+        chosen, token = verify_kseq(p[walk.row], row, [tokens[c] for c in below], generator)
         if chosen is None:
-            return path, token
-        node = below[chosen]
-        path.append(node)
+            return walk.path, token
+        walk.accept(token, below)
 
 
 VERIFY_RULES = {"specinfer": verify_tree_sampling, "spectr": verify_tree_spectr, "rsd": verify_tree_sampling}
 """Multi-candidate rules for sampling (greedy verification follows the argmax whatever the rule). RSD (Jeon et al.
 2024) verifies with the same recursive rejection as SpecInfer: what makes it RSD is its candidates, drawn without
-replacement with each sibling's row the renormalised remainder (``sampling.draw_candidates``), which that rule
-needs to stay lossless; SpecInfer and SpecTr draw siblings i.i.d."""
+replacement with each sibling's row the renormalised remainder (``sampling.draw_candidates``; RSD-C), or as the
+first draws of such a sampling that won a place in a stochastic beam search (``tree_draft``'s beam trees; RSD-S),
+which that rule needs to stay lossless; SpecInfer and SpecTr draw siblings i.i.d."""
 
 REPLACEMENT = {"specinfer": True, "spectr": True, "rsd": False}
 """Whether each rule's sampled trees draw siblings with replacement."""

@@ -334,6 +334,7 @@ def score(
     batch_invariant: bool | None = None,
     verify: str = "specinfer",
     tree_branching: str = "2,2,1,1",
+    tree_beam_width: int = 4,
     judge: str | None = None,
     judge_threshold: float | None = None,
 ) -> dict:
@@ -358,8 +359,9 @@ def score(
             its drafts were rejected while it decodes the prompts in order; the report adds α and τ per
             window of prompts (first vs last).
         tree: how EAGLE, Medusa and Hydra drafters draft: ``chain``, ``static`` (a tree built from
-            their held-out top-k accuracies), ``dynamic`` (EAGLE-2: grown by draft confidence) or ``sampled``
-            (``--tree_branching`` candidates drawn from the drafter per node: multi-draft sampling, see ``verify``).
+            their held-out top-k accuracies), ``dynamic`` (EAGLE-2: grown by draft confidence), ``sampled``
+            (``--tree_branching`` candidates drawn from the drafter per node: multi-draft sampling, see ``verify``)
+            or ``beam`` (RSD-S: a stochastic beam search of ``--tree_beam_width`` paths, verified with ``rsd``).
             Drafters that cannot grow trees draft as their spec says.
         tree_size: tree nodes (drafted tokens) per round.
         tree_top_k: dynamic trees: nodes expanded per depth, children per expanded node.
@@ -372,8 +374,10 @@ def score(
             divergences the report then locates and measures).
         verify: how sampled trees are verified (sampling only): ``specinfer`` (i.i.d. candidates, recursive
             rejection; also the rule of every deterministic tree), ``spectr`` (i.i.d. candidates, SpecTr's K-SEQ)
-            or ``rsd`` (candidates drawn without replacement, recursive rejection: RSD-C). All lossless.
+            or ``rsd`` (candidates drawn without replacement, recursive rejection: RSD-C with ``--tree sampled``,
+            RSD-S with ``--tree beam``). All lossless.
         tree_branching: sampled trees: candidates drawn per node at each depth, e.g. ``2,2,1,1`` (14 nodes).
+        tree_beam_width: beam trees: paths kept per depth (K·width nodes at most).
         judge: Judge decoding, LOSSY: a judge dir (``draftsmith judge``); each drafter is scored twice in the same
             run, losslessly and as NAME+judge (a rejected draft token kept when the judge calls it correct). Needs
             prompts with checks (``builtin:checkable-heldout``), so the report counts what it costs in quality.
@@ -390,7 +394,9 @@ def score(
             f"--tree_branching must be comma-separated integers such as 2,2,1,1, got {tree_branching!r}"
         ) from None
     replacement = trees.REPLACEMENT.get(verify, True)
-    policy = TreePolicy(tree, tree_size, tree_top_k, branching=branching, replacement=replacement)
+    policy = TreePolicy(
+        tree, tree_size, tree_top_k, branching=branching, replacement=replacement, beam_width=tree_beam_width
+    )
     config = ScoreConfig(
         prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
         policy, compile, batch_invariant, verify, judge, judge_threshold,
@@ -448,8 +454,9 @@ def score_specs(
             "seed": cfg.seed,
             "online_adapt": cfg.online_adapt,
             "tree": cfg.tree.kind,
-            "tree_size": cfg.tree.size if cfg.tree.kind != "chain" else None,
+            "tree_size": cfg.tree.size if cfg.tree.kind in ("static", "dynamic") else None,
             "tree_branching": list(cfg.tree.branching) if cfg.tree.kind == "sampled" else None,
+            "tree_beam_width": cfg.tree.beam_width if cfg.tree.kind == "beam" else None,
             "verify": cfg.verify,
             "judge": cfg.judge,
             "judge_threshold": next(iter(judges.values())).threshold if judges else None,

@@ -42,6 +42,12 @@ def check_rule(drafter: Drafter, verify: str, sampling: Sampling, drafter_name: 
 
     if verify not in trees.VERIFY_RULES:
         raise DraftsmithError(f"--verify must be one of {', '.join(trees.VERIFY_RULES)}, got {verify!r}")
+    tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
+    if tree is not None and tree.kind == "beam" and verify != "rsd":
+        raise DraftsmithError(
+            f"{drafter_name!r} drafts a beam tree (RSD-S: siblings drawn without replacement by stochastic beam "
+            f"search): verify it with --verify rsd, not {verify}"
+        )
     if verify == "specinfer":
         return
     if sampling.greedy:
@@ -49,11 +55,13 @@ def check_rule(drafter: Drafter, verify: str, sampling: Sampling, drafter_name: 
             f"--verify {verify} is a rule for sampling: it needs --temperature > 0 (greedy verification follows the "
             "target's argmax whatever the rule)"
         )
-    tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
+    if tree is not None and tree.kind == "beam":
+        return
     if tree is None or tree.kind != "sampled":
         raise DraftsmithError(
             f"--verify {verify} needs several candidates drawn per node, and {drafter_name!r} drafts "
-            f"{'one chain' if tree is None else f'a {tree.kind} tree'}: use --tree sampled with a tree drafter "
+            f"{'one chain' if tree is None else f'a {tree.kind} tree'}: use --tree sampled"
+            f"{' or --tree beam (RSD-S)' if verify == 'rsd' else ''} with a tree drafter "
             "(EAGLE, Medusa, Hydra, Clover, Falcon, the parallel drafters, draft LMs)"
         )
     if tree.replacement != trees.REPLACEMENT[verify]:
@@ -131,28 +139,30 @@ class SpeculativeDecoder:
             return out
         return TargetOutput(out.logits, out.features[:-1], out.past_key_values)
 
-    def _tree_round(self, cache, last: int, draft: Draft, generator, layers) -> tuple[list[int], TargetOutput]:
+    def _tree_round(self, cache, last: int, draft: Draft, generator, layers) -> tuple[list[int], TargetOutput, int]:
         """Verify a token tree in one target forward; keep the accepted path's cache entries.
 
-        Returns the committed tokens (accepted path + the target's token) and the target rows that
-        predicted them (for ``drafter.advance``).
+        Returns the committed tokens (accepted path + the target's token), the target rows that
+        predicted them (for ``drafter.advance``) and how many draft tokens the target verified (duplicates once).
         """
         target, committed = self.target, cache.get_seq_length()
-        seq = torch.cat([torch.tensor([last]), draft.tokens])[None]
-        mask = trees.attention_mask(draft.parents, committed, target.model.dtype).to(target.device)
-        pos = trees.positions(draft.parents, committed).to(target.device)
+        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+        nodes, index = trees.unique(tokens, parents)  # duplicate candidates verified once
+        merged = torch.tensor([-1 if parents[u] < 0 else index[parents[u]] for u in nodes], dtype=torch.long)
+        seq = torch.tensor([[last] + [tokens[u] for u in nodes]])
+        mask = trees.attention_mask(merged, committed, target.model.dtype).to(target.device)
+        pos = trees.positions(merged, committed).to(target.device)
         feats = self.drafter.needs_features
         out = target(seq, cache, attention_mask=mask, position_ids=pos, with_features=feats, feature_layers=layers)
-        tokens = draft.tokens.tolist()
+        rows_of = torch.tensor([0] + [1 + j for j in index])  # each drafted node's row in the verified sequence
         logits = out.logits[0]
         if self.sampling.greedy:
-            path, nxt = trees.verify_tree_greedy(logits.argmax(-1).tolist(), tokens, draft.parents)
+            path, nxt = trees.verify_tree_greedy(logits.argmax(-1)[rows_of].tolist(), tokens, draft.parents)
         else:
             rule = trees.VERIFY_RULES[self.verify]
-            path, nxt = rule(probs(logits, self.sampling), draft.q, tokens, draft.parents, generator)
-        keep_positions(cache, list(range(committed + 1)) + [committed + 1 + i for i in path])
-        rows = torch.tensor([0] + [1 + i for i in path])
-        return [tokens[i] for i in path] + [nxt], out.positions(rows)
+            path, nxt = rule(probs(logits, self.sampling)[rows_of], draft.q, tokens, draft.parents, generator)
+        keep_positions(cache, list(range(committed + 1)) + [committed + 1 + index[i] for i in path])
+        return [tokens[i] for i in path] + [nxt], out.positions(rows_of[[0] + [1 + i for i in path]]), len(nodes)
 
     @torch.inference_mode()
     def generate(
@@ -179,10 +189,10 @@ class SpeculativeDecoder:
             if not draft.is_chain:
                 if self.judge is not None:
                     raise DraftsmithError("judge decoding verifies chains: score judged drafters with --tree chain")
-                new, rows = self._tree_round(cache, result.tokens[-1], draft, generator, layers)
+                new, rows, verified = self._tree_round(cache, result.tokens[-1], draft, generator, layers)
                 result.target_calls += 1
                 result.accepted.append(len(new) - 1)
-                result.drafted.append(len(draft))
+                result.drafted.append(verified)
                 result.depth.append(int(trees.depths(draft.parents).max()))
                 t0 = time.perf_counter()
                 drafter.advance(state, torch.tensor(new), rows)

@@ -14,7 +14,13 @@ From these, ``propose`` builds:
   their ``top_k`` children, then keep the ``size`` most confident nodes overall;
 - a **sampled tree** (multi-draft: SpecInfer, SpecTr, RSD-C): every node at depth d gets
   ``branching[d]`` children drawn from the drafter's distribution, i.i.d. or without replacement,
-  each recording the row it was drawn from (what the verifier's rule needs to stay lossless).
+  each recording the row it was drawn from (what the verifier's rule needs to stay lossless); a
+  candidate drawn twice is grown once (its repeats' children are drawn from its row, and the
+  verifier merges such nodes: ``core.trees``);
+- a **beam tree** (RSD-S, Jeon et al. 2024): stochastic beam search (Kool et al. 2019) keeps the
+  ``beam_width`` paths of highest Gumbel-perturbed log-probability at each depth, so a node's
+  children are a prefix of a draw without replacement from its distribution, as many as won a
+  place in the beam; siblings are listed in draw order with the rows RSD's rule needs.
 
 Static and dynamic tree tokens are chosen deterministically (top ranks), so their q is a point
 mass (``q=None``): the verifier's multi-candidate rule then stays lossless under sampling.
@@ -31,9 +37,10 @@ import torch
 
 from draftsmith.core.draft import Draft, Drafter
 from draftsmith.core.sampling import Sampling, draw_candidates, probs, sample
+from draftsmith.core.trees import representatives
 from draftsmith.errors import DraftsmithError
 
-TREE_KINDS = ("chain", "static", "dynamic", "sampled")
+TREE_KINDS = ("chain", "static", "dynamic", "sampled", "beam")
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class TreePolicy:
         paths: static trees: rank paths, parents before children (see ``static_tree``).
         branching: sampled trees: children drawn per node at each depth (its length caps the depth).
         replacement: sampled trees: siblings drawn i.i.d. (True) or without replacement (RSD).
+        beam_width: beam trees (RSD-S): paths kept per depth (at most ``beam_width`` nodes per depth).
     """
 
     kind: str = "chain"
@@ -55,12 +63,16 @@ class TreePolicy:
     paths: tuple[tuple[int, ...], ...] = ()
     branching: tuple[int, ...] = (2, 2, 1, 1)
     replacement: bool = True
+    beam_width: int = 4
 
     def __post_init__(self) -> None:
         if self.kind not in TREE_KINDS:
             raise DraftsmithError(f"--tree must be one of {', '.join(TREE_KINDS)}, got {self.kind!r}")
-        if self.size <= 0 or self.top_k <= 0:
-            raise DraftsmithError(f"--tree-size and top-k must be positive, got {self.size} and {self.top_k}")
+        if self.size <= 0 or self.top_k <= 0 or self.beam_width <= 0:
+            raise DraftsmithError(
+                f"--tree_size, --tree_top_k and --tree_beam_width must be positive, got {self.size}, {self.top_k} "
+                f"and {self.beam_width}"
+            )
         if not self.branching or any(b <= 0 for b in self.branching):
             raise DraftsmithError(f"--tree_branching must be positive integers, got {list(self.branching)}")
 
@@ -168,6 +180,8 @@ class TreeDrafter(Drafter):
             return self._static(state, k)
         if self.tree.kind == "sampled":
             return self._sampled(state, k, sampling, generator)
+        if self.tree.kind == "beam":
+            return self._beam(state, k, sampling, generator)
         return self._dynamic(state, k)
 
     def _chain(self, state, k: int, sampling: Sampling, generator) -> Draft:
@@ -183,11 +197,7 @@ class TreeDrafter(Drafter):
         return Draft.chain(tokens, torch.stack(qs))
 
     def _sampled(self, state, k: int, sampling: Sampling, generator) -> Draft:
-        if sampling.greedy:
-            raise DraftsmithError(
-                "--tree sampled draws candidates from the drafter's distribution: it needs --temperature > 0 "
-                "(greedy verification follows the target's argmax, so use --tree dynamic or static there)"
-            )
+        _needs_sampling(sampling, "sampled")
         scratch, logits = self.root(state)
         tokens, parents, rows = [], [], []
         frontier = [(-1, logits)]
@@ -202,8 +212,49 @@ class TreeDrafter(Drafter):
                     tokens.append(token)
                     parents.append(node)
                     rows.append(row)
-            if depth + 1 < depth_limit:
-                frontier = list(zip(new, self.grow(state, scratch, tokens, parents, new), strict=True))
+            if depth + 1 < depth_limit:  # a candidate drawn twice is grown once: its repeats share its row
+                rep = representatives(tokens, parents)
+                grown = [i for i in new if rep[i] == i]
+                through = [p if p < 0 else rep[p] for p in parents]  # grown nodes' ancestors: grown nodes only
+                logits = dict(zip(grown, self.grow(state, scratch, tokens, through, grown), strict=True))
+                frontier = [(i, logits[rep[i]]) for i in new]
+        return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), torch.stack(rows))
+
+    def _beam(self, state, k: int, sampling: Sampling, generator) -> Draft:
+        """Stochastic beam search: each depth's candidates are every beam node's children, perturbed with Gumbel
+        noise conditioned on their parent's perturbed value (so a path's value is a Gumbel-perturbed log-probability
+        of the whole path); the ``beam_width`` highest are kept. A node's kept children are its highest-perturbed
+        ones, i.e. the first draws of a sampling without replacement (Gumbel-top-k), listed in that order, each with
+        its distribution minus its earlier siblings, renormalised (the rows of ``draw_candidates``)."""
+        _needs_sampling(sampling, "beam")
+        width = self.tree.beam_width
+        scratch, logits = self.root(state)
+        tokens, parents, rows = [], [], []
+        beams = [(-1, 0.0, 0.0, logits)]  # (node, log-prob of its path, its perturbed value, its child's logits)
+        for depth in range(k):
+            candidates = []  # (perturbed value, parent, token, log-prob of the path, parent's q)
+            for node, logp, value, node_logits in beams:
+                q = probs(node_logits.float(), sampling)
+                path_logp = logp + q.log()  # -inf outside q's support
+                perturbed = _conditioned_gumbels(path_logp, value, generator)
+                top = perturbed.topk(min(width, int((q > 0).sum())))
+                candidates += [
+                    (float(v), node, int(t), float(path_logp[t]), q)
+                    for v, t in zip(top.values, top.indices, strict=True)
+                ]
+            kept = draw_order(sorted(candidates, key=lambda c: -c[0])[:width])
+            new, siblings = [], {}
+            for _, parent, token, _, q in kept:
+                row = q.clone()
+                row[siblings.setdefault(parent, [])] = 0.0
+                siblings[parent].append(token)
+                new.append(len(tokens))
+                tokens.append(token)
+                parents.append(parent)
+                rows.append(row / row.sum())
+            if depth + 1 < k:
+                grown = self.grow(state, scratch, tokens, parents, new)
+                beams = [(i, c[3], c[0], row) for i, c, row in zip(new, kept, grown, strict=True)]
         return Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), torch.stack(rows))
 
     def _static(self, state, k: int) -> Draft:
@@ -253,6 +304,31 @@ class TreeDrafter(Drafter):
             out = self.grow(state, scratch, tokens, parents, expand)
             frontier = [(i, scores[i], row) for i, row in zip(expand, out, strict=True)]
         return _rerank(tokens, parents, scores, size)
+
+
+def draw_order(kept: list[tuple]) -> list[tuple]:
+    """A beam depth's kept (perturbed value, parent, token, ...) in tree order: parents in node order, and each
+    node's children by falling perturbed value, the order in which a sampling without replacement drew them."""
+    return sorted(kept, key=lambda c: (c[1], -c[0]))
+
+
+def _needs_sampling(sampling: Sampling, kind: str) -> None:
+    if sampling.greedy:
+        raise DraftsmithError(
+            f"--tree {kind} draws candidates from the drafter's distribution: it needs --temperature > 0 "
+            "(greedy verification follows the target's argmax, so use --tree dynamic or static there)"
+        )
+
+
+def _conditioned_gumbels(logp: torch.Tensor, top: float, generator) -> torch.Tensor:
+    """Gumbel-perturbed ``logp`` (a node's children's path log-probs) conditioned on their maximum being ``top``, the
+    node's own perturbed value (Kool et al. 2019, eq. 23, in its numerically stable form)."""
+    u = torch.rand(logp.shape, generator=generator).clamp(1e-20, 1 - 1e-7)
+    g = logp - torch.log(-torch.log(u))
+    z = g.max()
+    v = top - g + torch.log(-torch.expm1((g - z).clamp(max=-1e-30)))  # log(1 - exp(g - z))
+    v = torch.where(g == z, torch.full_like(v, -torch.inf), v)
+    return top - v.clamp_min(0) - torch.log1p(torch.exp(-v.abs()))
 
 
 def _rerank(tokens: list[int], parents: list[int], scores: list[float], size: int) -> Draft:
