@@ -2,7 +2,7 @@
 HF's universal assisted generation with the same draft model, same prompts, same run.
 
     python benchmarks/crossvocab.py [--num-prompts 10] [--max-new-tokens 64] [-k 4] [--steps 300]
-        [--data runs/multidraft/smollm2/data/train] [--dtype float32]
+        [--token-weight 1.0] [--data runs/multidraft/smollm2/data/train] [--dtype float32]
 
 Rows, greedy, interleaved per prompt (the order rotating) after a warm-up prompt (``baselines.run``), each checked
 token for token against draftsmith's plain decoding: draftsmith plain, HF ``generate``, and for each draft model
@@ -10,7 +10,9 @@ draftsmith's ``xvocab:`` drafter (``families/crossvocab``) beside HF's ``generat
 tokenizer=..., assistant_tokenizer=...)`` with a constant K and no confidence threshold. Draft models: the default
 target's LM as built, and the same model distilled across vocabularies on SmolLM2's own generated answers
 (``train.crossvocab.distill_across_vocab``, ``--steps``; data made by ``benchmarks/multidraft.py --target smollm2`` or
-any ``draftsmith generate`` run on SmolLM2). Writes ``benchmarks/results/crossvocab.{json,md}``.
+any ``draftsmith generate`` run on SmolLM2): sequence-level only ("distilled"), and OmniDraft's hybrid of sequence-
+and token-level losses ("hybrid", ``--token-weight``; ``draftsmith xvocab``). Writes
+``benchmarks/results/crossvocab.{json,md}``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,18 @@ def rows(target_dir: Path, dtype: str, drafts: dict[str, Path], k: int, max_new:
     return decoders
 
 
+def hybrid_text(h: dict | None) -> str:
+    if h is None:
+        return ""
+    s = h["settings"]
+    return (
+        f"; hybrid: the same steps with the token-level loss too (weight {s['token_weight']}; {h['shared_vocabulary']:,} "
+        f"tokens share their text, {h['aligned_share']:.0%} of answer tokens align; {h['seconds']:.0f} s; sequence "
+        f"loss {h['loss_first']:.2f} → {h['loss_last']:.2f}, token-level {h['token_loss_first']:.2f} → "
+        f"{h['token_loss_last']:.2f})"
+    )
+
+
 def markdown(data: dict) -> str:
     m, rows_ = data["machine"], data["rows"]
     lines = [
@@ -73,7 +87,9 @@ def markdown(data: dict) -> str:
         f"4k-token BPE; SmolLM2's vocabulary is 49k), as built and distilled across vocabularies "
         f"({data['distill']['settings']['steps']} steps × {data['distill']['settings']['batch_size']} of SmolLM2's "
         f"answers in {data['distill']['rows']} rows, {data['distill']['seconds']:.0f} s; loss "
-        f"{data['distill']['loss_first']:.2f} → {data['distill']['loss_last']:.2f}). τ = tokens per target forward "
+        f"{data['distill']['loss_first']:.2f} → {data['distill']['loss_last']:.2f})"
+        + hybrid_text(data.get("hybrid"))
+        + ". τ = tokens per target forward "
         "(prefill included); drafted / forward: draft-model forwards (HF) or drafted target tokens (draftsmith) per "
         "target forward; exact = outputs equal to draftsmith's plain decoding.",
         "",
@@ -97,6 +113,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300, help="cross-vocabulary distillation steps")
+    parser.add_argument("--token-weight", type=float, default=1.0, help="hybrid distillation (0: no hybrid row)")
     parser.add_argument("--data", type=Path, default=Path("runs/multidraft/smollm2/data/train"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--out", type=Path, default=Path("runs/crossvocab"))
@@ -107,9 +124,12 @@ def main() -> None:
     if shards.read_metadata(args.data) is None:
         parser.error(f"--data: {args.data} holds no generated data (run benchmarks/multidraft.py --target smollm2)")
     distilled = distill_across_vocab(draft_dir, tokenizer, args.data, args.out / "distilled", steps=args.steps)
+    drafts = {"as built": draft_dir, "distilled": distilled}
+    if args.token_weight:
+        drafts["hybrid"] = distill_across_vocab(draft_dir, tokenizer, args.data, args.out / "hybrid", steps=args.steps,
+                                                target=target_dir, token_weight=args.token_weight)  # fmt: skip
     prompts = [encode(p, tokenizer) for p in load_prompts(HELDOUT["smollm2"], limit=args.num_prompts)]
-    decoders = rows(target_dir, args.dtype, {"as built": draft_dir, "distilled": distilled}, args.k,
-                    args.max_new_tokens)  # fmt: skip
+    decoders = rows(target_dir, args.dtype, drafts, args.k, args.max_new_tokens)
     data = {
         "machine": machine(),
         "prompts": HELDOUT["smollm2"],
@@ -119,6 +139,7 @@ def main() -> None:
         "repeats": args.repeats,
         "dtype": args.dtype,
         "distill": json.loads((distilled / "distill.json").read_text()),
+        "hybrid": json.loads((drafts["hybrid"] / "distill.json").read_text()) if "hybrid" in drafts else None,
         "rows": run(decoders, prompts, args.repeats),
     }
     data["load"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]

@@ -37,6 +37,7 @@ def _commands() -> dict:
     from draftsmith.pipeline.slurm.status import status as slurm_status
     from draftsmith.pipeline.slurm.submit import pipeline as slurm_pipeline
     from draftsmith.pipeline.slurm.submit import submit as slurm_submit
+    from draftsmith.train.crossvocab import xvocab
     from draftsmith.train.judge import judge
 
     return {
@@ -45,6 +46,7 @@ def _commands() -> dict:
         "features": cache_features,
         "score": score,
         "judge": judge,
+        "xvocab": xvocab,
         "report": report,
         "export": export,
         "import": import_drafter,

@@ -133,3 +133,88 @@ def test_xvocab_spec_scores_and_bad_drafts_fail_in_one_line(target, crossvocab, 
         load_drafter(f"xvocab:{words}", target)
     with pytest.raises(DraftsmithError, match=r"must share a tokenizer \(a draft model with its own: xvocab:DIR\)"):
         score_drafters(target, {"plain": load_drafter(str(good), target)}, prompts, 3, Sampling(), 8, 0, False)
+
+
+WORDS = [
+    "the",
+    "a",
+    "model",
+    "token",
+    "draft",
+    "target",
+    "text",
+    "speed",
+    "fast",
+    "slow",
+    "verify",
+    "accept",
+    "reject",
+    "sample",
+    "word",
+]
+
+
+def ascii_bpe(texts: list[str], vocab: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE whose alphabet is only the texts' characters (a model sampling from it writes ASCII), with
+    an end-of-sequence token."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<eos>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def test_hybrid_distillation_aligns_both_vocabularies_and_learns_the_targets_shared_tokens(tmp_path):
+    """OmniDraft's token-level half: pairs where both tokenizations start a token at the same character predict the
+    next token after the same text; the target's side is its distribution there over the shared tokens (recomputed
+    here from the prefix alone); distillation lowers the draft's cross-entropy to it."""
+    import json
+
+    from draftsmith.data.generate import generate
+    from draftsmith.data.shards import load_generated
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.train.crossvocab import TOP_K, distill_across_vocab, draft_rows, shared_vocabulary, token_targets
+
+    g = torch.Generator().manual_seed(0)
+    texts = [" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (12,), generator=g)) for _ in range(40)]
+    target_tok, draft_tok = ascii_bpe(texts, 120), byte_bpe(texts, 330)
+    target_model = make_llama(seed=5, layers=1, hidden=48, vocab=len(target_tok), eos=target_tok.eos_token_id)
+    with torch.no_grad():
+        target_model.lm_head.weight.mul_(6.0)  # peaked: a distribution worth learning
+    target_dir, draft_dir = tmp_path / "target", tmp_path / "draft"
+    for model, tok, path in [(target_model, target_tok, target_dir), (make_llama(6, 1, 48, len(draft_tok)), draft_tok, draft_dir)]:  # fmt: skip
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t[:30]}) + "\n" for t in texts))
+    generate(str(target_dir), str(tmp_path / "prompts.jsonl"), tmp_path / "data", temperature=1.0, max_new_tokens=24)
+
+    shared = shared_vocabulary(target_tok, draft_tok)
+    assert 10 < len(shared) < len(target_tok)
+    assert all(target_tok.decode([t]) == draft_tok.decode([d]) for t, d in shared.items())
+    rows, pairs = draft_rows(tmp_path / "data", target_tok, draft_tok, 512)
+    dataset, _ = load_generated(tmp_path / "data")
+    assert sum(map(len, pairs)) > len(rows)  # most answers align somewhere beyond their first token
+    for row, aligned, generated in zip(rows, pairs, dataset, strict=True):
+        ids, start = generated["input_ids"], generated["prompt_len"]
+        for t, d in aligned:  # the same answer text before the token each side predicts
+            assert target_tok.decode(ids[start : t + 1]) == draft_tok.decode(row.ids[row.prompt_len : d + 1])
+
+    token_targets(target_model, tmp_path / "data", rows, pairs, shared)
+    row, aligned, generated = next((r, a, x) for r, a, x in zip(rows, pairs, dataset, strict=True) if len(a) > 2)
+    (t, d), (d_again, index, p) = aligned[2], row.aligned[2]
+    with torch.no_grad():  # the prefix alone: no later token may leak into the target's side
+        logits = target_model(input_ids=torch.tensor([generated["input_ids"][: t + 1]])).logits[0, -1]
+    full = torch.softmax(logits, -1)[list(shared)]
+    top = full.topk(TOP_K)
+    assert d_again == d and index == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor(p), top.values / top.values.sum(), atol=1e-5, rtol=1e-4)
+
+    out = distill_across_vocab(draft_dir, target_tok, tmp_path / "data", tmp_path / "hybrid", steps=30, batch_size=8,
+                               lr=3e-3, target=target_dir, token_weight=1.0)  # fmt: skip
+    record = json.loads((out / "distill.json").read_text())
+    print(record)
+    assert record["shared_vocabulary"] == len(shared) and 0 < record["aligned_share"] <= 1
+    assert record["token_loss_last"] < 0.8 * record["token_loss_first"]
+    assert (out / "tokenizer.json").is_file()
+    with pytest.raises(DraftsmithError, match="--token_weight > 0 needs the target"):
+        distill_across_vocab(draft_dir, target_tok, tmp_path / "data", tmp_path / "x", token_weight=1.0)
