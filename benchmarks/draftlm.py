@@ -31,6 +31,41 @@ from draftsmith.train.draft_lm import DraftLMBudget, distill, export_pretrained,
 from draftsmith.train.suite import Budget, make_data
 
 
+def markdown(result: dict) -> str:
+    m, args, fits, load = result["machine"], result["args"], result["fits"], result["load_average"]
+    lines = [
+        "| draft LM | stage | loss | λ | steps | fit time | val/tau_est (= verifier full-round τ on the val text) "
+        "| verifier τ | speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, fit in fits.items():
+        measured = f"{fit['verifier_tau']:.2f} | {fit['speedup']:.2f}×" if "verifier_tau" in fit else "– | –"
+        took = "(earlier run)" if fit.get("reused") else f"{fit['seconds']:.0f} s"
+        lines.append(
+            f"| {name} | {fit['stage']} | {fit.get('loss', 'ce')} | {fit.get('on_policy', '–')} "
+            f"| {fit['steps']} | {took} | {fit['val_tau_est']:.3f} | {measured} |"
+        )
+    scored = [r["name"] for r in result["drafters"]]
+    target = f" Target: {result['target_params'] / 1e6:.1f}M parameters." if "target_params" in result else ""
+    return (
+        "## Distilled draft LMs on the default target\n\n"
+        f"`{m['command']}` on {m['date']} ({m['platform']}, {m['threads']} threads, git {m['git']}). "
+        f"The machine had other work on it (load average {load[0]:.1f} on 2 cores at the end), so fit times "
+        "and tokens/s are noisy; τ is not affected.\n\n"
+        f"Student: {fits['pretrained (undistilled)']['params'] / 1e6:.2f}M parameters (2 layers, hidden 128), "
+        f"pre-trained {args['pretrain_steps']} steps × 16 × 128 corpus tokens, then distilled "
+        f"{args['distill_steps']} steps × 8 sequences from that checkpoint.{target}\n\n"
+        + "\n".join(lines)
+        + f"\n\nval/tau_est replays the verifier's greedy rounds on the target's greedy continuations of the "
+        f"{args['val_prompts']} held-out prompts (equal to the verifier's full-round τ on that text, tested in "
+        f"tests/test_draft_lm.py); the verifier itself decoded {', '.join(scored)} below.\n\n"
+        f"### Verifier, same run (greedy, K = {args['k']}, {result.get('scored_prompts', args['score_prompts'])} "
+        f"held-out prompts × {args['new_tokens']} tokens)\n\n"
+        + markdown_table(result["drafters"], result["plain"])
+        + "\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pretrain-steps", type=int, default=300)
@@ -81,44 +116,15 @@ def main() -> None:
             drafters[name] = network.as_drafter()
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.score_prompts)]
     plain, rows = score_drafters(target, drafters, prompts, args.k, Sampling(), args.new_tokens)
-    lines = [
-        "| draft LM | stage | loss | λ | steps | fit time | val/tau_est (= verifier full-round τ on the val text) "
-        "| verifier τ | speedup |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
     scored = {row["name"]: row for row in rows}
     for name, fit in fits.items():
-        row = scored.get(name)
-        if row:
-            fit["verifier_tau"], fit["speedup"] = row["tau"], row["speedup"]
-        measured = f"{row['tau']:.2f} | {row['speedup']:.2f}×" if row else "– | –"
-        took = "(earlier run)" if fit.get("reused") else f"{fit['seconds']:.0f} s"
-        lines.append(
-            f"| {name} | {fit['stage']} | {fit.get('loss', 'ce')} | {fit.get('on_policy', '–')} "
-            f"| {fit['steps']} | {took} | {fit['val_tau_est']:.3f} | {measured} |"
-        )
-    load = os.getloadavg()
+        if name in scored:
+            fit["verifier_tau"], fit["speedup"] = scored[name]["tau"], scored[name]["speedup"]
     data_out = {"machine": machine(), "target": target.fingerprint, "args": {k: str(v) for k, v in vars(args).items()},
-                "fits": fits, "plain": plain, "drafters": rows, "load_average": load}  # fmt: skip
-    m = data_out["machine"]
-    md = (
-        "## Distilled draft LMs on the default target\n\n"
-        f"`{m['command']}` on {m['date']} ({m['platform']}, {m['threads']} threads, git {m['git']}). "
-        f"The machine had other work on it (load average {load[0]:.1f} on 2 cores at the end), so fit times "
-        "and tokens/s are noisy; τ is not affected.\n\n"
-        f"Student: {fits['pretrained (undistilled)']['params'] / 1e6:.2f}M parameters (2 layers, hidden 128), "
-        f"pre-trained {args.pretrain_steps} steps × 16 × 128 corpus tokens, then distilled "
-        f"{args.distill_steps} steps × 8 sequences from that checkpoint. Target: "
-        f"{sum(p.numel() for p in target.model.parameters()) / 1e6:.1f}M parameters.\n\n"
-        + "\n".join(lines)
-        + f"\n\nval/tau_est replays the verifier's greedy rounds on the target's greedy continuations of the "
-        f"{args.val_prompts} held-out prompts (equal to the verifier's full-round τ on that text, tested in "
-        "tests/test_draft_lm.py); the verifier itself decoded "
-        f"{'all draft LMs' if args.score is None else ', '.join(args.score)} below.\n\n"
-        f"### Verifier, same run (greedy, K = {args.k}, {len(prompts)} held-out prompts × {args.new_tokens} tokens)\n\n"
-        + markdown_table(rows, plain)
-        + "\n"
-    )
+                "fits": fits, "plain": plain, "drafters": rows, "load_average": os.getloadavg(),
+                "target_params": sum(p.numel() for p in target.model.parameters()),
+                "scored_prompts": len(prompts)}  # fmt: skip
+    md = markdown(data_out)
     write("draftlm", data_out, md)
 
 

@@ -30,6 +30,7 @@ MARKDOWN = {
     "baselines_smollm2": "baselines",
     "bf16_target": "bf16_target",
     "crossvocab": "crossvocab",
+    "draftlm": "draftlm",
     "export_vllm": "export_vllm",
     "heads_default": "heads",
     "judge": "judge",
@@ -237,6 +238,47 @@ def engines(names: str = "generate_engines,generate_engines_smollm2,generate_eng
     return "\n".join([*lines, "", *sources])
 
 
+def heads(name: str) -> str:
+    """``NAME.json`` (a ``heads.py`` run): each block's summary, τ and speedup per family as a chain and in trees."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    summary = importlib.import_module("heads").summary
+    result = load(name)
+    lines = []
+    for title, b in result["blocks"].items():
+        lines += [f"{title}, plain decoding {b['plain']['tokens_per_s']:.1f} tokens/s:", "", *summary(b), ""]
+    return "\n".join([*lines, source(result)])
+
+
+BASELINE_PAIRS = {
+    "plain decoding / HF `generate`": ("draftsmith plain", "HF generate"),
+    "draft LM, K = 4 / HF assisted, K = 4 constant, no threshold": ("draftsmith draft LM", "HF assisted, constant K"),
+    "draft LM, `confidence:0.4` / HF assisted with its defaults (≤ 20 tokens, threshold 0.4)": (
+        "draftsmith draft LM, confidence 0.4",
+        "HF assisted, HF defaults",
+    ),
+    "n-gram, N = 3 / HF prompt lookup, N = 3": ("draftsmith n-gram", "HF prompt lookup"),
+}
+"""draftsmith's row and HF's row compared in each line of the baselines table."""
+
+
+def baselines(names: str = "baselines,baselines_smollm2") -> str:
+    """draftsmith's decoding loops against HF transformers' on the same work: the tokens/s ratio of each pair, τ
+    beside it (tokens per target forward), one column per target."""
+    results = [load(n) for n in names.split(",")]
+    head = " | ".join(f"{r['target']} ({r['num_prompts']} prompts × {r['repeats']})" for r in results)
+    lines = [f"| pair | {head} |", "|---|" + "---|" * len(results)]
+    for label, (ours, theirs) in BASELINE_PAIRS.items():
+        cells = []
+        for r in results:
+            a, b = r["rows"][ours], r["rows"][theirs]
+            ratio = a["tokens_per_s"] / b["tokens_per_s"]
+            same = f"{a['tau']:.2f}" == f"{b['tau']:.2f}"
+            tau = f" (τ {a['tau']:.2f} both)" if same else f" (τ {a['tau']:.2f} vs {b['tau']:.2f})"
+            cells.append(f"{ratio:.2f}×" + ("" if ours == "draftsmith plain" else tau))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", *(f"- {r['target']}: {source(r)}" for r in results)])
+
+
 def result(name: str) -> str:
     """``NAME``'s Markdown as its benchmark's ``markdown(result)`` writes it (``MARKDOWN``), headings one level down
     and its title dropped, with the line saying what measured it."""
@@ -254,6 +296,8 @@ TABLES = {
     "verification_cost": verification_cost,
     "block": block,
     "by_block": by_block,
+    "heads": heads,
+    "baselines": baselines,
 }
 """Block name -> its table (a function of the results' JSON)."""
 
