@@ -29,11 +29,13 @@ class Decoded:
         tokens: the generated ids, the EOS token included when the row reached it.
         topk_ids: (n, K) the target's K most likely tokens at each generated position (empty when K = 0).
         topk_logprobs: (n, K) their log-probabilities under the untempered target (log-softmax of the logits).
+        last_hidden: (H,) the model's final hidden state at the prompt's last token, when asked for.
     """
 
     tokens: list[int]
     topk_ids: list[list[int]]
     topk_logprobs: list[list[float]]
+    last_hidden: torch.Tensor | None = None
 
 
 def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
@@ -69,10 +71,11 @@ def decode_batch(
     prompts: list[list[int]],
     seeds: list[int],
     sampling: Sampling,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     eos_token_id: int | Sequence[int] | None = None,
     context: int | None = None,
     store_topk: int = 0,
+    last_hidden: bool = False,
 ) -> list[Decoded]:
     """Sample continuations of a batch of prompts (left-padded) with one KV cache.
 
@@ -85,16 +88,20 @@ def decode_batch(
         prompts: token ids, each non-empty and shorter than ``context``.
         seeds: one seed per prompt (see ``row_seed``); unused when greedy.
         sampling: temperature 0 is greedy (argmax).
-        max_new_tokens: generation budget per row.
+        max_new_tokens: generation budget of every row, or one per row.
         eos_token_id: the token, or tokens (any of them), that stop a row (``Target.eos_token_ids``);
             None or empty never stops early.
         context: the model's maximum sequence length, or None for no limit.
         store_topk: also return the K most likely tokens and their log-probabilities per step.
+        last_hidden: also return each row's final hidden state at its prompt's last token (what a head on the
+            target's last layer reads where the first generated token is chosen).
     """
     device = model.device
     lens = torch.tensor([len(p) for p in prompts])  # (B,)
     batch, width = len(prompts), int(lens.max())
-    budget = torch.full((batch,), max_new_tokens)
+    budget = (
+        torch.tensor(max_new_tokens) if isinstance(max_new_tokens, Sequence) else torch.full((batch,), max_new_tokens)
+    )
     if context is not None:
         budget = budget.clamp_max(context - lens)
     if int(budget.min()) < 1:
@@ -129,8 +136,10 @@ def decode_batch(
         position_ids=prompt_pos,
         past_key_values=cache,
         use_cache=True,
+        output_hidden_states=last_hidden,
         **keep,
     )
+    hidden = out.hidden_states[-1][:, -1].float().cpu() if last_hidden else None
     tokens = torch.zeros((batch, steps), dtype=torch.long, device=device)
     top_ids = torch.zeros((batch, steps, store_topk), dtype=torch.long, device=device)
     top_lp = torch.zeros((batch, steps, store_topk), device=device)
@@ -156,7 +165,8 @@ def decode_batch(
         )
     counts = n_new.tolist()
     tokens_l = tokens.tolist()
-    if store_topk:
-        ids_l, lp_l = top_ids.tolist(), top_lp.tolist()
-        return [Decoded(tokens_l[i][:n], ids_l[i][:n], lp_l[i][:n]) for i, n in enumerate(counts)]
-    return [Decoded(tokens_l[i][:n], [], []) for i, n in enumerate(counts)]
+    ids_l, lp_l = (top_ids.tolist(), top_lp.tolist()) if store_topk else ([[]] * batch, [[]] * batch)
+    return [
+        Decoded(tokens_l[i][:n], ids_l[i][:n], lp_l[i][:n], None if hidden is None else hidden[i])
+        for i, n in enumerate(counts)
+    ]

@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, check_fingerprint
 from draftsmith.data.checks import passes
+from draftsmith.data.decode import decode_batch
 from draftsmith.data.prompts import encode
 from draftsmith.data.records import Prompt
 from draftsmith.errors import DraftsmithError
@@ -58,28 +60,12 @@ def _continuations(
     target: Target, rows: list[list[int]], new_tokens: list[int]
 ) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy continuations of ``rows`` (each up to its ``new_tokens``, stopping at EOS) and the final hidden state
-    at each row's last token, in one left-padded batch."""
-    model, pad = target.model, target.eos_token_id if target.eos_token_id is not None else 0
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    out = model.generate(
-        input_ids=ids.to(target.device),
-        attention_mask=mask.to(target.device),
-        max_new_tokens=max(max(new_tokens), 1),
-        do_sample=False,
-        pad_token_id=pad,
-        eos_token_id=list(target.eos_token_ids) or None,
-        output_hidden_states=True,
-        return_dict_in_generate=True,
-    )
-    hidden = out.hidden_states[0][-1][:, -1].float().cpu()
-    texts = []
-    for row, n in zip(out.sequences[:, width:].tolist(), new_tokens, strict=True):
-        row = row[:n]
-        stop = next((i for i, t in enumerate(row) if t in target.eos_token_ids), None)
-        texts.append(row if stop is None else row[: stop + 1])
-    return texts, hidden
+    at each row's last token, in one batch (``data.decode.decode_batch``)."""
+    out = decode_batch(
+        target.model, rows, [0] * len(rows), Sampling(0.0), [max(n, 1) for n in new_tokens], target.eos_token_ids,
+        last_hidden=True,
+    )  # fmt: skip
+    return [d.tokens[:n] for d, n in zip(out, new_tokens, strict=True)], torch.stack([d.last_hidden for d in out])
 
 
 @torch.inference_mode()
