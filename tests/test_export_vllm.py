@@ -125,10 +125,15 @@ def served(tmp_path_factory) -> dict:
         "pard": ("vllm", "pard"),
         "peagle": ("vllm", "peagle"),
         "dflash": ("vllm", "dflash"),
+        "peagle-speculators": ("speculators", "peagle"),
     }
     runs = [{"name": "plain", "speculative_config": None}]
     for name, (fmt, method) in exports.items():
         command = write_export(root / method, fmt, root / "out" / name)
+        if fmt == "speculators" and method == "peagle":  # vLLM reads parallel drafting off its speculators config
+            spec = {"method": "eagle3", "model": str(root / "out" / name), "num_speculative_tokens": K}
+            runs.append({"name": name, "speculative_config": spec | {"parallel_drafting": True}})
+            continue
         if method in ("pard", "peagle", "dflash"):  # served as the printed command says (parallel_drafting included)
             printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))
             runs.append({"name": name, "speculative_config": printed | {"num_speculative_tokens": K}})

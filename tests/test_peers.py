@@ -140,3 +140,103 @@ def test_a_checkpoint_the_peer_wrote_imports_and_drafts_as_the_peer_computes(dra
     decoder = SpeculativeDecoder(target, load_trained(root / "imported" / peer, target), k=3, sampling=Sampling(0.0))
     for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
         assert decoder.generate(prompt, 16).tokens == plain_decode(target, prompt, 16, Sampling(0.0), None).tokens
+
+
+DEPTH = 4
+
+
+@pytest.fixture(scope="module")
+def peagle(drafter) -> dict:
+    """A P-EAGLE drafter for the same target (scattered draft vocabulary, weights and placeholder feature perturbed),
+    and its logits over every anchor's placeholder chain."""
+    from conftest import VOCAB
+
+    from draftsmith.core.native import save_native
+    from draftsmith.families.peagle.module import PEagleModule
+
+    root = drafter["root"]
+    module = PEagleModule(str(root / "target"), LAYERS, draft_vocab_size=48, depth=DEPTH, mask_token_id=VOCAB - 3)
+    network = module.drafter
+    torch.manual_seed(1)
+    with torch.no_grad():
+        network.set_draft_vocab(torch.rand(VOCAB))
+        for name, p in network.named_parameters():
+            if name != "embed_tokens.weight":
+                p.add_(0.3 * torch.randn_like(p)) if "norm" in name or name == "mask_hidden" else p.mul_(3.0)
+    save_native(network, module.target, root / "native-peagle")
+    ours = peer_check.draftsmith_parallel_logits(network.eval(), drafter["x"], drafter["features"], DEPTH)
+    return {"root": root, "x": drafter["x"], "features": drafter["features"], "ours": ours}
+
+
+def peagle_logits(case: dict, export: Path, work: str) -> peer_check.StepLogits:
+    features = torch.cat(case["features"], dim=-1)
+    python = peer_python("speculators")
+    return peer_check.peer_logits(python, "speculators", export, case["x"], features, DEPTH, case["root"] / work)
+
+
+def peagle_export(case: dict) -> Path:
+    out = case["root"] / "export" / "peagle-speculators"
+    if not (out / "config.json").is_file():
+        write_export(case["root"] / "native-peagle", "speculators", out)
+    return out
+
+
+def test_speculators_peagle_class_gives_draftsmiths_logits_at_every_depth(peagle):
+    """speculators' PEagleDraftModel loads the P-EAGLE export; every anchor's placeholders at depths 1..3 (and the
+    anchors themselves) give draftsmith's logits and tokens."""
+    theirs = peagle_logits(peagle, peagle_export(peagle), "peagle-ok")
+    assert [tuple(x.shape[:2]) for x in theirs.logits] == [(1, T - d) for d in range(DEPTH)]
+    ok, why = agree(peagle["ours"], theirs)
+    print(f"speculators peagle: {why}")
+    assert ok, f"speculators loads draftsmith's P-EAGLE export with other outputs: {why}"
+
+
+def mask_token_off_by_one(state: dict, config: dict) -> None:
+    config["mask_token_id"] += 1
+
+
+def mask_hidden_dropped(state: dict, config: dict) -> None:
+    """The placeholder feature lost (speculators then initialises it at random): only the placeholders change."""
+    del state["mask_hidden"]
+
+
+@pytest.mark.parametrize("breakage", [mask_token_off_by_one, mask_hidden_dropped, transposed_fc_block])
+def test_a_broken_peagle_export_fails_the_comparison(peagle, breakage, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in peagle_export(peagle).iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    state = load_file(broken / "model.safetensors")
+    config = json.loads((broken / "config.json").read_text())
+    breakage(state, config)
+    save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
+    (broken / "config.json").write_text(json.dumps(config))
+    try:
+        theirs = peagle_logits(peagle, broken, f"peagle-{breakage.__name__}")
+    except RuntimeError as e:
+        print(f"peagle {breakage.__name__}: refused: {str(e).splitlines()[0]}")
+        return
+    ok, why = agree(peagle["ours"], theirs)
+    print(f"peagle {breakage.__name__}: {why}")
+    assert not ok, f"{breakage.__name__} went unnoticed by the P-EAGLE comparison"
+
+
+def test_a_peagle_checkpoint_speculators_wrote_imports_and_drafts_exactly(peagle):
+    """``PEagleDraftModel.from_training_args`` + ``save_pretrained`` in speculators' venv -> ``draftsmith import`` ->
+    a native peagle drafter with the peer's logits at every depth, decoding exactly under the verifier."""
+    python, root = peer_python("speculators"), peagle["root"]
+    ckpt = peer_check.peer_checkpoint(python, "speculators-peagle", root / "target", root / "written" / "peagle")
+    import_drafter(ckpt, str(root / "target"), root / "imported" / "peagle")
+    network, info = load_network(root / "imported" / "peagle")
+    assert (
+        network.method == "peagle" and network.cfg.depth == DEPTH and info["imported_from"]["layout"] == "speculators"
+    )
+    ours = peer_check.draftsmith_parallel_logits(network.eval(), peagle["x"], peagle["features"], DEPTH)
+    ok, why = agree(ours, peagle_logits(peagle, ckpt, "peagle-written"))
+    print(f"speculators-written P-EAGLE: {why}")
+    assert ok, f"the speculators-written P-EAGLE drafts otherwise once imported: {why}"
+    target = Target.from_pretrained(root / "target")
+    drafter = load_trained(root / "imported" / "peagle", target)
+    decoder = SpeculativeDecoder(target, drafter, k=DEPTH, sampling=Sampling(0.0))
+    for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
+        assert decoder.generate(prompt, 16).tokens == plain_decode(target, prompt, 16, Sampling(0.0), None).tokens

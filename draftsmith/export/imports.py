@@ -9,6 +9,9 @@ EAGLE-3 checkpoints in the layouts the field writes, each read as its own loader
   ``eagle_config.eagle_aux_hidden_state_layer_ids``, SGLang numbering: id k = HF ``hidden_states[k + 1]``).
 - ``vllm``: vLLM's ``Eagle3LlamaForCausalLM`` (``layers.0.*``; top-level aux ids, vLLM numbering).
 
+P-EAGLE in the speculators layout (``speculators_model_type: peagle``: EAGLE-3's tensors plus ``mask_hidden``, the
+config's ``mask_token_id``, the depth its greedy proposal drafts) becomes a native ``peagle`` drafter.
+
 and Medusa heads in the Medusa repository's layout (FasterDecoding/Medusa ``medusa_model.py``, also what TGI
 reads): ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` and ``medusa_lm_head.safetensors`` or
 ``.pt`` holding ``medusa_head``'s state, head i = ``nn.Sequential(ResBlock x layers, Linear(H, V))``: keys
@@ -23,6 +26,7 @@ scaling, biases) is refused with one line naming the config field, never approxi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +41,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export.common import target_fingerprint
 from draftsmith.export.eagle_layout import vocab_maps
 from draftsmith.families.eagle.network import Eagle3Config, EagleModel
+from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 
 
 def read_weights(src: Path) -> dict[str, torch.Tensor]:
@@ -67,8 +72,8 @@ def detect_layout(config: dict, state: dict) -> str:
     """Which EAGLE-3 layout (speculators, sglang, vllm) a checkpoint is in, from its config and tensor names."""
     if config.get("speculators_model_type") is not None:
         kind = config["speculators_model_type"]
-        if kind != "eagle3":
-            raise DraftsmithError(f"speculators_model_type {kind!r}: only eagle3 checkpoints are imported")
+        if kind not in ("eagle3", "peagle"):
+            raise DraftsmithError(f"speculators_model_type {kind!r}: only eagle3 and peagle checkpoints are imported")
         return "speculators"
     if any(k.startswith("midlayer.") for k in state):
         return "sglang"
@@ -250,7 +255,10 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     rope = layer.get("rope_parameters") or {}
     cfg.rope_theta = rope.get("rope_theta", layer.get("rope_theta", cfg.rope_theta))
     cfg.max_position_embeddings = layer.get("max_position_embeddings", cfg.max_position_embeddings)
-    network = EagleModel(cfg)
+    extra = {}
+    if config.get("speculators_model_type") == "peagle":
+        cfg, extra = peagle_config(cfg, config, state, where)
+    network = PEagleModel(cfg) if extra else EagleModel(cfg)
     ours = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
     for proj in ("k_proj", "v_proj"):
         name = f"self_attn.{proj}.weight"
@@ -275,6 +283,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
         "d2t": d2t.long(),
         "t2d": t2d.bool(),
         **{f"layer.{k}": v for k, v in ours.items()},
+        **extra,
     }
     try:
         result = network.load_state_dict(
@@ -292,6 +301,22 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     return write_imported(
         network, target, out, dtype, src, layout, f"feature layers {list(layers)}, draft vocabulary {draft_vocab}"
     )
+
+
+def peagle_config(cfg: Eagle3Config, config: dict, state: dict, where: str) -> tuple[PEagleConfig, dict]:
+    """A speculators P-EAGLE checkpoint's config (EAGLE-3's plus its depth and placeholder token) and the tensor
+    EAGLE-3 lacks (``mask_hidden``)."""
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    depth, mask = methods[0].get("speculative_tokens"), config.get("mask_token_id")
+    if depth is None or mask is None or "mask_hidden" not in state:
+        raise DraftsmithError(
+            f"{where}: a P-EAGLE checkpoint needs speculators_config.proposal_methods[0].speculative_tokens, "
+            f"mask_token_id and a mask_hidden tensor (got {depth}, {mask}, {'mask_hidden' in state})"
+        )
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return PEagleConfig(**fields, depth=int(depth), mask_token_id=int(mask)), {
+        "mask_hidden": state["mask_hidden"].reshape(-1)
+    }
 
 
 def target_embedding(target: Path) -> torch.Tensor:

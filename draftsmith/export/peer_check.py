@@ -52,6 +52,19 @@ def draftsmith_logits(network, input_ids: torch.Tensor, features: tuple[torch.Te
         return StepLogits([network.logits(h).float() for h in outs], network.d2t.detach().cpu().long())
 
 
+def draftsmith_parallel_logits(network, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], depth: int):
+    """draftsmith's P-EAGLE network over every anchor's placeholder chain (``peer_forward.py``'s P-EAGLE convention):
+    per depth d, the (1, T - d, Vd) logits of placeholder d of anchors 0..T-1-d (depth 0: the anchors)."""
+    from draftsmith.layers.parallel import parallel_layout
+
+    t = input_ids.shape[1]
+    anchors = [torch.arange(t - d) for d in range(1, depth)]
+    layout = parallel_layout(torch.ones(1, t), anchors, last_real=0)
+    with torch.no_grad():
+        out = network.logits(network.parallel(input_ids, features, layout)).float()
+    return StepLogits(list(out.split([t, *map(len, anchors)], dim=1)), network.d2t.detach().cpu().long())
+
+
 def run_peer(python: Path, args: list[str], log: Path) -> None:
     """``peer_forward.py ARGS`` in the peer's venv; raises with the log's tail when it fails."""
     with log.open("w") as f:

@@ -1,4 +1,5 @@
-"""Run an exported EAGLE-3 drafter through a peer's own model class (runs in the peer's venv, not draftsmith's).
+"""Run an exported EAGLE-3 or P-EAGLE drafter through a peer's own model class (runs in the peer's venv, not
+draftsmith's).
 
     python peer_forward.py PEER EXPORT_DIR INPUTS OUT
     python peer_forward.py PEER write OUT_DIR TARGET_DIR
@@ -10,7 +11,9 @@ export: SpecForge's draft class is the one its ``to_sglang`` exporter writes for
 each position, in draftsmith's convention: step j of the training-time test pairs the features (step 0) or the
 previous step's output with the tokens x[j+1 : j+1+T] (zero-padded), and anchor i of step j predicts x[i+j+2].
 ``OUT`` (safetensors): ``logits.j`` (1, T, Vd) per step, computed by the peer's code, and ``d2t`` as the peer
-loaded it. ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
+loaded it. A P-EAGLE export (speculators' ``PEagleDraftModel``; ``steps`` = its depth D) gives ``logits.d`` per
+depth instead: depth 0 the T anchors (anchor a pairs x[a+1] with the features of position a), depth d the (1, T - d,
+Vd) placeholders d of anchors 0..T-1-d, each seeing the real rows up to its anchor and its own chain. ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
 a scattered 48-token draft vocabulary, aux layers HF hidden_states 1, 2, 3), built and saved by the peer's own code
 (speculators: ``Eagle3DraftModel.from_training_args`` + ``save_pretrained``; SpecForge: ``LlamaForCausalLMEagle3``
 + ``load_embedding`` + ``save_pretrained``), norms perturbed away from 1. Only torch, safetensors and the peer are
@@ -19,6 +22,7 @@ imported: draftsmith is not installed in the peer's venv.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -43,6 +47,29 @@ def speculators_logits(export: str, x: torch.Tensor, features: torch.Tensor, ste
     with torch.no_grad():  # speculators' TTT feeds x shifted by 1 + j at step j: give it x[1:]
         model(features, shifted(x, 1), document_ids=torch.zeros_like(x), ttt_steps=steps)
     return logits, model.d2t
+
+
+def speculators_peagle_logits(export: str, x: torch.Tensor, features: torch.Tensor, depth: int):
+    """P-EAGLE's training forward with its random anchor sampling (COD) replaced by every anchor at every depth."""
+    import speculators.models.peagle.core as core
+    from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig
+
+    t = x.shape[1]
+    anchors = [torch.arange(t - d) for d in range(depth)]
+    core.generate_cod_sample_indices = lambda **_: (
+        torch.cat(anchors),
+        torch.cat([torch.full((len(a),), d) for d, a in enumerate(anchors)]),
+    )
+    config = PEagleSpeculatorConfig.from_pretrained(export)
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = PEagleDraftModel.from_pretrained(export, config=config).eval()
+    logits = []
+    model.lm_head.register_forward_hook(lambda _m, _i, out: logits.append(out))
+    with torch.no_grad():  # the verifier's last states only feed its loss: zeros
+        last = torch.zeros(1, t, model.config.transformer_layer_config.hidden_size)
+        model(features, shifted(x, 1), document_ids=torch.zeros_like(x), verifier_last_hidden_states=last,
+              num_depths=depth)  # fmt: skip
+    return list(logits[0].split([len(a) for a in anchors], dim=1)), model.d2t
 
 
 def specforge_logits(export: str, x: torch.Tensor, features: torch.Tensor, steps: int):
@@ -105,6 +132,28 @@ def write_speculators(out: str, target: str) -> None:
     model.save_pretrained(out)
 
 
+def write_speculators_peagle(out: str, target: str) -> None:
+    from speculators.models.peagle import PEagleDraftModel
+    from transformers import AutoConfig
+
+    verifier = AutoConfig.from_pretrained(target)
+    verifier.num_hidden_layers, verifier.num_key_value_heads = 1, verifier.num_attention_heads // 2
+    t2d, d2t = vocab_maps(verifier.vocab_size, 48)
+    model = PEagleDraftModel.from_training_args(
+        verifier,
+        t2d=t2d,
+        d2t=d2t,
+        draft_vocab_size=48,
+        mask_token_id=verifier.vocab_size - 3,
+        num_depths=4,
+        verifier_name_or_path=target,
+        target_layer_ids=[1, 2, 3],
+        draft_attn_impl="eager",
+    )
+    perturb(model)
+    model.save_pretrained(out)
+
+
 def write_specforge(out: str, target: str) -> None:
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
     from transformers import AutoConfig, LlamaConfig
@@ -130,11 +179,17 @@ def write_specforge(out: str, target: str) -> None:
 def main() -> None:
     if sys.argv[2] == "write":
         peer, _, out, target = sys.argv[1:5]
-        {"speculators": write_speculators, "specforge": write_specforge}[peer](out, target)
+        writers = {"speculators": write_speculators, "speculators-peagle": write_speculators_peagle}
+        writers["specforge"] = write_specforge
+        writers[peer](out, target)
         return
     peer, export, inputs, out = sys.argv[1:5]
     data = load_file(inputs)
     run = {"speculators": speculators_logits, "specforge": specforge_logits}[peer]
+    with open(os.path.join(export, "config.json")) as f:
+        kind = json.load(f).get("speculators_model_type")
+    if peer == "speculators" and kind == "peagle":
+        run = speculators_peagle_logits
     logits, d2t = run(export, data["input_ids"], data["features"].float(), int(data["steps"]))
     save_file({**{f"logits.{j}": v.float().contiguous() for j, v in enumerate(logits)}, "d2t": d2t}, out)
 

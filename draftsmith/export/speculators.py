@@ -1,4 +1,4 @@
-"""speculators-format EAGLE-3 directories (vLLM's ``speculators`` library; vLLM serves them directly).
+"""speculators-format EAGLE-3 and P-EAGLE directories (vLLM's ``speculators`` library; vLLM serves them directly).
 
 Facts, read in speculators 0.3.0 (``models/eagle3/config.py``: ``Eagle3SpeculatorConfig``,
 ``config.py``: ``SpeculatorsConfig`` / ``VerifierConfig``, ``proposals/greedy.py``;
@@ -14,8 +14,14 @@ loader dispatches on it (speculators uses ``speculators_model_type``; vLLM 0.32 
 overwrites it). EAGLE-1 is registered in speculators 0.3.0 (``eagle``) but vLLM 0.32 serves only ``eagle3``
 (and newer types) from this format, so it is not exported here.
 
-speculators 0.9.0's own ``Eagle3DraftModel.from_pretrained`` loads these dirs and computes the same logits and
-tokens as draftsmith's drafter over the training-time test (tests/test_peers.py, in its own venv).
+P-EAGLE (``speculators_model_type: peagle``, speculators 0.9.0 ``models/peagle``: ``PEagleSpeculatorConfig`` is
+EAGLE-3's with ``mask_token_id``; ``PEagleDraftModel`` adds ``mask_hidden`` (1, 1, aux x H), the placeholder's
+stand-in for the target features, before ``fc``). vLLM 0.32 (``algos.py::update_peagle``) serves it as EAGLE-3 with
+``parallel_drafting``, ``pard_token`` = ``mask_token_id``.
+
+speculators 0.9.0's own ``Eagle3DraftModel`` / ``PEagleDraftModel.from_pretrained`` load these dirs and compute the
+same logits and tokens as draftsmith's drafter (EAGLE-3 over the training-time test, P-EAGLE over every anchor's
+placeholder chain; tests/test_peers.py, in its own venv).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from draftsmith.export import eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
 from draftsmith.export.vllm import eagle3_tensors
 
-METHODS = ("eagle3",)
+METHODS = ("eagle3", "peagle")
 SPECULATORS_VERSION = "0.3.0"
 """The speculators release whose config classes this layout follows (and that validates it in tests)."""
 
@@ -36,13 +42,19 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
     cfg = src.network.cfg
     target = src.target_config("speculators")
     aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "vllm")
-    tensors = cast(eagle3_tensors(src.network, "layers.0."), dtype)
+    tensors = eagle3_tensors(src.network, "layers.0.")
+    peagle = src.method == "peagle"
+    if peagle:
+        tensors["mask_hidden"] = src.network.state_dict()["mask_hidden"].reshape(1, 1, -1)
+    tensors = cast(tensors, dtype)
+    if peagle:
+        speculative_tokens = cfg.depth  # one forward drafts what it was trained for
     config = {
-        "architectures": ["Eagle3DraftModel"],
-        "speculators_model_type": "eagle3",
+        "architectures": ["PEagleDraftModel" if peagle else "Eagle3DraftModel"],
+        "speculators_model_type": src.method,
         "speculators_version": SPECULATORS_VERSION,
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": src.method,
             "proposal_methods": [
                 {
                     "proposal_type": "greedy",
@@ -62,6 +74,7 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
         "norm_before_fc": False,
         "fc_norm": False,
         "norm_output": False,
+        **({"mask_token_id": cfg.mask_token_id} if peagle else {}),
         "torch_dtype": dtype_name(tensors),
     }
     write(out, tensors, config, "speculators")
