@@ -65,10 +65,12 @@ def speculators_peagle_logits(export: str, x: torch.Tensor, features: torch.Tens
     model = PEagleDraftModel.from_pretrained(export, config=config).eval()
     logits = []
     model.lm_head.register_forward_hook(lambda _m, _i, out: logits.append(out))
-    with torch.no_grad():  # the verifier's last states only feed its loss: zeros
+    from speculators.losses.utils import resolve_loss_config
+
+    with torch.no_grad():  # the verifier's last states only feed its loss (eager: its fused one needs Triton): zeros
         last = torch.zeros(1, t, model.config.transformer_layer_config.hidden_size)
         model(features, shifted(x, 1), document_ids=torch.zeros_like(x), verifier_last_hidden_states=last,
-              num_depths=depth)  # fmt: skip
+              num_depths=depth, loss_config=resolve_loss_config("kl_div", "eager"))  # fmt: skip
     return list(logits[0].split([len(a) for a in anchors], dim=1)), model.d2t
 
 
