@@ -134,9 +134,9 @@ def test_unknown_tree_kind_and_static_tree_without_accuracies_are_one_line_error
 ):
     args = ["score", "--target", str(model_dirs["target"]), "--drafter", "ngram", "--prompts", str(prompt_file)]
     err = run_cli(capsys, *args, "--tree", "bushy", "--out", str(tmp_path / "a"))
-    assert "--tree must be one of chain, static, dynamic, sampled, got 'bushy'" in err
+    assert "--tree must be one of chain, static, dynamic, sampled, beam, got 'bushy'" in err
     err = run_cli(capsys, *args, "--tree", "dynamic", "--tree-size", "0", "--out", str(tmp_path / "b"))
-    assert "--tree-size and top-k must be positive" in err
+    assert "--tree_size, --tree_top_k and --tree_beam_width must be positive, got 0, 4 and 4" in err
     from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
     from draftsmith.layers.tree_draft import TreePolicy
 
