@@ -100,11 +100,8 @@ def norm_flag_flipped(state: dict, config: dict) -> None:
         config["norm_output"] = False  # SpecForge's class then reads logits off the un-normed state
 
 
-@pytest.mark.parametrize("peer", ["speculators", "specforge"])
-@pytest.mark.parametrize("breakage", [transposed_fc_block, d2t_off_by_one, norm_flag_flipped])
-def test_a_broken_export_fails_the_comparison(drafter, peer, breakage, tmp_path):
-    good = export_dir(drafter, peer)
-    broken = tmp_path / "broken"
+def broken_copy(good: Path, breakage, broken: Path) -> Path:
+    """A copy of the export dir ``good`` with ``breakage(state, config)`` applied to its weights and config."""
     broken.mkdir()
     for f in good.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
@@ -113,6 +110,13 @@ def test_a_broken_export_fails_the_comparison(drafter, peer, breakage, tmp_path)
     breakage(state, config)
     save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
     (broken / "config.json").write_text(json.dumps(config))
+    return broken
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+@pytest.mark.parametrize("breakage", [transposed_fc_block, d2t_off_by_one, norm_flag_flipped])
+def test_a_broken_export_fails_the_comparison(drafter, peer, breakage, tmp_path):
+    broken = broken_copy(export_dir(drafter, peer), breakage, tmp_path / "broken")
     try:
         theirs = run_peer(drafter, peer, broken, f"{peer}-{breakage.__name__}")
     except RuntimeError as e:  # refused to load: also a failure the check reports
@@ -202,15 +206,7 @@ def mask_hidden_dropped(state: dict, config: dict) -> None:
 
 @pytest.mark.parametrize("breakage", [mask_token_off_by_one, mask_hidden_dropped, transposed_fc_block])
 def test_a_broken_peagle_export_fails_the_comparison(peagle, breakage, tmp_path):
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in peagle_export(peagle).iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
-    state = load_file(broken / "model.safetensors")
-    config = json.loads((broken / "config.json").read_text())
-    breakage(state, config)
-    save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
-    (broken / "config.json").write_text(json.dumps(config))
+    broken = broken_copy(peagle_export(peagle), breakage, tmp_path / "broken")
     try:
         theirs = peagle_logits(peagle, broken, f"peagle-{breakage.__name__}")
     except RuntimeError as e:

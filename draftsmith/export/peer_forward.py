@@ -112,45 +112,29 @@ def perturb(model: torch.nn.Module) -> None:
                 p.add_(0.3 * torch.randn_like(p))
 
 
-def write_speculators(out: str, target: str) -> None:
-    from speculators.models.eagle3 import Eagle3DraftModel
+def write_speculators(out: str, target: str, kind: str = "eagle3") -> None:
+    """A randomly initialised speculators drafter (``kind`` eagle3 or peagle) for ``target``, saved by speculators."""
     from transformers import AutoConfig
+
+    if kind == "peagle":
+        from speculators.models.peagle import PEagleDraftModel as cls
+    else:
+        from speculators.models.eagle3 import Eagle3DraftModel as cls
 
     verifier = AutoConfig.from_pretrained(target)
     verifier.num_hidden_layers, verifier.num_key_value_heads = 1, verifier.num_attention_heads // 2
     t2d, d2t = vocab_maps(verifier.vocab_size, 48)
-    model = Eagle3DraftModel.from_training_args(
+    extra = {"mask_token_id": verifier.vocab_size - 3, "num_depths": 4} if kind == "peagle" else {"ttt_steps": 3}
+    model = cls.from_training_args(
         verifier,
         t2d=t2d,
         d2t=d2t,
         draft_vocab_size=48,
         norm_before_residual=False,
-        ttt_steps=3,
         verifier_name_or_path=target,
         target_layer_ids=[1, 2, 3],
         draft_attn_impl="eager",
-    )
-    perturb(model)
-    model.save_pretrained(out)
-
-
-def write_speculators_peagle(out: str, target: str) -> None:
-    from speculators.models.peagle import PEagleDraftModel
-    from transformers import AutoConfig
-
-    verifier = AutoConfig.from_pretrained(target)
-    verifier.num_hidden_layers, verifier.num_key_value_heads = 1, verifier.num_attention_heads // 2
-    t2d, d2t = vocab_maps(verifier.vocab_size, 48)
-    model = PEagleDraftModel.from_training_args(
-        verifier,
-        t2d=t2d,
-        d2t=d2t,
-        draft_vocab_size=48,
-        mask_token_id=verifier.vocab_size - 3,
-        num_depths=4,
-        verifier_name_or_path=target,
-        target_layer_ids=[1, 2, 3],
-        draft_attn_impl="eager",
+        **extra,
     )
     perturb(model)
     model.save_pretrained(out)
@@ -181,9 +165,10 @@ def write_specforge(out: str, target: str) -> None:
 def main() -> None:
     if sys.argv[2] == "write":
         peer, _, out, target = sys.argv[1:5]
-        writers = {"speculators": write_speculators, "speculators-peagle": write_speculators_peagle}
-        writers["specforge"] = write_specforge
-        writers[peer](out, target)
+        if peer == "speculators-peagle":
+            write_speculators(out, target, "peagle")
+        else:
+            {"speculators": write_speculators, "specforge": write_specforge}[peer](out, target)
         return
     peer, export, inputs, out = sys.argv[1:5]
     data = load_file(inputs)
