@@ -39,7 +39,7 @@ def vllm_python() -> Path:
 
 def run(out: Path, engine: str, python: Path | None, **kwargs):
     settings = {"prompts": "builtin:heldout", "max_new_tokens": MAX_NEW, "num_prompts": 24, "shard_size": 8}
-    extra = {"vllm_python": str(python)} if engine == "vllm" else {"device": "cpu"}
+    extra = {"vllm_python": str(python), "vllm_eager": True} if engine == "vllm" else {"device": "cpu"}
     generate("default", out=out, engine=engine, **{**settings, **extra, **kwargs})
     return load_generated(out)
 
@@ -94,7 +94,7 @@ def test_another_seed_samples_other_vllm_data(vllm_python, sampled, tmp_path):
 def test_killed_vllm_run_resumes_to_the_same_dataset(vllm_python, sampled, tmp_path):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "draftsmith.cli", "generate", "--target", "default", "--engine", "vllm"]
-    cmd += ["--vllm-python", str(vllm_python), "--prompts", "builtin:heldout"]
+    cmd += ["--vllm-python", str(vllm_python), "--vllm-eager", "true", "--prompts", "builtin:heldout"]
     cmd += ["--shard-size", "8", "--max-new-tokens", str(MAX_NEW), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in SAMPLED.items()]
     saved = kill_after_first_shard(cmd, out, 300)  # draftsmith and its vLLM worker

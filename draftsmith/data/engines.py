@@ -96,6 +96,7 @@ class VLLMEngine:
         context: the model's maximum sequence length.
         max_num_seqs: sequences vLLM decodes together (``--batch-size``).
         tensor_parallel_size: GPUs one model is split over.
+        eager: vLLM's ``enforce_eager``: no graph compilation (a faster start, slower decoding).
         store_topk: top-k log-probabilities returned per generated token (0: none).
         log: where vLLM's own output goes.
     """
@@ -112,6 +113,7 @@ class VLLMEngine:
         tensor_parallel_size: int,
         store_topk: int,
         log: Path,
+        eager: bool = False,
     ) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log
@@ -131,6 +133,7 @@ class VLLMEngine:
             "max_num_seqs": max_num_seqs,
             "tensor_parallel_size": tensor_parallel_size,
             "store_topk": store_topk,
+            "enforce_eager": eager,
         }
         self.version = self._ask(engine)["vllm"]
 

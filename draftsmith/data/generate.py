@@ -118,6 +118,8 @@ class GenerateRun:
     ``.venv-vllm/bin/python``)."""
     tensor_parallel_size: int = 1
     """``--engine vllm``: GPUs each model is split over."""
+    vllm_eager: bool = False
+    """``--engine vllm``: no graph compilation (vLLM's ``enforce_eager``): a faster start, slower decoding."""
 
 
 def is_greedy(prompt_index: int, share: float) -> bool:
@@ -168,6 +170,7 @@ def generate(
     engine: str = "hf",
     vllm_python: str | None = None,
     tensor_parallel_size: int = 1,
+    vllm_eager: bool = False,
 ) -> Path:
     """Sample the target's continuations of prompts into a dataset for training drafters.
 
@@ -213,6 +216,8 @@ def generate(
             ``.venv-vllm/bin/python``, which ``bash draftsmith/export/vllm_venv.sh`` builds).
         tensor_parallel_size: ``--engine vllm``: GPUs each model is split over (data parallelism is ``--rank`` /
             ``--world-size``, as for ``hf``).
+        vllm_eager: ``--engine vllm``: skip vLLM's graph compilation (``enforce_eager``): a faster start, slower
+            decoding; for short runs (the tests use it).
 
     Returns:
         ``out`` (the rank's directory when ``world_size`` > 1).
@@ -233,7 +238,9 @@ def generate(
         dtype=target_dtype(parse_target(target, dtype), resolve(target)),
         engine=engine,
     )
-    run = GenerateRun(batch_size, device, resume, overwrite, rank, world_size, vllm_python, tensor_parallel_size)
+    run = GenerateRun(
+        batch_size, device, resume, overwrite, rank, world_size, vllm_python, tensor_parallel_size, vllm_eager
+    )
     return generate_data(target, Path(out), settings, run)
 
 
@@ -334,7 +341,7 @@ def _engine(settings: GenerateSettings, run: GenerateRun, target, t: Target, con
     if python is not None:  # --engine vllm
         return VLLMEngine(
             resolve(target), python, settings.dtype, context or 4096, run.batch_size,
-            run.tensor_parallel_size, settings.store_topk, out / "vllm.log",
+            run.tensor_parallel_size, settings.store_topk, out / "vllm.log", run.vllm_eager,
         )  # fmt: skip
     return HFEngine(t, run.batch_size)
 

@@ -66,6 +66,7 @@ def main() -> None:
         skip_tokenizer_init=True,
         seed=0,
         max_logprobs=max(engine["store_topk"], 1),
+        enforce_eager=engine.get("enforce_eager", False),
         **whole_prefill,
     )
     k = engine["store_topk"]
