@@ -133,18 +133,21 @@ def draw_candidates(
     """
     tokens, rows = [], []
     for _ in range(n):
-        if replacement:
-            row = q
-        else:
-            row = q.clone()
-            row[tokens] = 0.0
-            total = row.sum()
-            if total <= 0:
-                break
-            row = row / total
+        row = q if replacement else remainder(q, tokens)
+        if row is None:
+            break
         tokens.append(sample(row, generator))
         rows.append(row)
     return tokens, rows
+
+
+def remainder(q: torch.Tensor, drawn: list[int]) -> torch.Tensor | None:
+    """``q`` with the ``drawn`` tokens removed, renormalised: the row of the next draw without replacement (None when
+    nothing is left)."""
+    row = q.clone()
+    row[drawn] = 0.0
+    total = row.sum()
+    return row / total if total > 0 else None
 
 
 def spectr_rho(p: torch.Tensor, q: torch.Tensor, m: int) -> float:

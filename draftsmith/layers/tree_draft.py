@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from draftsmith.core.draft import Draft, Drafter
-from draftsmith.core.sampling import Sampling, draw_candidates, probs, sample
+from draftsmith.core.sampling import Sampling, draw_candidates, probs, remainder, sample
 from draftsmith.core.trees import representatives
 from draftsmith.errors import DraftsmithError
 
@@ -245,13 +245,11 @@ class TreeDrafter(Drafter):
             kept = draw_order(sorted(candidates, key=lambda c: -c[0])[:width])
             new, siblings = [], {}
             for _, parent, token, _, q in kept:
-                row = q.clone()
-                row[siblings.setdefault(parent, [])] = 0.0
+                rows.append(remainder(q, siblings.setdefault(parent, [])))
                 siblings[parent].append(token)
                 new.append(len(tokens))
                 tokens.append(token)
                 parents.append(parent)
-                rows.append(row / row.sum())
             if depth + 1 < k:
                 grown = self.grow(state, scratch, tokens, parents, new)
                 beams = [(i, c[3], c[0], row) for i, c, row in zip(new, kept, grown, strict=True)]
