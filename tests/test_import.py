@@ -59,6 +59,34 @@ def test_export_then_import_drafts_the_same(env, fmt, tmp_path):
     same(env["ours"], logits(network, env["x"], env["features"]))
 
 
+@pytest.mark.parametrize(
+    ("mask_from_token", "fmt"), [(False, "vllm"), (True, "vllm"), (True, "sglang"), (True, "speculators")]
+)
+def test_a_dflash_export_imports_back_drafting_the_same(env, mask_from_token, fmt, tmp_path):
+    """DFlash -> z-lab's layout (the vllm and sglang exports) or speculators' -> import: the same logits at every
+    anchor's masks; a learned mask comes back from the export's mask_embedding.pt, a token's mask as that token's
+    embedding."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.dflash.module import DFlashModule
+
+    module = DFlashModule(
+        str(env["root"] / "target"), LAYERS, depth=3, mask_token_id=VOCAB - 3, mask_from_token=mask_from_token
+    )
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in module.drafter.parameters():
+            if p.requires_grad:
+                p.add_(0.3 * torch.randn_like(p))
+    save_native(module.drafter, module.target, tmp_path / "native")
+    write_export(tmp_path / "native", fmt, tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    layout = "speculators" if fmt == "speculators" else "z-lab"
+    assert info["imported_from"]["layout"] == layout and network.cfg.mask_from_token == mask_from_token
+    ours = peer_check.draftsmith_dflash_logits(module.drafter.eval(), env["x"], env["features"], 3)
+    same(ours, peer_check.draftsmith_dflash_logits(network.eval(), env["x"], env["features"], 3))
+
+
 def test_a_grouped_query_checkpoint_imports_exactly(env, tmp_path):
     """Pairs of heads sharing k/v weights, written as a 2-kv-head checkpoint: the import repeats them back."""
     src = tmp_path / "gqa"

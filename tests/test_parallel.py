@@ -234,14 +234,14 @@ def test_bad_settings_are_one_line_errors(setup, family, kwargs, message):  # no
         cls(str(setup["target"]), **kwargs)
 
 
-def exported(setup, tmp_path, module) -> tuple[dict, dict, str]:  # noqa: F811
+def exported(setup, tmp_path, module, to: str = "vllm") -> tuple[dict, dict, str]:  # noqa: F811
     from safetensors.torch import load_file
 
     from draftsmith.export.registry import write_export
 
     save_native(module.drafter, module.target, tmp_path / "native")
-    command = write_export(tmp_path / "native", "vllm", tmp_path / "vllm")
-    out = tmp_path / "vllm"
+    out = tmp_path / to
+    command = write_export(tmp_path / "native", to, out)
     tensors = load_file(out / "model.safetensors")
     return json.loads((out / "config.json").read_text()), tensors, command
 
@@ -280,6 +280,31 @@ def test_dflash_exports_vllms_dflash_draft_model(setup, tmp_path):  # noqa: F811
     mask = torch.load(tmp_path / "vllm" / "mask_embedding.pt")
     torch.testing.assert_close(mask, module.drafter.mask_embedding.detach())
     assert '"method": "dflash"' in command and '"num_speculative_tokens": 3' in command
+
+
+def test_a_dflash_with_token_masks_embeds_them_as_the_token_and_exports_for_speculators(setup, tmp_path):  # noqa: F811
+    """``mask_from_token``: the masks are the target's embedding of mask_token_id, frozen (what speculators' DFlash
+    computes); the speculators export carries the block, the feature layers and the token. A learned mask is refused
+    there, naming the option (tests/test_peers.py runs speculators' own class on the export)."""
+    module = DFlashModule(str(setup["target"]), [1, 2, 3], depth=3, mask_token_id=90, mask_from_token=True)
+    network = module.drafter
+    assert not network.mask_embedding.requires_grad
+    assert all(p.requires_grad for n, p in network.named_parameters() if n.startswith(("fc.", "layers.")))
+    torch.testing.assert_close(network.mask(), module.target.embed_tokens.weight[90])
+    config, tensors, _ = exported(setup, tmp_path, module, "speculators")
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
+    assert config["aux_hidden_state_layer_ids"] == [1, 2, 3] and config["mask_token_id"] == 90
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert config["transformer_layer_config"]["model_type"] == "qwen3" and "mask_embedding" not in tensors
+    exported(setup, tmp_path / "v", module)
+    assert not (tmp_path / "v" / "vllm" / "mask_embedding.pt").exists()  # vLLM embeds the mask id, as the drafter
+    config, _, command = exported(setup, tmp_path / "s", module, "sglang")  # z-lab's layout, as vLLM's
+    assert config["dflash_config"] == {"mask_token_id": 90, "target_layer_ids": [0, 1, 2]} and config["block_size"] == 4
+    assert "--speculative-algorithm DFLASH" in command and "--speculative-dflash-block-size 4" in command
+    learned = DFlashModule(str(setup["target"]), [1, 2, 3], depth=3, mask_token_id=90)
+    for fmt in ("speculators", "sglang"):
+        with pytest.raises(DraftsmithError, match="learned its own mask embedding.*mask_from_token: true"):
+            exported(setup, tmp_path / f"l-{fmt}", learned, fmt)
 
 
 def test_a_two_layer_dflash_is_refused_for_vllm_naming_why(setup, tmp_path):  # noqa: F811

@@ -236,3 +236,100 @@ def test_a_peagle_checkpoint_speculators_wrote_imports_and_drafts_exactly(peagle
     decoder = SpeculativeDecoder(target, drafter, k=DEPTH, sampling=Sampling(0.0))
     for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
         assert decoder.generate(prompt, 16).tokens == plain_decode(target, prompt, 16, Sampling(0.0), None).tokens
+
+
+@pytest.fixture(scope="module")
+def dflash(drafter) -> dict:
+    """A two-layer DFlash for the same target whose masks are the target's embedding of a token (what the peers'
+    DFlash classes compute), weights perturbed, and its logits at every anchor's masks."""
+    from conftest import VOCAB
+
+    from draftsmith.core.native import save_native
+    from draftsmith.families.dflash.module import DFlashModule
+
+    root = drafter["root"]
+    module = DFlashModule(
+        str(root / "target"), LAYERS, depth=DEPTH, num_layers=2, mask_token_id=VOCAB - 3, mask_from_token=True
+    )
+    network = module.drafter
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in network.named_parameters():
+            if p.requires_grad:
+                p.add_(0.3 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
+    save_native(network, module.target, root / "native-dflash")
+    ours = peer_check.draftsmith_dflash_logits(network.eval(), drafter["x"], drafter["features"], DEPTH)
+    return {"root": root, "x": drafter["x"], "features": drafter["features"], "ours": ours}
+
+
+def dflash_export(case: dict, peer: str) -> Path:
+    """The DFlash export the peer's code loads: speculators' layout, or z-lab's (the SGLang export) for SpecForge."""
+    out = case["root"] / "export" / f"dflash-{peer}"
+    if not (out / "config.json").is_file():
+        write_export(case["root"] / "native-dflash", peer_check.FORMATS[peer], out)
+    return out
+
+
+def dflash_logits(case: dict, peer: str, export: Path, work: str) -> peer_check.StepLogits:
+    """The peer's DFlash class over the same inputs (SpecForge's is given the target's embedding and LM head)."""
+    features, root = torch.cat(case["features"], dim=-1), case["root"]
+    target = root / "target" if peer == "specforge" else None
+    return peer_check.peer_logits(peer_python(peer), peer, export, case["x"], features, DEPTH, root / work, target)
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_the_peers_dflash_class_gives_draftsmiths_logits_at_every_mask(dflash, peer):
+    """speculators' DFlashDraftModel (its embedding reloaded from the target) and SpecForge's (z-lab's layout, as
+    SGLang serves it) load the DFlash export; every anchor's block gives draftsmith's logits and tokens at each
+    mask."""
+    theirs = dflash_logits(dflash, peer, dflash_export(dflash, peer), f"dflash-{peer}-ok")
+    assert [tuple(x.shape[:2]) for x in theirs.logits] == [(1, T - DEPTH - 1)] * DEPTH
+    ok, why = agree(dflash["ours"], theirs)
+    print(f"{peer} dflash: {why}")
+    assert ok, f"{peer} loads draftsmith's DFlash export with other outputs: {why}"
+
+
+def dflash_mask_token_off_by_one(state: dict, config: dict) -> None:
+    (config.get("dflash_config") or config)["mask_token_id"] += 1
+
+
+def hidden_norm_dropped(state: dict, config: dict) -> None:
+    """The context's norm lost (the peer then starts it at ones)."""
+    del state["hidden_norm.weight"]
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+@pytest.mark.parametrize("breakage", [dflash_mask_token_off_by_one, hidden_norm_dropped, transposed_fc_block])
+def test_a_broken_dflash_export_fails_the_comparison(dflash, peer, breakage, tmp_path):
+    broken = broken_copy(dflash_export(dflash, peer), breakage, tmp_path / "broken")
+    try:
+        theirs = dflash_logits(dflash, peer, broken, f"dflash-{peer}-{breakage.__name__}")
+    except RuntimeError as e:
+        print(f"{peer} dflash {breakage.__name__}: refused: {str(e).splitlines()[0]}")
+        return
+    ok, why = agree(dflash["ours"], theirs)
+    print(f"{peer} dflash {breakage.__name__}: {why}")
+    assert not ok, f"{breakage.__name__} went unnoticed by the {peer} DFlash comparison"
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_a_dflash_checkpoint_the_peer_wrote_imports_and_drafts_exactly(dflash, peer):
+    """A two-layer DFlash with grouped-query attention, randomly initialised and saved by the peer's own code
+    (speculators: ``DFlashDraftModel.from_training_args`` + ``save_pretrained``; SpecForge: ``DFlashDraftModel`` +
+    ``save_pretrained``, z-lab's layout) -> ``draftsmith import`` -> a native dflash drafter with the peer's logits
+    at every mask, decoding exactly under the verifier."""
+    python, root = peer_python(peer), dflash["root"]
+    ckpt = peer_check.peer_checkpoint(python, f"{peer}-dflash", root / "target", root / "written" / f"dflash-{peer}")
+    import_drafter(ckpt, str(root / "target"), root / "imported" / f"dflash-{peer}")
+    network, info = load_network(root / "imported" / f"dflash-{peer}")
+    assert network.method == "dflash" and network.cfg.depth == DEPTH and network.cfg.num_layers == 2
+    assert info["imported_from"]["layout"] == {"speculators": "speculators", "specforge": "z-lab"}[peer]
+    ours = peer_check.draftsmith_dflash_logits(network.eval(), dflash["x"], dflash["features"], DEPTH)
+    ok, why = agree(ours, dflash_logits(dflash, peer, ckpt, f"dflash-{peer}-written"))
+    print(f"{peer}-written DFlash: {why}")
+    assert ok, f"the {peer}-written DFlash drafts otherwise once imported: {why}"
+    target = Target.from_pretrained(root / "target")
+    drafter = load_trained(root / "imported" / f"dflash-{peer}", target)
+    decoder = SpeculativeDecoder(target, drafter, k=DEPTH, sampling=Sampling(0.0))
+    for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
+        assert decoder.generate(prompt, 16).tokens == plain_decode(target, prompt, 16, Sampling(0.0), None).tokens

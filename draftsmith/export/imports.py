@@ -10,7 +10,13 @@ EAGLE-3 checkpoints in the layouts the field writes, each read as its own loader
 - ``vllm``: vLLM's ``Eagle3LlamaForCausalLM`` (``layers.0.*``; top-level aux ids, vLLM numbering).
 
 P-EAGLE in the speculators layout (``speculators_model_type: peagle``: EAGLE-3's tensors plus ``mask_hidden``, the
-config's ``mask_token_id``, the depth its greedy proposal drafts) becomes a native ``peagle`` drafter.
+config's ``mask_token_id``, the depth its greedy proposal drafts) becomes a native ``peagle`` drafter; DFlash in the
+speculators layout (``speculators_model_type: dflash``: ``fc``, ``hidden_norm``, Qwen3 layers, ``norm``; block size,
+``aux_hidden_state_layer_ids``, ``mask_token_id``) a native ``dflash`` drafter whose masks are the target's embedding
+of ``mask_token_id`` (``mask_from_token``), as speculators computes them. DFlash in z-lab's layout (``architectures:
+DFlashDraftModel`` with ``dflash_config``: what z-lab releases, vLLM and SGLang serve and SpecForge trains; its
+``target_layer_ids`` i = HF ``hidden_states[i + 1]``) likewise, or with the learned mask of a ``mask_embedding.pt``
+beside it (draftsmith's own vLLM export).
 
 and Medusa heads in the Medusa repository's layout (FasterDecoding/Medusa ``medusa_model.py``, also what TGI
 reads): ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` and ``medusa_lm_head.safetensors`` or
@@ -72,8 +78,10 @@ def detect_layout(config: dict, state: dict) -> str:
     """Which EAGLE-3 layout (speculators, sglang, vllm) a checkpoint is in, from its config and tensor names."""
     if config.get("speculators_model_type") is not None:
         kind = config["speculators_model_type"]
-        if kind not in ("eagle3", "peagle"):
-            raise DraftsmithError(f"speculators_model_type {kind!r}: only eagle3 and peagle checkpoints are imported")
+        if kind not in ("eagle3", "peagle", "dflash"):
+            raise DraftsmithError(
+                f"speculators_model_type {kind!r}: only eagle3, peagle and dflash checkpoints are imported"
+            )
         return "speculators"
     if any(k.startswith("midlayer.") for k in state):
         return "sglang"
@@ -110,14 +118,20 @@ def check_supported(config: dict, layer: dict, where: str) -> None:
                 f"{where}: {flag}={config[flag]} is not draftsmith's EAGLE-3 (it keeps the un-normed feature as the "
                 "residual and the next step's input, and norms only before its LM head); not imported"
             )
+    check_layer(layer, where, "EAGLE-3")
+
+
+def check_layer(layer: dict, where: str, family: str) -> None:
+    """Refuse a decoder layer draftsmith's ``family`` layer does not compute (RoPE scaling, biases), naming the
+    field."""
     rope = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise DraftsmithError(
-            f"{where}: rope_type {rope.get('rope_type', rope.get('type'))!r} (draftsmith's EAGLE-3 layer has plain RoPE)"
+            f"{where}: rope_type {rope.get('rope_type', rope.get('type'))!r} (draftsmith's {family} layer has plain RoPE)"
         )
     for flag in ("attention_bias", "mlp_bias"):
         if layer.get(flag):
-            raise DraftsmithError(f"{where}: {flag}=true (draftsmith's EAGLE-3 layer has no biases)")
+            raise DraftsmithError(f"{where}: {flag}=true (draftsmith's {family} layer has no biases)")
 
 
 def repeat_kv(weight: torch.Tensor, kv_heads: int, heads: int) -> torch.Tensor:
@@ -218,7 +232,11 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     if "medusa_num_heads" in config:
         return import_medusa(src, config, target, out, dtype)
     state = read_weights(src)
+    if "dflash_config" in config:  # z-lab's layout (before detect_layout: its tensors look like vLLM's EAGLE-3)
+        return import_dflash(src, config, state, target, out, dtype)
     layout = detect_layout(config, state)
+    if config.get("speculators_model_type") == "dflash":
+        return import_dflash(src, config, state, target, out, dtype)
     layer = layer_config(config, layout)
     where = f"{src} ({layout} layout)"
     check_supported(config, layer, where)
@@ -321,10 +339,123 @@ def peagle_config(cfg: Eagle3Config, config: dict, state: dict, where: str) -> t
 
 def target_embedding(target: Path) -> torch.Tensor:
     """The target's input embedding, read from its safetensors files without loading the model."""
-    files = sorted(target.glob("*.safetensors"))
-    for f in files:
+    return target_tensor(target, ("embed_tokens.weight", "wte.weight"))
+
+
+def dflash_fields(config: dict) -> tuple[str, dict, dict]:
+    """A DFlash checkpoint's layout (``speculators`` or ``z-lab``: vLLM's, SGLang's, SpecForge's), its layer
+    config and its fields in one convention: ``layers`` (HF ``hidden_states`` indices), ``mask``, ``block``,
+    ``draft_vocab``, ``sample_from_anchor``."""
+    if config.get("speculators_model_type") == "dflash":
+        layer = config["transformer_layer_config"]
+        return (
+            "speculators",
+            layer,
+            {
+                "layers": config.get("aux_hidden_state_layer_ids"),
+                "mask": config.get("mask_token_id"),
+                "block": config.get("block_size"),
+                "draft_vocab": config.get("draft_vocab_size", layer.get("vocab_size")),
+                "sample_from_anchor": config.get("sample_from_anchor", False),
+            },
+        )
+    dflash = config["dflash_config"]
+    ids = dflash.get("target_layer_ids")
+    return (
+        "z-lab",
+        config,
+        {
+            "layers": None if ids is None else [i + 1 for i in ids],
+            "mask": dflash.get("mask_token_id"),
+            "block": config.get("block_size"),
+            "draft_vocab": config.get("draft_vocab_size", config.get("vocab_size")),
+            "sample_from_anchor": dflash.get("sample_from_anchor", False),
+        },
+    )
+
+
+def import_dflash(src: Path, config: dict, state: dict, target: Path, out: Path, dtype: str) -> Path:
+    """A DFlash checkpoint in the speculators or z-lab layout -> a native dflash drafter (see the module docstring)."""
+    from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
+
+    layout, layer, fields = dflash_fields(config)
+    where = f"{src} ({layout} DFlash)"
+    check_layer(layer, where, "DFlash")
+    if fields["sample_from_anchor"]:
+        raise DraftsmithError(f"{where}: sample_from_anchor=true (draftsmith's DFlash drafts only from its masks)")
+    if "sliding_attention" in (layer.get("layer_types") or []):
+        raise DraftsmithError(f"{where}: sliding-window layers (layer_types); draftsmith's DFlash attends fully")
+    tcfg = AutoConfig.from_pretrained(target)
+    num_layers, hidden, vocab = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
+    layers, mask, block = fields["layers"], fields["mask"], fields["block"]
+    if layers is None or mask is None or not block or block < 2:
+        raise DraftsmithError(
+            f"{where}: a DFlash checkpoint needs its feature layers, mask_token_id and block_size >= 2 "
+            f"(got {layers}, {mask}, {block})"
+        )
+    differs = []
+    if layer.get("vocab_size", vocab) != vocab:
+        differs.append(f"vocabulary {layer['vocab_size']} vs the target's {vocab}")
+    if (config.get("target_hidden_size") or layer.get("hidden_size")) != hidden:
+        differs.append(f"target hidden size {config.get('target_hidden_size')} vs the target's {hidden}")
+    if "fc.weight" in state and state["fc.weight"].shape[1] != len(layers) * hidden:
+        differs.append(f"fc input {state['fc.weight'].shape[1]} vs {len(layers)} feature layers x {hidden}")
+    if not all(0 <= k <= num_layers for k in layers):
+        differs.append(f"feature layers {list(layers)} vs the target's {num_layers} layers")
+    if differs:
+        raise DraftsmithError(f"{where} was trained for another target: {'; '.join(differs)}")
+    if (fields["draft_vocab"] or vocab) != vocab:
+        raise DraftsmithError(
+            f"{where}: a {fields['draft_vocab']}-token draft vocabulary; draftsmith's DFlash drafts over the "
+            f"target's whole {vocab}"
+        )
+    missing = [k for k in ("fc.weight", "hidden_norm.weight", "norm.weight") if k not in state]
+    if missing:
+        raise DraftsmithError(f"{where}: missing tensors {missing}")
+    cfg = DFlashConfig.from_target(tcfg, tuple(layers), block - 1, layer["num_hidden_layers"])
+    heads = layer["num_attention_heads"]
+    kv_heads = layer.get("num_key_value_heads") or heads
+    cfg.hidden_size, cfg.num_heads, cfg.intermediate_size = layer["hidden_size"], heads, layer["intermediate_size"]
+    cfg.head_dim = layer.get("head_dim") or layer["hidden_size"] // heads
+    cfg.rms_norm_eps = layer.get("rms_norm_eps", cfg.rms_norm_eps)
+    rope = layer.get("rope_parameters") or {}
+    cfg.rope_theta = rope.get("rope_theta", layer.get("rope_theta", cfg.rope_theta))
+    cfg.max_position_embeddings = layer.get("max_position_embeddings", cfg.max_position_embeddings)
+    learned = src / "mask_embedding.pt"  # draftsmith's vLLM export of a learned mask
+    cfg.mask_token_id, cfg.mask_from_token = int(mask), not learned.is_file()
+    weights = {k: v for k, v in state.items() if k.startswith(("fc.", "hidden_norm.", "norm.", "layers."))}
+    for name in list(weights):
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")) and kv_heads != heads:
+            weights[name] = repeat_kv(weights[name], kv_heads, heads)
+    embed = state.get("embed_tokens.weight")
+    embed = target_embedding(target) if embed is None else embed
+    head = state.get("lm_head.weight")
+    head = target_tensor(target, ("lm_head.weight",), tied=embed) if head is None else head
+    mask_embedding = torch.load(learned, map_location="cpu", weights_only=True) if learned.is_file() else embed[mask]
+    weights |= {"embed_tokens.weight": embed, "lm_head.weight": head, "mask_embedding": mask_embedding}
+    network = DFlashModel(cfg)
+    try:
+        result = network.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+    except RuntimeError as e:  # a size mismatch
+        raise DraftsmithError(f"{where}: {str(e).splitlines()[-1].strip()}") from None
+    missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
+    if result.unexpected_keys or missing:
+        raise DraftsmithError(
+            f"{where}: tensors that do not fit draftsmith's DFlash: missing {missing}, unexpected "
+            f"{result.unexpected_keys}"
+        )
+    what = f"DFlash, {cfg.num_layers} layers, block {block}, feature layers {list(layers)}"
+    return write_imported(network, target, out, dtype, src, layout, what)
+
+
+def target_tensor(target: Path, suffixes: tuple[str, ...], tied: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's tensor whose name ends with one of ``suffixes``, read from its safetensors files without loading
+    the model; ``tied`` where it has none (tied word embeddings)."""
+    for f in sorted(target.glob("*.safetensors")):
         with safe_open(f, framework="pt") as g:
             for key in g.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                if key.endswith("embed_tokens.weight") or key.endswith("wte.weight"):
+                if key.endswith(suffixes):
                     return g.get_tensor(key)
-    raise DraftsmithError(f"{target}: no embed_tokens/wte tensor in its safetensors files (the drafter ships none)")
+    if tied is not None:
+        return tied
+    raise DraftsmithError(f"{target}: no {'/'.join(suffixes)} tensor in its safetensors files (the drafter ships none)")

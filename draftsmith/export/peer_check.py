@@ -65,6 +65,15 @@ def draftsmith_parallel_logits(network, input_ids: torch.Tensor, features: tuple
     return StepLogits(list(out.split([t, *map(len, anchors)], dim=1)), network.d2t.detach().cpu().long())
 
 
+def draftsmith_dflash_logits(network, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], depth: int):
+    """draftsmith's DFlash network with a block at every anchor whose block fits (``peer_forward.py``'s DFlash
+    convention): per mask d, the (1, T - K - 1, V) logits of anchors 0..T-K-2; full vocabulary (``d2t`` zeros)."""
+    t = input_ids.shape[1]
+    with torch.no_grad():
+        out = network(input_ids, features, torch.ones_like(input_ids), torch.arange(t - depth - 1)).float()
+    return StepLogits([out[:, :, d] for d in range(depth)], torch.zeros(out.shape[-1], dtype=torch.long))
+
+
 def run_peer(python: Path, args: list[str], log: Path) -> None:
     """``peer_forward.py ARGS`` in the peer's venv; raises with the log's tail when it fails."""
     with log.open("w") as f:
@@ -84,14 +93,24 @@ def peer_checkpoint(python: Path, peer: str, target: Path, out: Path) -> Path:
 
 
 def peer_logits(
-    python: Path, peer: str, export: Path, input_ids: torch.Tensor, features: torch.Tensor, steps: int, work: Path
+    python: Path,
+    peer: str,
+    export: Path,
+    input_ids: torch.Tensor,
+    features: torch.Tensor,
+    steps: int,
+    work: Path,
+    target: Path | None = None,
 ) -> StepLogits:
-    """The peer's model class over the same inputs; raises with the log's tail when it fails to load or run."""
+    """The peer's model class over the same inputs; raises with the log's tail when it fails to load or run.
+    ``target``: for a drafter that ships no embedding or LM head and whose peer class is given them (SpecForge's
+    DFlash)."""
     work.mkdir(parents=True, exist_ok=True)
     save_file(
         {"input_ids": input_ids.contiguous(), "features": features.float().contiguous(), "steps": torch.tensor(steps)},
         work / "inputs.safetensors",
     )
-    run_peer(python, [peer, str(export), "inputs.safetensors", "out.safetensors"], work / f"{peer}.log")
+    args = [peer, str(export), "inputs.safetensors", "out.safetensors", *([str(target)] if target else [])]
+    run_peer(python, args, work / f"{peer}.log")
     out = load_file(work / "out.safetensors")
     return StepLogits([out[f"logits.{j}"] for j in range(steps)], out["d2t"].long())

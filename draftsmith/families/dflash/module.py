@@ -31,6 +31,8 @@ class DFlashModule(ParallelModule):
         num_layers: drafter layers.
         anchors: blocks per training row (random anchors; fewer rows are cheaper).
         mask_token_id: the id engines mark masks with; None: the rarest token of the training data.
+        mask_from_token: the masks' embedding is the target's embedding of ``mask_token_id`` (frozen) instead of a
+            learned one: what speculators' DFlash computes, so required to export there (``export --to speculators``).
         step_decay: weight of mask d's loss is step_decay**d.
         optim: optimizer and schedule.
         estimate: the ``val/tau_est`` estimate.
@@ -44,6 +46,7 @@ class DFlashModule(ParallelModule):
         num_layers: int = 1,
         anchors: int = 64,
         mask_token_id: int | None = None,
+        mask_from_token: bool = False,
         step_decay: float = 0.8,
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
@@ -51,7 +54,7 @@ class DFlashModule(ParallelModule):
         if anchors < 1:
             raise DraftsmithError(f"model.anchors must be at least 1, got {anchors}")
         self.requested_layers, self.depth, self.num_layers = feature_layers, depth, num_layers
-        self.mask_token_id = mask_token_id
+        self.mask_token_id, self.mask_from_token = mask_token_id, mask_from_token
         super().__init__(target, optim, estimate)
         self.save_hyperparameters()
         self.anchors, self.step_decay = anchors, step_decay
@@ -64,7 +67,7 @@ class DFlashModule(ParallelModule):
 
     def build_drafter(self) -> DFlashModel:
         cfg = DFlashConfig.from_target(self.target.config, self.target.feature_layers, self.depth, self.num_layers)
-        cfg.mask_token_id = self.mask_token_id or 0
+        cfg.mask_token_id, cfg.mask_from_token = self.mask_token_id or 0, self.mask_from_token
         model = DFlashModel(cfg)
         model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
         return model

@@ -2,8 +2,9 @@
 
 The target's multi-layer features are fused (``fc``, then ``hidden_norm``) into one context state per committed
 position, which enters every layer only as keys/values (``k_norm(k_proj(c))`` with RoPE, ``v_proj(c)``): the
-context runs through no layer. The block is the last committed token followed by K masks (a learned
-``mask_embedding``) at the next positions; its queries attend to the whole context and to the whole block
+context runs through no layer. The block is the last committed token followed by K masks at the next positions
+(a learned ``mask_embedding``, or with ``mask_from_token`` the target's embedding of ``mask_token_id``, frozen, as
+speculators' and z-lab's DFlash read them); its queries attend to the whole context and to the whole block
 (bidirectional), and mask j's output predicts the token at its own position. One forward drafts K tokens, each
 with its own distribution q. Layers are Qwen3-shaped (``q_norm`` / ``k_norm`` per head), the embedding and LM
 head are the target's (frozen copies), as vLLM shares them.
@@ -40,7 +41,10 @@ class DFlashConfig:
     num_layers: int = 1
     """Drafter layers."""
     mask_token_id: int = 0
-    """The id engines mark masks with (its embedding is replaced by ``mask_embedding``)."""
+    """The id engines mark masks with (vLLM replaces its embedding by ``mask_embedding``)."""
+    mask_from_token: bool = False
+    """The masks' embedding is the target's embedding of ``mask_token_id``, not learned: what speculators' DFlash
+    computes (it reloads the embedding from the target and has no mask tensor), so only such a drafter exports there."""
     hidden_size: int = 0
     num_heads: int = 0
     head_dim: int = 0
@@ -131,7 +135,7 @@ class DFlashModel(DrafterNetwork):
         self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False).requires_grad_(False)
         self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden_size, h, bias=False)
         self.hidden_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-        self.mask_embedding = nn.Parameter(torch.zeros(h))
+        self.mask_embedding = nn.Parameter(torch.zeros(h), requires_grad=not cfg.mask_from_token)
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
         self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
@@ -151,7 +155,13 @@ class DFlashModel(DrafterNetwork):
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed)
             self.lm_head.weight.copy_(lm_head)
-            self.mask_embedding.copy_(embed.mean(0))
+            self.mask_embedding.copy_(embed.mean(0))  # unused with mask_from_token
+
+    def mask(self) -> torch.Tensor:
+        """(H,) the masks' input embedding."""
+        if self.cfg.mask_from_token:
+            return self.embed_tokens.weight[self.cfg.mask_token_id]
+        return self.mask_embedding
 
     def context(self, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Target features (each (.., S, Ht)) -> fused, normed context states (.., S, H)."""
@@ -166,7 +176,7 @@ class DFlashModel(DrafterNetwork):
         """Blocks of (the committed token (B, n), then ``depth`` masks) at ``positions`` (B, n * (depth + 1)):
         (B, n * depth, V) logits of the mask rows, block by block."""
         b, n = tokens.shape
-        embeds = torch.cat([self.embed_tokens(tokens)[:, :, None], self.mask_embedding.expand(b, n, depth, -1)], 2)
+        embeds = torch.cat([self.embed_tokens(tokens)[:, :, None], self.mask().expand(b, n, depth, -1)], 2)
         h = embeds.reshape(b, n * (depth + 1), -1)
         cos, sin = self.rotary(h, positions)
         for layer, (k, v) in zip(self.layers, kv, strict=True):
