@@ -47,11 +47,45 @@ def peer_python(peer: str) -> Path:
     return python
 
 
-def run_peer(drafter: dict, peer: str, export: Path, work: str) -> peer_check.StepLogits:
-    features = torch.cat(drafter["features"], dim=-1)
-    return peer_check.peer_logits(
-        peer_python(peer), peer, export, drafter["x"], features, STEPS, drafter["root"] / work
-    )
+def run_peer(case: dict, peer: str, export: Path, work: str, steps: int = STEPS) -> peer_check.StepLogits:
+    """The peer's class over one export (SpecForge's DFlash given the target's embedding and LM head)."""
+    features, root = torch.cat(case["features"], dim=-1), case["root"]
+    target = root / "target" if peer == "specforge" else None
+    return peer_check.peer_logits(peer_python(peer), peer, export, case["x"], features, steps, root / work, target)
+
+
+def peer_runs(case: dict, peer: str, family: str, export: Path, breakages: list, steps: int) -> dict:
+    """The peer's class over the good export (``ok``) and a broken copy per breakage, all in one process of its venv
+    (its imports cost more than the forwards), computed once per family and peer: per name, the logits or the
+    peer's refusal (a string)."""
+    runs = case.setdefault("runs", {})
+    if (family, peer) not in runs:
+        root = case["root"]
+        folder = root / "broken" / f"{family}-{peer}"
+        exports = {"ok": export} | {b.__name__: broken_copy(export, b, folder / b.__name__) for b in breakages}
+        features = torch.cat(case["features"], dim=-1)
+        target = root / "target" if peer == "specforge" else None
+        runs[family, peer] = peer_check.peer_logits_many(
+            peer_python(peer), peer, exports, case["x"], features, steps, root / f"{family}-{peer}", target
+        )
+    return runs[family, peer]
+
+
+def good(runs: dict, peer: str) -> peer_check.StepLogits:
+    if isinstance(runs["ok"], str):
+        pytest.fail(f"{peer} refused draftsmith's export: {runs['ok']}")
+    return runs["ok"]
+
+
+def fails(case: dict, runs: dict, breakage, label: str) -> None:
+    """A broken export must be refused by the peer or give other outputs than draftsmith's drafter."""
+    theirs = runs[breakage.__name__]
+    if isinstance(theirs, str):
+        print(f"{label} {breakage.__name__}: refused: {theirs.splitlines()[-1]}")
+        return
+    ok, why = agree(case["ours"], theirs)
+    print(f"{label} {breakage.__name__}: {why}")
+    assert not ok, f"{breakage.__name__} went unnoticed by the {label} comparison"
 
 
 def agree(ours: peer_check.StepLogits, theirs: peer_check.StepLogits) -> tuple[bool, str]:
@@ -74,9 +108,13 @@ def export_dir(drafter: dict, peer: str) -> Path:
     return out
 
 
+def eagle3_runs(drafter: dict, peer: str) -> dict:
+    return peer_runs(drafter, peer, "eagle3", export_dir(drafter, peer), EAGLE3_BREAKAGES, STEPS)
+
+
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
 def test_the_peers_own_class_gives_draftsmiths_logits_and_tokens(drafter, peer):
-    theirs = run_peer(drafter, peer, export_dir(drafter, peer), f"{peer}-ok")
+    theirs = good(eagle3_runs(drafter, peer), peer)
     ok, why = agree(drafter["ours"], theirs)
     print(f"{peer}: {why}")
     assert ok, f"{peer} loads draftsmith's {peer_check.FORMATS[peer]} export with other outputs: {why}"
@@ -102,7 +140,7 @@ def norm_flag_flipped(state: dict, config: dict) -> None:
 
 def broken_copy(good: Path, breakage, broken: Path) -> Path:
     """A copy of the export dir ``good`` with ``breakage(state, config)`` applied to its weights and config."""
-    broken.mkdir()
+    broken.mkdir(parents=True)
     for f in good.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     state = load_file(broken / "model.safetensors")
@@ -113,18 +151,13 @@ def broken_copy(good: Path, breakage, broken: Path) -> Path:
     return broken
 
 
+EAGLE3_BREAKAGES = [transposed_fc_block, d2t_off_by_one, norm_flag_flipped]
+
+
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
-@pytest.mark.parametrize("breakage", [transposed_fc_block, d2t_off_by_one, norm_flag_flipped])
-def test_a_broken_export_fails_the_comparison(drafter, peer, breakage, tmp_path):
-    broken = broken_copy(export_dir(drafter, peer), breakage, tmp_path / "broken")
-    try:
-        theirs = run_peer(drafter, peer, broken, f"{peer}-{breakage.__name__}")
-    except RuntimeError as e:  # refused to load: also a failure the check reports
-        print(f"{peer} {breakage.__name__}: refused: {str(e).splitlines()[0]}")
-        return
-    ok, why = agree(drafter["ours"], theirs)
-    print(f"{peer} {breakage.__name__}: {why}")
-    assert not ok, f"{breakage.__name__} went unnoticed by the {peer} comparison"
+@pytest.mark.parametrize("breakage", EAGLE3_BREAKAGES)
+def test_a_broken_export_fails_the_comparison(drafter, peer, breakage):
+    fails(drafter, eagle3_runs(drafter, peer), breakage, peer)
 
 
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
@@ -173,9 +206,7 @@ def peagle(drafter) -> dict:
 
 
 def peagle_logits(case: dict, export: Path, work: str) -> peer_check.StepLogits:
-    features = torch.cat(case["features"], dim=-1)
-    python = peer_python("speculators")
-    return peer_check.peer_logits(python, "speculators", export, case["x"], features, DEPTH, case["root"] / work)
+    return run_peer(case, "speculators", export, work, DEPTH)
 
 
 def peagle_export(case: dict) -> Path:
@@ -188,7 +219,7 @@ def peagle_export(case: dict) -> Path:
 def test_speculators_peagle_class_gives_draftsmiths_logits_at_every_depth(peagle):
     """speculators' PEagleDraftModel loads the P-EAGLE export; every anchor's placeholders at depths 1..3 (and the
     anchors themselves) give draftsmith's logits and tokens."""
-    theirs = peagle_logits(peagle, peagle_export(peagle), "peagle-ok")
+    theirs = good(peagle_runs(peagle), "speculators")
     assert [tuple(x.shape[:2]) for x in theirs.logits] == [(1, T - d) for d in range(DEPTH)]
     ok, why = agree(peagle["ours"], theirs)
     print(f"speculators peagle: {why}")
@@ -204,17 +235,16 @@ def mask_hidden_dropped(state: dict, config: dict) -> None:
     del state["mask_hidden"]
 
 
-@pytest.mark.parametrize("breakage", [mask_token_off_by_one, mask_hidden_dropped, transposed_fc_block])
-def test_a_broken_peagle_export_fails_the_comparison(peagle, breakage, tmp_path):
-    broken = broken_copy(peagle_export(peagle), breakage, tmp_path / "broken")
-    try:
-        theirs = peagle_logits(peagle, broken, f"peagle-{breakage.__name__}")
-    except RuntimeError as e:
-        print(f"peagle {breakage.__name__}: refused: {str(e).splitlines()[0]}")
-        return
-    ok, why = agree(peagle["ours"], theirs)
-    print(f"peagle {breakage.__name__}: {why}")
-    assert not ok, f"{breakage.__name__} went unnoticed by the P-EAGLE comparison"
+PEAGLE_BREAKAGES = [mask_token_off_by_one, mask_hidden_dropped, transposed_fc_block]
+
+
+def peagle_runs(case: dict) -> dict:
+    return peer_runs(case, "speculators", "peagle", peagle_export(case), PEAGLE_BREAKAGES, DEPTH)
+
+
+@pytest.mark.parametrize("breakage", PEAGLE_BREAKAGES)
+def test_a_broken_peagle_export_fails_the_comparison(peagle, breakage):
+    fails(peagle, peagle_runs(peagle), breakage, "speculators P-EAGLE")
 
 
 def test_a_peagle_checkpoint_speculators_wrote_imports_and_drafts_exactly(peagle):
@@ -270,11 +300,8 @@ def dflash_export(case: dict, peer: str) -> Path:
     return out
 
 
-def dflash_logits(case: dict, peer: str, export: Path, work: str) -> peer_check.StepLogits:
-    """The peer's DFlash class over the same inputs (SpecForge's is given the target's embedding and LM head)."""
-    features, root = torch.cat(case["features"], dim=-1), case["root"]
-    target = root / "target" if peer == "specforge" else None
-    return peer_check.peer_logits(peer_python(peer), peer, export, case["x"], features, DEPTH, root / work, target)
+def dflash_runs(case: dict, peer: str) -> dict:
+    return peer_runs(case, peer, "dflash", dflash_export(case, peer), DFLASH_BREAKAGES, DEPTH)
 
 
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
@@ -282,7 +309,7 @@ def test_the_peers_dflash_class_gives_draftsmiths_logits_at_every_mask(dflash, p
     """speculators' DFlashDraftModel (its embedding reloaded from the target) and SpecForge's (z-lab's layout, as
     SGLang serves it) load the DFlash export; every anchor's block gives draftsmith's logits and tokens at each
     mask."""
-    theirs = dflash_logits(dflash, peer, dflash_export(dflash, peer), f"dflash-{peer}-ok")
+    theirs = good(dflash_runs(dflash, peer), peer)
     assert [tuple(x.shape[:2]) for x in theirs.logits] == [(1, T - DEPTH - 1)] * DEPTH
     ok, why = agree(dflash["ours"], theirs)
     print(f"{peer} dflash: {why}")
@@ -298,18 +325,13 @@ def hidden_norm_dropped(state: dict, config: dict) -> None:
     del state["hidden_norm.weight"]
 
 
+DFLASH_BREAKAGES = [dflash_mask_token_off_by_one, hidden_norm_dropped, transposed_fc_block]
+
+
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
-@pytest.mark.parametrize("breakage", [dflash_mask_token_off_by_one, hidden_norm_dropped, transposed_fc_block])
-def test_a_broken_dflash_export_fails_the_comparison(dflash, peer, breakage, tmp_path):
-    broken = broken_copy(dflash_export(dflash, peer), breakage, tmp_path / "broken")
-    try:
-        theirs = dflash_logits(dflash, peer, broken, f"dflash-{peer}-{breakage.__name__}")
-    except RuntimeError as e:
-        print(f"{peer} dflash {breakage.__name__}: refused: {str(e).splitlines()[0]}")
-        return
-    ok, why = agree(dflash["ours"], theirs)
-    print(f"{peer} dflash {breakage.__name__}: {why}")
-    assert not ok, f"{breakage.__name__} went unnoticed by the {peer} DFlash comparison"
+@pytest.mark.parametrize("breakage", DFLASH_BREAKAGES)
+def test_a_broken_dflash_export_fails_the_comparison(dflash, peer, breakage):
+    fails(dflash, dflash_runs(dflash, peer), breakage, f"{peer} DFlash")
 
 
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
@@ -325,7 +347,7 @@ def test_a_dflash_checkpoint_the_peer_wrote_imports_and_drafts_exactly(dflash, p
     assert network.method == "dflash" and network.cfg.depth == DEPTH and network.cfg.num_layers == 2
     assert info["imported_from"]["layout"] == {"speculators": "speculators", "specforge": "z-lab"}[peer]
     ours = peer_check.draftsmith_dflash_logits(network.eval(), dflash["x"], dflash["features"], DEPTH)
-    ok, why = agree(ours, dflash_logits(dflash, peer, ckpt, f"dflash-{peer}-written"))
+    ok, why = agree(ours, run_peer(dflash, peer, ckpt, f"dflash-{peer}-written", DEPTH))
     print(f"{peer}-written DFlash: {why}")
     assert ok, f"the {peer}-written DFlash drafts otherwise once imported: {why}"
     target = Target.from_pretrained(root / "target")

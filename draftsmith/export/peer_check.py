@@ -7,6 +7,7 @@ export (``LlamaForCausalLMEagle3``, the draft class SpecForge trains and writes 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,15 +103,45 @@ def peer_logits(
     work: Path,
     target: Path | None = None,
 ) -> StepLogits:
-    """The peer's model class over the same inputs; raises with the log's tail when it fails to load or run.
+    """The peer's model class over the same inputs; raises with the peer's traceback when it fails to load or run.
     ``target``: for a drafter that ships no embedding or LM head and whose peer class is given them (SpecForge's
     DFlash)."""
+    result = peer_logits_many(python, peer, {"run": export}, input_ids, features, steps, work, target)["run"]
+    if isinstance(result, str):
+        raise RuntimeError(f"{peer} refused {export}:\n{result}")
+    return result
+
+
+def peer_logits_many(
+    python: Path,
+    peer: str,
+    exports: dict[str, Path],
+    input_ids: torch.Tensor,
+    features: torch.Tensor,
+    steps: int,
+    work: Path,
+    target: Path | None = None,
+) -> dict[str, StepLogits | str]:
+    """``peer_logits`` for several exports in one process of the peer's venv (its imports take longer than the
+    forwards): per name, the logits, or the tail of the traceback where the peer refused that export."""
     work.mkdir(parents=True, exist_ok=True)
     save_file(
         {"input_ids": input_ids.contiguous(), "features": features.float().contiguous(), "steps": torch.tensor(steps)},
         work / "inputs.safetensors",
     )
-    args = [peer, str(export), "inputs.safetensors", "out.safetensors", *([str(target)] if target else [])]
-    run_peer(python, args, work / f"{peer}.log")
-    out = load_file(work / "out.safetensors")
-    return StepLogits([out[f"logits.{j}"] for j in range(steps)], out["d2t"].long())
+    jobs = {"inputs": "inputs.safetensors", "target": str(target) if target else None}
+    jobs["runs"] = {name: str(path) for name, path in exports.items()}
+    (work / "jobs.json").write_text(json.dumps(jobs))
+    for name in exports:  # no result of an earlier run taken for this one's
+        for stale in (work / f"{name}.error", work / f"{name}.safetensors"):
+            stale.unlink(missing_ok=True)
+    run_peer(python, [peer, "jobs.json"], work / f"{peer}.log")
+    out = {}
+    for name in exports:
+        error = work / f"{name}.error"
+        if error.is_file():
+            out[name] = "\n".join(error.read_text().strip().splitlines()[-3:])
+            continue
+        tensors = load_file(work / f"{name}.safetensors")
+        out[name] = StepLogits([tensors[f"logits.{j}"] for j in range(steps)], tensors["d2t"].long())
+    return out

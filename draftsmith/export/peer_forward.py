@@ -1,23 +1,25 @@
 """Run an exported EAGLE-3 or P-EAGLE drafter through a peer's own model class (runs in the peer's venv, not
 draftsmith's).
 
-    python peer_forward.py PEER EXPORT_DIR INPUTS OUT [TARGET_DIR]
+    python peer_forward.py PEER JOBS.json
     python peer_forward.py PEER write OUT_DIR TARGET_DIR
 
 ``PEER``: ``speculators`` (``speculators.models.eagle3.Eagle3DraftModel.from_pretrained``, the speculators export)
 or ``specforge`` (``specforge.modeling.draft.llama3_eagle.LlamaForCausalLMEagle3.from_pretrained``, the SGLang
-export: SpecForge's draft class is the one its ``to_sglang`` exporter writes for SGLang). ``INPUTS`` (safetensors):
+export: SpecForge's draft class is the one its ``to_sglang`` exporter writes for SGLang). ``JOBS.json``: ``inputs``
+(a safetensors path), ``target`` (a dir, or null) and ``runs`` {NAME: EXPORT_DIR}; each run writes ``NAME.safetensors``
+beside the jobs file, or ``NAME.error`` (the traceback) where the peer refuses the export. ``inputs``:
 ``input_ids`` (1, T) the sequence x and ``features`` (1, T, 3*Ht) the target's concatenated aux hidden states at
 each position, in draftsmith's convention: step j of the training-time test pairs the features (step 0) or the
 previous step's output with the tokens x[j+1 : j+1+T] (zero-padded), and anchor i of step j predicts x[i+j+2].
-``OUT`` (safetensors): ``logits.j`` (1, T, Vd) per step, computed by the peer's code, and ``d2t`` as the peer
+Each output: ``logits.j`` (1, T, Vd) per step, computed by the peer's code, and ``d2t`` as the peer
 loaded it. A P-EAGLE export (speculators' ``PEagleDraftModel``; ``steps`` = its depth D) gives ``logits.d`` per
 depth instead: depth 0 the T anchors (anchor a pairs x[a+1] with the features of position a), depth d the (1, T - d,
 Vd) placeholders d of anchors 0..T-1-d, each seeing the real rows up to its anchor and its own chain. A DFlash export
 (``DFlashDraftModel``; ``steps`` = its depth K) gives ``logits.d`` (1, T - K - 1, V) per mask d: anchor a's block is
 x[a+1] at position a + 1 then K masks, seeing the features of positions 0..a; mask d predicts x[a+d+2]; SpecForge
 runs a DFlash in z-lab's layout (``DFlashDraftModel``, draftsmith's vLLM export) so, with the target's embedding and
-LM head (``TARGET_DIR``). ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
+LM head (``target``). ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
 a scattered 48-token draft vocabulary, aux layers HF hidden_states 1, 2, 3), built and saved by the peer's own code
 (speculators: ``Eagle3DraftModel.from_training_args`` + ``save_pretrained``; SpecForge: ``LlamaForCausalLMEagle3``
 + ``load_embedding`` + ``save_pretrained``), norms perturbed away from 1. Only torch, safetensors and the peer are
@@ -273,19 +275,35 @@ def main() -> None:
             writers["specforge-dflash"] = write_specforge_dflash
             writers[peer](out, target)
         return
-    peer, export, inputs, out = sys.argv[1:5]
-    data = load_file(inputs)
+    peer, jobs_file = sys.argv[1:3]
+    with open(jobs_file) as f:
+        jobs = json.load(f)
+    data = load_file(jobs["inputs"])
+    folder = os.path.dirname(os.path.abspath(jobs_file))
+    for name, export in jobs["runs"].items():  # one process for all: the imports cost more than the forwards
+        try:
+            logits, d2t = run(peer, export, data, jobs.get("target"))
+        except Exception:  # noqa: BLE001 - a refusal to load is the run's result, reported to the caller
+            import traceback
+
+            with open(os.path.join(folder, f"{name}.error"), "w") as f:
+                f.write(traceback.format_exc())
+            continue
+        tensors = {**{f"logits.{j}": v.float().contiguous() for j, v in enumerate(logits)}, "d2t": d2t}
+        save_file(tensors, os.path.join(folder, f"{name}.safetensors"))
+
+
+def run(peer: str, export: str, data: dict, target: str | None):
+    """The peer's class for ``export``'s kind over the inputs: (per-step logits, d2t)."""
     args = (export, data["input_ids"], data["features"].float(), int(data["steps"]))
     with open(os.path.join(export, "config.json")) as f:
         config = json.load(f)
     kind = config.get("speculators_model_type")
     if peer == "specforge" and "dflash_config" in config:
-        logits, d2t = specforge_dflash_logits(*args, sys.argv[5])  # TARGET: its embedding and LM head
-    elif peer == "speculators" and kind in ("peagle", "dflash"):
-        logits, d2t = {"peagle": speculators_peagle_logits, "dflash": speculators_dflash_logits}[kind](*args)
-    else:
-        logits, d2t = {"speculators": speculators_logits, "specforge": specforge_logits}[peer](*args)
-    save_file({**{f"logits.{j}": v.float().contiguous() for j, v in enumerate(logits)}, "d2t": d2t}, out)
+        return specforge_dflash_logits(*args, target)  # the target's embedding and LM head
+    if peer == "speculators" and kind in ("peagle", "dflash"):
+        return {"peagle": speculators_peagle_logits, "dflash": speculators_dflash_logits}[kind](*args)
+    return {"speculators": speculators_logits, "specforge": specforge_logits}[peer](*args)
 
 
 if __name__ == "__main__":
