@@ -101,15 +101,16 @@ def agree(ours: peer_check.StepLogits, theirs: peer_check.StepLogits) -> tuple[b
     return True, "equal"
 
 
-def export_dir(drafter: dict, peer: str) -> Path:
-    out = drafter["root"] / "export" / peer
+def exported(case: dict, native: str, peer: str) -> Path:
+    """The native drafter ``native`` exported (once) in the format ``peer``'s code loads."""
+    out = case["root"] / "export" / f"{native}-{peer}"
     if not (out / "config.json").is_file():
-        write_export(drafter["root"] / "native", peer_check.FORMATS[peer], out)
+        write_export(case["root"] / native, peer_check.FORMATS[peer], out)
     return out
 
 
 def eagle3_runs(drafter: dict, peer: str) -> dict:
-    return peer_runs(drafter, peer, "eagle3", export_dir(drafter, peer), EAGLE3_BREAKAGES, STEPS)
+    return peer_runs(drafter, peer, "eagle3", exported(drafter, "native", peer), EAGLE3_BREAKAGES, STEPS)
 
 
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
@@ -210,10 +211,7 @@ def peagle_logits(case: dict, export: Path, work: str) -> peer_check.StepLogits:
 
 
 def peagle_export(case: dict) -> Path:
-    out = case["root"] / "export" / "peagle-speculators"
-    if not (out / "config.json").is_file():
-        write_export(case["root"] / "native-peagle", "speculators", out)
-    return out
+    return exported(case, "native-peagle", "speculators")
 
 
 def test_speculators_peagle_class_gives_draftsmiths_logits_at_every_depth(peagle):
@@ -292,16 +290,9 @@ def dflash(drafter) -> dict:
     return {"root": root, "x": drafter["x"], "features": drafter["features"], "ours": ours}
 
 
-def dflash_export(case: dict, peer: str) -> Path:
-    """The DFlash export the peer's code loads: speculators' layout, or z-lab's (the SGLang export) for SpecForge."""
-    out = case["root"] / "export" / f"dflash-{peer}"
-    if not (out / "config.json").is_file():
-        write_export(case["root"] / "native-dflash", peer_check.FORMATS[peer], out)
-    return out
-
-
 def dflash_runs(case: dict, peer: str) -> dict:
-    return peer_runs(case, peer, "dflash", dflash_export(case, peer), DFLASH_BREAKAGES, DEPTH)
+    """speculators' class on the speculators export, SpecForge's on the SGLang one (z-lab's layout)."""
+    return peer_runs(case, peer, "dflash", exported(case, "native-dflash", peer), DFLASH_BREAKAGES, DEPTH)
 
 
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])

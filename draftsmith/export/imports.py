@@ -134,6 +134,51 @@ def check_layer(layer: dict, where: str, family: str) -> None:
             raise DraftsmithError(f"{where}: {flag}=true (draftsmith's {family} layer has no biases)")
 
 
+def check_target(config: dict, layer: dict, state: dict, layers, tcfg, where: str) -> None:
+    """Refuse a checkpoint trained for another target, naming each field that differs."""
+    num_layers, hidden, vocab = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
+    differs = []
+    if layer.get("vocab_size", vocab) != vocab:
+        differs.append(f"vocabulary {layer['vocab_size']} vs the target's {vocab}")
+    trained_hidden = config.get("target_hidden_size") or layer.get("hidden_size")
+    if trained_hidden != hidden:
+        differs.append(f"target hidden size {trained_hidden} vs the target's {hidden}")
+    if "fc.weight" in state and state["fc.weight"].shape[1] != len(layers) * hidden:
+        differs.append(f"fc input {state['fc.weight'].shape[1]} vs {len(layers)} feature layers x {hidden}")
+    if not all(0 <= k <= num_layers for k in layers):
+        differs.append(f"feature layers {list(layers)} vs the target's {num_layers} layers")
+    if differs:
+        raise DraftsmithError(f"{where} was trained for another target: {'; '.join(differs)}")
+
+
+def load_weights(network, weights: dict, where: str, family: str) -> None:
+    """``weights`` into ``network`` (floats as float32); a size mismatch, a missing or an extra tensor is one line."""
+    try:
+        result = network.load_state_dict(
+            {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False
+        )
+    except RuntimeError as e:  # a size mismatch
+        raise DraftsmithError(f"{where}: {str(e).splitlines()[-1].strip()}") from None
+    missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
+    if result.unexpected_keys or missing:
+        raise DraftsmithError(
+            f"{where}: tensors that do not fit draftsmith's {family}: missing {missing}, "
+            f"unexpected {result.unexpected_keys}"
+        )
+
+
+def layer_shape(cfg, layer: dict):
+    """``cfg`` (an EAGLE or DFlash config) with its decoder layers shaped as the checkpoint's ``layer`` config."""
+    heads = layer["num_attention_heads"]
+    cfg.hidden_size, cfg.num_heads, cfg.intermediate_size = layer["hidden_size"], heads, layer["intermediate_size"]
+    cfg.head_dim = layer.get("head_dim") or layer["hidden_size"] // heads
+    cfg.rms_norm_eps = layer.get("rms_norm_eps", cfg.rms_norm_eps)
+    rope = layer.get("rope_parameters") or {}
+    cfg.rope_theta = rope.get("rope_theta", layer.get("rope_theta", cfg.rope_theta))
+    cfg.max_position_embeddings = layer.get("max_position_embeddings", cfg.max_position_embeddings)
+    return cfg
+
+
 def repeat_kv(weight: torch.Tensor, kv_heads: int, heads: int) -> torch.Tensor:
     """A grouped k/v projection (kv_heads * hd, in) as the equal per-query-head one (heads * hd, in)."""
     hd = weight.shape[0] // kv_heads
@@ -241,22 +286,11 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     where = f"{src} ({layout} layout)"
     check_supported(config, layer, where)
     tcfg = AutoConfig.from_pretrained(target)
-    num_layers, hidden, vocab = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
+    num_layers, vocab = tcfg.num_hidden_layers, tcfg.vocab_size
     layers = feature_layers(config, layout, num_layers)
     prefix = "midlayer." if layout == "sglang" else "layers.0."
     draft_vocab = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else None
-    differs = []
-    if layer.get("vocab_size", vocab) != vocab:
-        differs.append(f"vocabulary {layer['vocab_size']} vs the target's {vocab}")
-    trained_hidden = config.get("target_hidden_size") or layer.get("hidden_size")
-    if trained_hidden != hidden:
-        differs.append(f"target hidden size {trained_hidden} vs the target's {hidden}")
-    if "fc.weight" in state and state["fc.weight"].shape[1] != len(layers) * hidden:
-        differs.append(f"fc input {state['fc.weight'].shape[1]} vs {len(layers)} feature layers x {hidden}")
-    if not all(0 <= k <= num_layers for k in layers):
-        differs.append(f"feature layers {list(layers)} vs the target's {num_layers} layers")
-    if differs:
-        raise DraftsmithError(f"{where} was trained for another target: {'; '.join(differs)}")
+    check_target(config, layer, state, layers, tcfg, where)
     missing = [
         k for k in ("fc.weight", "norm.weight", "lm_head.weight", f"{prefix}self_attn.q_proj.weight") if k not in state
     ]
@@ -264,15 +298,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
         raise DraftsmithError(f"{where}: missing tensors {missing}")
     heads = layer["num_attention_heads"]
     kv_heads = layer.get("num_key_value_heads") or heads
-    cfg = Eagle3Config.from_target(tcfg, 3, layers, draft_vocab)
-    cfg.hidden_size = layer["hidden_size"]
-    cfg.num_heads = heads
-    cfg.head_dim = layer.get("head_dim") or layer["hidden_size"] // heads
-    cfg.intermediate_size = layer["intermediate_size"]
-    cfg.rms_norm_eps = layer.get("rms_norm_eps", cfg.rms_norm_eps)
-    rope = layer.get("rope_parameters") or {}
-    cfg.rope_theta = rope.get("rope_theta", layer.get("rope_theta", cfg.rope_theta))
-    cfg.max_position_embeddings = layer.get("max_position_embeddings", cfg.max_position_embeddings)
+    cfg = layer_shape(Eagle3Config.from_target(tcfg, 3, layers, draft_vocab), layer)
     extra = {}
     if config.get("speculators_model_type") == "peagle":
         cfg, extra = peagle_config(cfg, config, state, where)
@@ -303,18 +329,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
         **{f"layer.{k}": v for k, v in ours.items()},
         **extra,
     }
-    try:
-        result = network.load_state_dict(
-            {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False
-        )
-    except RuntimeError as e:  # a size mismatch
-        raise DraftsmithError(f"{where}: {str(e).splitlines()[-1].strip()}") from None
-    missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
-    if result.unexpected_keys or missing:
-        raise DraftsmithError(
-            f"{where}: tensors that do not fit draftsmith's EAGLE-3: missing {missing}, "
-            f"unexpected {result.unexpected_keys}"
-        )
+    load_weights(network, weights, where, "EAGLE-3")
     vocab_maps(network)  # d2t/t2d consistent, inside the target's vocabulary
     return write_imported(
         network, target, out, dtype, src, layout, f"feature layers {list(layers)}, draft vocabulary {draft_vocab}"
@@ -386,24 +401,14 @@ def import_dflash(src: Path, config: dict, state: dict, target: Path, out: Path,
     if "sliding_attention" in (layer.get("layer_types") or []):
         raise DraftsmithError(f"{where}: sliding-window layers (layer_types); draftsmith's DFlash attends fully")
     tcfg = AutoConfig.from_pretrained(target)
-    num_layers, hidden, vocab = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
+    vocab = tcfg.vocab_size
     layers, mask, block = fields["layers"], fields["mask"], fields["block"]
     if layers is None or mask is None or not block or block < 2:
         raise DraftsmithError(
             f"{where}: a DFlash checkpoint needs its feature layers, mask_token_id and block_size >= 2 "
             f"(got {layers}, {mask}, {block})"
         )
-    differs = []
-    if layer.get("vocab_size", vocab) != vocab:
-        differs.append(f"vocabulary {layer['vocab_size']} vs the target's {vocab}")
-    if (config.get("target_hidden_size") or layer.get("hidden_size")) != hidden:
-        differs.append(f"target hidden size {config.get('target_hidden_size')} vs the target's {hidden}")
-    if "fc.weight" in state and state["fc.weight"].shape[1] != len(layers) * hidden:
-        differs.append(f"fc input {state['fc.weight'].shape[1]} vs {len(layers)} feature layers x {hidden}")
-    if not all(0 <= k <= num_layers for k in layers):
-        differs.append(f"feature layers {list(layers)} vs the target's {num_layers} layers")
-    if differs:
-        raise DraftsmithError(f"{where} was trained for another target: {'; '.join(differs)}")
+    check_target(config, layer, state, layers, tcfg, where)
     if (fields["draft_vocab"] or vocab) != vocab:
         raise DraftsmithError(
             f"{where}: a {fields['draft_vocab']}-token draft vocabulary; draftsmith's DFlash drafts over the "
@@ -412,15 +417,9 @@ def import_dflash(src: Path, config: dict, state: dict, target: Path, out: Path,
     missing = [k for k in ("fc.weight", "hidden_norm.weight", "norm.weight") if k not in state]
     if missing:
         raise DraftsmithError(f"{where}: missing tensors {missing}")
-    cfg = DFlashConfig.from_target(tcfg, tuple(layers), block - 1, layer["num_hidden_layers"])
+    cfg = layer_shape(DFlashConfig.from_target(tcfg, tuple(layers), block - 1, layer["num_hidden_layers"]), layer)
     heads = layer["num_attention_heads"]
     kv_heads = layer.get("num_key_value_heads") or heads
-    cfg.hidden_size, cfg.num_heads, cfg.intermediate_size = layer["hidden_size"], heads, layer["intermediate_size"]
-    cfg.head_dim = layer.get("head_dim") or layer["hidden_size"] // heads
-    cfg.rms_norm_eps = layer.get("rms_norm_eps", cfg.rms_norm_eps)
-    rope = layer.get("rope_parameters") or {}
-    cfg.rope_theta = rope.get("rope_theta", layer.get("rope_theta", cfg.rope_theta))
-    cfg.max_position_embeddings = layer.get("max_position_embeddings", cfg.max_position_embeddings)
     learned = src / "mask_embedding.pt"  # draftsmith's vLLM export of a learned mask
     cfg.mask_token_id, cfg.mask_from_token = int(mask), not learned.is_file()
     weights = {k: v for k, v in state.items() if k.startswith(("fc.", "hidden_norm.", "norm.", "layers."))}
@@ -434,16 +433,7 @@ def import_dflash(src: Path, config: dict, state: dict, target: Path, out: Path,
     mask_embedding = torch.load(learned, map_location="cpu", weights_only=True) if learned.is_file() else embed[mask]
     weights |= {"embed_tokens.weight": embed, "lm_head.weight": head, "mask_embedding": mask_embedding}
     network = DFlashModel(cfg)
-    try:
-        result = network.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
-    except RuntimeError as e:  # a size mismatch
-        raise DraftsmithError(f"{where}: {str(e).splitlines()[-1].strip()}") from None
-    missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
-    if result.unexpected_keys or missing:
-        raise DraftsmithError(
-            f"{where}: tensors that do not fit draftsmith's DFlash: missing {missing}, unexpected "
-            f"{result.unexpected_keys}"
-        )
+    load_weights(network, weights, where, "DFlash")
     what = f"DFlash, {cfg.num_layers} layers, block {block}, feature layers {list(layers)}"
     return write_imported(network, target, out, dtype, src, layout, what)
 
