@@ -44,6 +44,7 @@ MARKDOWN = {
     "parallel_smollm2": "parallel",
     "profile_round_default_after": "profile_round",
     "profile_round_default_before": "profile_round",
+    "quickstart": "quickstart",
     "real_target": "real_target",
     "real_target_bf16": "real_target",
     "scaling": "scaling",
