@@ -122,9 +122,9 @@ def test_an_imported_drafter_decodes_exactly_under_the_verifier(env, tmp_path):
         assert decoder.generate(prompt, 24).tokens == plain
 
 
-def broken(env, tmp_path, edit) -> str:
+def broken(env, tmp_path, edit, native=None) -> str:
     src = tmp_path / "src"
-    write_export(env["root"] / "native", "speculators", src)
+    write_export(native or env["root"] / "native", "speculators", src)
     edit(src)
     with pytest.raises(DraftsmithError) as e:
         import_drafter(src, str(env["root"] / "target"), tmp_path / "out")
@@ -175,6 +175,25 @@ def test_bad_checkpoints_are_one_line_each(env, tmp_path):
     assert "missing shard(s), e.g. model-00002-of-00002.safetensors" in broken(env, tmp_path / "d", sharded)
     assert "not valid JSON" in broken(env, tmp_path / "e", lambda s: (s / "config.json").write_text("{"))
     shutil.rmtree(tmp_path / "e")
+
+
+def test_bad_dflash_checkpoints_are_one_line_each(env, tmp_path):
+    """What draftsmith's DFlash does not compute is refused with one line naming the field."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.dflash.module import DFlashModule
+
+    module = DFlashModule(str(env["root"] / "target"), LAYERS, depth=3, mask_token_id=VOCAB - 3, mask_from_token=True)
+    native = tmp_path / "native"
+    save_native(module.drafter, module.target, native)
+    edits = {
+        "sample_from_anchor=true": lambda s: edit_config(s, sample_from_anchor=True),
+        f"a 40-token draft vocabulary; draftsmith's DFlash drafts over the target's whole {VOCAB}": lambda s: (
+            edit_config(s, draft_vocab_size=40)
+        ),
+        "needs its feature layers, mask_token_id and block_size >= 2": lambda s: edit_config(s, block_size=None),
+    }
+    for i, (line, edit) in enumerate(edits.items()):
+        assert line in broken(env, tmp_path / str(i), edit, native)
 
 
 def test_an_imported_drafter_is_fine_tuned_from_its_own_weights(env, tmp_path):

@@ -78,7 +78,7 @@ def detect_layout(config: dict, state: dict) -> str:
     """Which EAGLE-3 layout (speculators, sglang, vllm) a checkpoint is in, from its config and tensor names."""
     if config.get("speculators_model_type") is not None:
         kind = config["speculators_model_type"]
-        if kind not in ("eagle3", "peagle", "dflash"):
+        if kind not in ("eagle3", "peagle"):  # dflash never reaches here (import_drafter sends it to import_dflash)
             raise DraftsmithError(
                 f"speculators_model_type {kind!r}: only eagle3, peagle and dflash checkpoints are imported"
             )
@@ -185,6 +185,18 @@ def repeat_kv(weight: torch.Tensor, kv_heads: int, heads: int) -> torch.Tensor:
     return weight.view(kv_heads, hd, -1).repeat_interleave(heads // kv_heads, dim=0).reshape(heads * hd, -1)
 
 
+def ungroup_kv(weights: dict, layer: dict) -> None:
+    """Every k/v projection of ``weights`` (in place) as per query head, where the checkpoint's ``layer`` config has
+    grouped-query attention (draftsmith's layers have one k/v head per query head)."""
+    heads = layer["num_attention_heads"]
+    kv_heads = layer.get("num_key_value_heads") or heads
+    if kv_heads == heads:
+        return
+    for name in list(weights):
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+            weights[name] = repeat_kv(weights[name], kv_heads, heads)
+
+
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """One safetensors file; an unreadable one is one line."""
     try:
@@ -277,11 +289,10 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     if "medusa_num_heads" in config:
         return import_medusa(src, config, target, out, dtype)
     state = read_weights(src)
-    if "dflash_config" in config:  # z-lab's layout (before detect_layout: its tensors look like vLLM's EAGLE-3)
+    # DFlash in z-lab's or speculators' layout (before detect_layout: z-lab's tensors look like vLLM's EAGLE-3)
+    if "dflash_config" in config or config.get("speculators_model_type") == "dflash":
         return import_dflash(src, config, state, target, out, dtype)
     layout = detect_layout(config, state)
-    if config.get("speculators_model_type") == "dflash":
-        return import_dflash(src, config, state, target, out, dtype)
     layer = layer_config(config, layout)
     where = f"{src} ({layout} layout)"
     check_supported(config, layer, where)
@@ -296,18 +307,13 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     ]
     if missing:
         raise DraftsmithError(f"{where}: missing tensors {missing}")
-    heads = layer["num_attention_heads"]
-    kv_heads = layer.get("num_key_value_heads") or heads
     cfg = layer_shape(Eagle3Config.from_target(tcfg, 3, layers, draft_vocab), layer)
     extra = {}
     if config.get("speculators_model_type") == "peagle":
         cfg, extra = peagle_config(cfg, config, state, where)
     network = PEagleModel(cfg) if extra else EagleModel(cfg)
     ours = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-    for proj in ("k_proj", "v_proj"):
-        name = f"self_attn.{proj}.weight"
-        if kv_heads != heads and name in ours:
-            ours[name] = repeat_kv(ours[name], kv_heads, heads)
+    ungroup_kv(ours, layer)
     d2t, t2d = state.get("d2t"), state.get("t2d")
     if d2t is None:
         if draft_vocab != vocab:
@@ -418,14 +424,10 @@ def import_dflash(src: Path, config: dict, state: dict, target: Path, out: Path,
     if missing:
         raise DraftsmithError(f"{where}: missing tensors {missing}")
     cfg = layer_shape(DFlashConfig.from_target(tcfg, tuple(layers), block - 1, layer["num_hidden_layers"]), layer)
-    heads = layer["num_attention_heads"]
-    kv_heads = layer.get("num_key_value_heads") or heads
     learned = src / "mask_embedding.pt"  # draftsmith's vLLM export of a learned mask
     cfg.mask_token_id, cfg.mask_from_token = int(mask), not learned.is_file()
     weights = {k: v for k, v in state.items() if k.startswith(("fc.", "hidden_norm.", "norm.", "layers."))}
-    for name in list(weights):
-        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")) and kv_heads != heads:
-            weights[name] = repeat_kv(weights[name], kv_heads, heads)
+    ungroup_kv(weights, layer)
     embed = state.get("embed_tokens.weight")
     embed = target_embedding(target) if embed is None else embed
     head = state.get("lm_head.weight")

@@ -189,8 +189,6 @@ def write_speculators(out: str, target: str, kind: str = "eagle3") -> None:
     """A randomly initialised speculators drafter (``kind`` eagle3 or peagle) for ``target``, saved by speculators."""
     from transformers import AutoConfig
 
-    if kind == "dflash":
-        return write_speculators_dflash(out, target)
     if kind == "peagle":
         from speculators.models.peagle import PEagleDraftModel as cls
     else:
@@ -268,12 +266,14 @@ def write_specforge_dflash(out: str, target: str) -> None:
 def main() -> None:
     if sys.argv[2] == "write":
         peer, _, out, target = sys.argv[1:5]
-        if peer.startswith("speculators-"):  # speculators-peagle, speculators-dflash
-            write_speculators(out, target, peer.split("-", 1)[1])
-        else:
-            writers = {"speculators": write_speculators, "specforge": write_specforge}
-            writers["specforge-dflash"] = write_specforge_dflash
-            writers[peer](out, target)
+        writers = {
+            "speculators": write_speculators,
+            "speculators-peagle": lambda o, t: write_speculators(o, t, "peagle"),
+            "speculators-dflash": write_speculators_dflash,
+            "specforge": write_specforge,
+            "specforge-dflash": write_specforge_dflash,
+        }
+        writers[peer](out, target)
         return
     peer, jobs_file = sys.argv[1:3]
     with open(jobs_file) as f:
