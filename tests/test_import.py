@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,6 +195,85 @@ def test_bad_dflash_checkpoints_are_one_line_each(env, tmp_path):
     }
     for i, (line, edit) in enumerate(edits.items()):
         assert line in broken(env, tmp_path / str(i), edit, native)
+
+
+@pytest.fixture(scope="module")
+def peagle(env) -> Path:
+    """A native P-EAGLE for the same target (scattered draft vocabulary, perturbed weights and placeholder feature)."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.peagle.module import PEagleModule
+
+    module = PEagleModule(str(env["root"] / "target"), LAYERS, draft_vocab_size=40, depth=3, mask_token_id=VOCAB - 3)
+    torch.manual_seed(4)
+    with torch.no_grad():
+        module.drafter.set_draft_vocab(torch.rand(VOCAB))
+        for name, p in module.drafter.named_parameters():
+            if name != "embed_tokens.weight":
+                p.add_(0.3 * torch.randn_like(p))
+    save_native(module.drafter, module.target, env["root"] / "native-peagle")
+    return env["root"] / "native-peagle"
+
+
+def peagle_logits(network, env) -> peer_check.StepLogits:
+    return peer_check.draftsmith_parallel_logits(network.eval(), env["x"], env["features"], 3)
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "speculators"])
+def test_a_peagle_export_imports_back_drafting_the_same(env, peagle, fmt, tmp_path):
+    """P-EAGLE -> vLLM's layout (SpecForge's too) or speculators' -> import: a peagle drafter with the same depth,
+    placeholder token and logits at every depth (an EAGLE-3 import would drop the placeholder feature)."""
+    write_export(peagle, fmt, tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    original, _ = load_network(peagle)
+    assert info["imported_from"]["layout"] == fmt and network.method == "peagle"
+    assert (network.cfg.depth, network.cfg.mask_token_id) == (3, VOCAB - 3)
+    same(peagle_logits(original, env), peagle_logits(network, env))
+
+
+def test_specforges_peagle_layout_imports_with_its_capture_layers_and_default_depth(env, peagle, tmp_path):
+    """SpecForge's own save (architectures PEagleDraftModel, no vLLM keys): the capture layers from eagle_config
+    (SGLang numbering), the depth SpecForge trains by default (none recorded); without the placeholder token one line
+    says where to put it."""
+    src = tmp_path / "specforge"
+    write_export(peagle, "vllm", src)
+    config = json.loads((src / "config.json").read_text())
+    for key in ("pard_token", "num_depths", "eagle_aux_hidden_state_layer_ids"):
+        config.pop(key)
+    (src / "config.json").write_text(json.dumps(config | {"architectures": ["PEagleDraftModel"]}))
+    import_drafter(src, str(env["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    assert info["imported_from"]["layout"] == "specforge" and tuple(network.cfg.feature_layers) == tuple(LAYERS)
+    assert network.cfg.depth == 8
+    original, _ = load_network(peagle)
+    same(peagle_logits(original, env), peagle_logits(network, env))
+    config.pop("mask_token_id")
+    (src / "config.json").write_text(json.dumps(config | {"architectures": ["PEagleDraftModel"]}))
+    with pytest.raises(DraftsmithError, match=r'without its placeholder token: add "mask_token_id": ID to its config'):
+        import_drafter(src, str(env["root"] / "target"), tmp_path / "out")
+
+
+def test_bad_peagle_checkpoints_are_one_line_each(env, peagle, tmp_path):
+    def second_layer(src):
+        state = load_file(src / "model.safetensors")
+        state |= {k.replace("layers.0.", "layers.1."): v.clone() for k, v in state.items() if k.startswith("layers.0.")}
+        save_file(state, src / "model.safetensors")
+
+    def no_mask_hidden(src):
+        state = load_file(src / "model.safetensors")
+        save_file({k: v for k, v in state.items() if k != "mask_hidden"}, src / "model.safetensors")
+
+    edits = {
+        "2 decoder layers (layers.1.*); draftsmith's EAGLE-3 and P-EAGLE have one": second_layer,
+        "a P-EAGLE checkpoint without its mask_hidden tensor": no_mask_hidden,
+    }
+    for i, (line, edit) in enumerate(edits.items()):
+        src = tmp_path / str(i)
+        write_export(peagle, "vllm", src)
+        edit(src)
+        with pytest.raises(DraftsmithError) as e:
+            import_drafter(src, str(env["root"] / "target"), tmp_path / f"out{i}")
+        assert line in str(e.value) and "\n" not in str(e.value)
 
 
 def test_an_imported_drafter_is_fine_tuned_from_its_own_weights(env, tmp_path):

@@ -263,7 +263,10 @@ def test_peagle_exports_eagle3_with_mask_hidden_and_mask_token(setup, tmp_path):
     module.drafter.set_draft_vocab(torch.arange(VOCAB).float())  # what fit's data does
     config, tensors, command = exported(setup, tmp_path, module)
     assert config["pard_token"] == 90 and config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
-    assert tensors["mask_hidden"].shape == (3 * module.target.hidden_size,)
+    assert tensors["mask_hidden"].shape == (1, 1, 3 * module.target.hidden_size)  # vLLM views it (1, -1)
+    # SpecForge's PEagleDraftModel reads the same dir (tests/test_peers.py): its token, depth and capture layers
+    assert (config["mask_token_id"], config["num_depths"]) == (90, 3)
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
     assert tensors["fc.weight"].shape == (module.drafter.cfg.hidden_size, 3 * module.target.hidden_size)
     assert '"method": "eagle3"' in command and '"parallel_drafting": true' in command
 

@@ -6,8 +6,10 @@ An EAGLE-3 drafter with a reduced, scattered draft vocabulary and perturbed weig
 dropped or doubled norm shows) runs its training-time test for 3 steps on a tiny target's real features, in
 draftsmith and in the peer's class: the logits must agree (float32, max abs difference <= 1e-4 of the logits'
 scale) and the target tokens they pick through each side's ``d2t`` must be equal. A broken export (a transposed
-fc block, d2t off by one, a norm flag flipped) must fail the same comparison. Where a peer cannot be installed its
-tests skip, saying why.
+fc block, d2t off by one, a norm flag flipped) must fail the same comparison. P-EAGLE (both peers' ``PEagleDraftModel``:
+speculators' on its export, SpecForge's on the vLLM export) and DFlash (both peers' ``DFlashDraftModel``) likewise,
+at every depth or mask; and checkpoints each peer's own code writes import and decode exactly. Where a peer cannot
+be installed its tests skip, saying why.
 """
 
 from __future__ import annotations
@@ -206,22 +208,28 @@ def peagle(drafter) -> dict:
     return {"root": root, "x": drafter["x"], "features": drafter["features"], "ours": ours}
 
 
-def peagle_logits(case: dict, export: Path, work: str) -> peer_check.StepLogits:
-    return run_peer(case, "speculators", export, work, DEPTH)
+PEAGLE_FORMATS = {"speculators": "speculators", "specforge": "vllm"}
+"""The export each peer's P-EAGLE class loads: speculators' ``PEagleDraftModel`` its own format, SpecForge's
+``PEagleDraftModel`` the vLLM dir (the same layout, with SpecForge's keys beside vLLM's)."""
 
 
-def peagle_export(case: dict) -> Path:
-    return exported(case, "native-peagle", "speculators")
+def peagle_export(case: dict, peer: str) -> Path:
+    out = case["root"] / "export" / f"native-peagle-{peer}"
+    if not (out / "config.json").is_file():
+        write_export(case["root"] / "native-peagle", PEAGLE_FORMATS[peer], out)
+    return out
 
 
-def test_speculators_peagle_class_gives_draftsmiths_logits_at_every_depth(peagle):
-    """speculators' PEagleDraftModel loads the P-EAGLE export; every anchor's placeholders at depths 1..3 (and the
-    anchors themselves) give draftsmith's logits and tokens."""
-    theirs = good(peagle_runs(peagle), "speculators")
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_the_peers_peagle_class_gives_draftsmiths_logits_at_every_depth(peagle, peer):
+    """The peer's PEagleDraftModel loads the P-EAGLE export; every anchor's placeholders at depths 1..3 (and the
+    anchors themselves) give draftsmith's logits and tokens (SpecForge: through its training forward,
+    ``OnlinePEagleModel``, with every anchor at every depth)."""
+    theirs = good(peagle_runs(peagle, peer), peer)
     assert [tuple(x.shape[:2]) for x in theirs.logits] == [(1, T - d) for d in range(DEPTH)]
     ok, why = agree(peagle["ours"], theirs)
-    print(f"speculators peagle: {why}")
-    assert ok, f"speculators loads draftsmith's P-EAGLE export with other outputs: {why}"
+    print(f"{peer} peagle: {why}")
+    assert ok, f"{peer} loads draftsmith's P-EAGLE export with other outputs: {why}"
 
 
 def mask_token_off_by_one(state: dict, config: dict) -> None:
@@ -229,39 +237,41 @@ def mask_token_off_by_one(state: dict, config: dict) -> None:
 
 
 def mask_hidden_dropped(state: dict, config: dict) -> None:
-    """The placeholder feature lost (speculators then initialises it at random): only the placeholders change."""
+    """The placeholder feature lost (the peer then initialises it at random): only the placeholders change."""
     del state["mask_hidden"]
 
 
 PEAGLE_BREAKAGES = [mask_token_off_by_one, mask_hidden_dropped, transposed_fc_block]
 
 
-def peagle_runs(case: dict) -> dict:
-    return peer_runs(case, "speculators", "peagle", peagle_export(case), PEAGLE_BREAKAGES, DEPTH)
+def peagle_runs(case: dict, peer: str) -> dict:
+    return peer_runs(case, peer, "peagle", peagle_export(case, peer), PEAGLE_BREAKAGES, DEPTH)
 
 
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
 @pytest.mark.parametrize("breakage", PEAGLE_BREAKAGES)
-def test_a_broken_peagle_export_fails_the_comparison(peagle, breakage):
-    fails(peagle, peagle_runs(peagle), breakage, "speculators P-EAGLE")
+def test_a_broken_peagle_export_fails_the_comparison(peagle, peer, breakage):
+    fails(peagle, peagle_runs(peagle, peer), breakage, f"{peer} P-EAGLE")
 
 
-def test_a_peagle_checkpoint_speculators_wrote_imports_and_drafts_exactly(peagle):
-    """``PEagleDraftModel.from_training_args`` + ``save_pretrained`` in speculators' venv -> ``draftsmith import`` ->
-    a native peagle drafter with the peer's logits at every depth, decoding exactly under the verifier."""
-    python, root = peer_python("speculators"), peagle["root"]
-    ckpt = peer_check.peer_checkpoint(python, "speculators-peagle", root / "target", root / "written" / "peagle")
-    import_drafter(ckpt, str(root / "target"), root / "imported" / "peagle")
-    network, info = load_network(root / "imported" / "peagle")
-    assert (
-        network.method == "peagle" and network.cfg.depth == DEPTH and info["imported_from"]["layout"] == "speculators"
-    )
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_a_peagle_checkpoint_the_peer_wrote_imports_and_drafts_exactly(peagle, peer):
+    """A P-EAGLE randomly initialised and saved by the peer's own code (speculators: ``from_training_args`` +
+    ``save_pretrained``; SpecForge: ``PEagleDraftModel`` with its own, trained token embedding + ``save_pretrained``)
+    -> ``draftsmith import`` -> a native peagle drafter with the peer's logits at every depth, decoding exactly under
+    the verifier."""
+    python, root = peer_python(peer), peagle["root"]
+    ckpt = peer_check.peer_checkpoint(python, f"{peer}-peagle", root / "target", root / "written" / f"{peer}-peagle")
+    imported = root / "imported" / f"{peer}-peagle"
+    import_drafter(ckpt, str(root / "target"), imported)
+    network, info = load_network(imported)
+    assert network.method == "peagle" and network.cfg.depth == DEPTH and info["imported_from"]["layout"] == peer
     ours = peer_check.draftsmith_parallel_logits(network.eval(), peagle["x"], peagle["features"], DEPTH)
-    ok, why = agree(ours, peagle_logits(peagle, ckpt, "peagle-written"))
-    print(f"speculators-written P-EAGLE: {why}")
-    assert ok, f"the speculators-written P-EAGLE drafts otherwise once imported: {why}"
+    ok, why = agree(ours, run_peer(peagle, peer, ckpt, f"{peer}-peagle-written", DEPTH))
+    print(f"{peer}-written P-EAGLE: {why}")
+    assert ok, f"the {peer}-written P-EAGLE drafts otherwise once imported: {why}"
     target = Target.from_pretrained(root / "target")
-    drafter = load_trained(root / "imported" / "peagle", target)
-    decoder = SpeculativeDecoder(target, drafter, k=DEPTH, sampling=Sampling(0.0))
+    decoder = SpeculativeDecoder(target, load_trained(imported, target), k=DEPTH, sampling=Sampling(0.0))
     for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
         assert decoder.generate(prompt, 16).tokens == plain_decode(target, prompt, 16, Sampling(0.0), None).tokens
 

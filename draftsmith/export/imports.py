@@ -8,9 +8,15 @@ EAGLE-3 checkpoints in the layouts the field writes, each read as its own loader
   repository (SafeAILab) released its EAGLE-3 checkpoints in (``midlayer.*``; aux ids in
   ``eagle_config.eagle_aux_hidden_state_layer_ids``, SGLang numbering: id k = HF ``hidden_states[k + 1]``).
 - ``vllm``: vLLM's ``Eagle3LlamaForCausalLM`` (``layers.0.*``; top-level aux ids, vLLM numbering).
+- ``specforge``: SpecForge's ``PEagleDraftModel`` (``layers.0.*``, flat Llama config; aux ids as the top-level ones
+  when present, else in ``eagle_config``, SGLang numbering).
 
-P-EAGLE in the speculators layout (``speculators_model_type: peagle``: EAGLE-3's tensors plus ``mask_hidden``, the
-config's ``mask_token_id``, the depth its greedy proposal drafts) becomes a native ``peagle`` drafter; DFlash in the
+P-EAGLE (EAGLE-3's tensors plus ``mask_hidden``, the placeholder's stand-in feature, and a placeholder token id) in
+the speculators layout (``speculators_model_type: peagle``, ``mask_token_id``, the depth its greedy proposal
+drafts), in vLLM's (``pard_token`` or ``mask_token_id``; ``num_depths`` where draftsmith wrote it) and in SpecForge's
+(``architectures: PEagleDraftModel``; SpecForge keeps the token in its training config, so ``mask_token_id`` must be
+added to config.json, one line says so; depth ``num_depths``, else SpecForge's training default 8) becomes a native
+``peagle`` drafter, keeping the checkpoint's own token embedding (SpecForge trains it); DFlash in the
 speculators layout (``speculators_model_type: dflash``: ``fc``, ``hidden_norm``, Qwen3 layers, ``norm``; block size,
 ``aux_hidden_state_layer_ids``, ``mask_token_id``) a native ``dflash`` drafter whose masks are the target's embedding
 of ``mask_token_id`` (``mask_from_token``), as speculators computes them. DFlash in z-lab's layout (``architectures:
@@ -85,21 +91,23 @@ def detect_layout(config: dict, state: dict) -> str:
         return "speculators"
     if any(k.startswith("midlayer.") for k in state):
         return "sglang"
+    if "PEagleDraftModel" in (config.get("architectures") or []):
+        return "specforge"
     if any(k.startswith("layers.0.") for k in state) and "fc.weight" in state:
         return "vllm"
     raise DraftsmithError(
         f"unknown drafter layout (architectures {config.get('architectures')}; no speculators_model_type, no "
-        "midlayer.* or layers.0.* + fc tensors): draftsmith imports EAGLE-3 in the speculators, SGLang/SpecForge/"
-        "EAGLE and vLLM layouts"
+        "midlayer.* or layers.0.* + fc tensors): draftsmith imports EAGLE-3 and P-EAGLE in the speculators, "
+        "SGLang/SpecForge/EAGLE and vLLM layouts"
     )
 
 
 def feature_layers(config: dict, layout: str, num_layers: int) -> tuple[int, ...]:
     """The HF ``hidden_states`` indices the checkpoint was trained on (see the module docstring)."""
     sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if layout == "sglang" and sglang_ids is not None:
-        return tuple(k + 1 for k in sglang_ids)
     ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if sglang_ids is not None and (layout == "sglang" or (layout == "specforge" and ids is None)):
+        return tuple(k + 1 for k in sglang_ids)
     if ids is not None:
         return tuple(ids)
     return (2, num_layers // 2, num_layers - 3)
@@ -260,16 +268,17 @@ def import_medusa(src: Path, config: dict, target: Path, out: Path, dtype: str) 
 
 
 def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "float32") -> Path:
-    """Convert an EAGLE-3 (or Medusa) checkpoint trained elsewhere into a native drafter dir that ``score`` and
-    ``fit`` take.
+    """Convert an EAGLE-3, P-EAGLE, DFlash or Medusa checkpoint trained elsewhere into a native drafter dir that
+    ``score`` and ``fit`` take.
 
     Checked against the target before anything is written: vocabulary, hidden size, feature layers within its
     depth, the draft vocabulary's maps. The target's embedding fills in a checkpoint that ships none (speculators
     and vLLM share it with the target).
 
     Args:
-        src: the checkpoint dir (EAGLE-3 in the speculators, SGLang / SpecForge / EAGLE or vLLM layout, or Medusa
-            heads in the Medusa repository's: detected).
+        src: the checkpoint dir (EAGLE-3 in the speculators, SGLang / SpecForge / EAGLE or vLLM layout, P-EAGLE in
+            the speculators, vLLM or SpecForge layout, DFlash in speculators' or z-lab's, or Medusa heads in the
+            Medusa repository's: detected).
         target: the target it drafts for (a model dir or a built-in name, e.g. smollm2).
         out: the native dir to write.
         dtype: the target dtype the drafter will be scored with (recorded in its fingerprint).
@@ -307,10 +316,17 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     ]
     if missing:
         raise DraftsmithError(f"{where}: missing tensors {missing}")
+    more = sorted({k.split(".")[1] for k in state if k.startswith("layers.") and not k.startswith("layers.0.")})
+    if more:
+        raise DraftsmithError(
+            f"{where}: {1 + len(more)} decoder layers (layers.{more[0]}.*); draftsmith's EAGLE-3 and P-EAGLE have "
+            "one: not imported"
+        )
     cfg = layer_shape(Eagle3Config.from_target(tcfg, 3, layers, draft_vocab), layer)
-    extra = {}
-    if config.get("speculators_model_type") == "peagle":
-        cfg, extra = peagle_config(cfg, config, state, where)
+    extra, what = {}, f"feature layers {list(layers)}, draft vocabulary {draft_vocab}"
+    if is_peagle(config, state, layout):
+        cfg, extra, depth = peagle_config(cfg, config, state, where)
+        what += f", P-EAGLE depth {depth}"
     network = PEagleModel(cfg) if extra else EagleModel(cfg)
     ours = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
     ungroup_kv(ours, layer)
@@ -337,25 +353,41 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     }
     load_weights(network, weights, where, "EAGLE-3")
     vocab_maps(network)  # d2t/t2d consistent, inside the target's vocabulary
-    return write_imported(
-        network, target, out, dtype, src, layout, f"feature layers {list(layers)}, draft vocabulary {draft_vocab}"
+    return write_imported(network, target, out, dtype, src, layout, what)
+
+
+PEAGLE_DEPTH = 8
+"""The depth of a P-EAGLE checkpoint that records none (SpecForge's ``training.num_depths`` default)."""
+
+
+def is_peagle(config: dict, state: dict, layout: str) -> bool:
+    """A P-EAGLE checkpoint in any layout: speculators' model type, SpecForge's class, vLLM's ``pard_token``, or
+    the placeholder feature only P-EAGLE has."""
+    return (
+        config.get("speculators_model_type") == "peagle"
+        or layout == "specforge"
+        or "pard_token" in config
+        or "mask_hidden" in state
     )
 
 
-def peagle_config(cfg: Eagle3Config, config: dict, state: dict, where: str) -> tuple[PEagleConfig, dict]:
-    """A speculators P-EAGLE checkpoint's config (EAGLE-3's plus its depth and placeholder token) and the tensor
-    EAGLE-3 lacks (``mask_hidden``)."""
-    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    depth, mask = methods[0].get("speculative_tokens"), config.get("mask_token_id")
-    if depth is None or mask is None or "mask_hidden" not in state:
+def peagle_config(cfg: Eagle3Config, config: dict, state: dict, where: str) -> tuple[PEagleConfig, dict, str]:
+    """A P-EAGLE checkpoint's config (EAGLE-3's plus its depth and placeholder token), the tensor EAGLE-3 lacks
+    (``mask_hidden``) and how its depth was found."""
+    if "mask_hidden" not in state:
+        raise DraftsmithError(f"{where}: a P-EAGLE checkpoint without its mask_hidden tensor (a partial save?)")
+    mask = config.get("mask_token_id", config.get("pard_token"))
+    if mask is None:
         raise DraftsmithError(
-            f"{where}: a P-EAGLE checkpoint needs speculators_config.proposal_methods[0].speculative_tokens, "
-            f"mask_token_id and a mask_hidden tensor (got {depth}, {mask}, {'mask_hidden' in state})"
+            f'{where}: a P-EAGLE checkpoint without its placeholder token: add "mask_token_id": ID to its config.json '
+            "(SpecForge keeps it in its training config: model.mask_token_id)"
         )
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    depth = methods[0].get("speculative_tokens") or config.get("num_depths")
+    said = f"{depth}" if depth else f"{PEAGLE_DEPTH} (none recorded: SpecForge's default num_depths)"
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    return PEagleConfig(**fields, depth=int(depth), mask_token_id=int(mask)), {
-        "mask_hidden": state["mask_hidden"].reshape(-1)
-    }
+    peagle = PEagleConfig(**fields, depth=int(depth or PEAGLE_DEPTH), mask_token_id=int(mask))
+    return peagle, {"mask_hidden": state["mask_hidden"].reshape(-1)}, said
 
 
 def target_embedding(target: Path) -> torch.Tensor:

@@ -15,7 +15,8 @@ previous step's output with the tokens x[j+1 : j+1+T] (zero-padded), and anchor 
 Each output: ``logits.j`` (1, T, Vd) per step, computed by the peer's code, and ``d2t`` as the peer
 loaded it. A P-EAGLE export (speculators' ``PEagleDraftModel``; ``steps`` = its depth D) gives ``logits.d`` per
 depth instead: depth 0 the T anchors (anchor a pairs x[a+1] with the features of position a), depth d the (1, T - d,
-Vd) placeholders d of anchors 0..T-1-d, each seeing the real rows up to its anchor and its own chain. A DFlash export
+Vd) placeholders d of anchors 0..T-1-d, each seeing the real rows up to its anchor and its own chain (SpecForge's
+``PEagleDraftModel`` reads draftsmith's vLLM P-EAGLE export likewise). A DFlash export
 (``DFlashDraftModel``; ``steps`` = its depth K) gives ``logits.d`` (1, T - K - 1, V) per mask d: anchor a's block is
 x[a+1] at position a + 1 then K masks, seeing the features of positions 0..a; mask d predicts x[a+d+2]; SpecForge
 runs a DFlash in z-lab's layout (``DFlashDraftModel``, draftsmith's vLLM export) so, with the target's embedding and
@@ -121,6 +122,34 @@ def specforge_logits(export: str, x: torch.Tensor, features: torch.Tensor, steps
             hidden = model.backbone(embeds, hidden, cache, mask, positions, None, True)
             logits.append(model.compute_logits(hidden))
     return logits, model.d2t
+
+
+def specforge_peagle_logits(export: str, x: torch.Tensor, features: torch.Tensor, depth: int):
+    """SpecForge's P-EAGLE training forward (``OnlinePEagleModel``: placeholders, flex-attention mask, the draft
+    model's layers and logits) with its random anchor sampling (COD) replaced by every anchor at every depth and its
+    loss by a hook on the logits; the placeholder token from the config, as SpecForge's training config gives it.
+    Its loss module imports Triton (a GPU kernel, absent here) and is never called: a stand-in module is imported in
+    its place. Flex attention runs eagerly (CPU)."""
+    import types
+
+    sys.modules["specforge.core.loss"] = types.SimpleNamespace(LogSoftmaxLoss=None)
+    import specforge.algorithms.peagle.model as core
+    from specforge.modeling.draft.peagle import PEagleDraftModel
+
+    t = x.shape[1]
+    anchors = [torch.arange(t - d) for d in range(depth)]
+    core.generate_cod_sample_indices = lambda **_: (
+        torch.cat(anchors),
+        torch.cat([torch.full((len(a),), d) for d, a in enumerate(anchors)]),
+    )
+    logits = []
+    core.compute_peagle_metrics = lambda **kw: (logits.append(kw["logits"]), (torch.zeros(()), {}))[1]
+    model = PEagleDraftModel.from_pretrained(export).eval()
+    training = core.OnlinePEagleModel(model, mask_token_id=model.config.mask_token_id, num_depths=depth)
+    ones = torch.ones_like(x)
+    with torch.no_grad():
+        training(input_ids=shifted(x, 1), attention_mask=ones, target=None, loss_mask=ones, hidden_states=features)
+    return list(logits[0].split([len(a) for a in anchors], dim=1)), model.d2t
 
 
 def specforge_dflash_logits(export: str, x: torch.Tensor, features: torch.Tensor, depth: int, target: str):
@@ -235,6 +264,34 @@ def write_specforge(out: str, target: str) -> None:
     model.save_pretrained(out)
 
 
+def write_specforge_peagle(out: str, target: str) -> None:
+    """A randomly initialised P-EAGLE (SpecForge's ``PEagleDraftModel``: one layer, grouped-query attention, a
+    scattered 48-token draft vocabulary, capture layers 0, 1, 2) with the target's embedding perturbed (SpecForge
+    trains it), saved by SpecForge; its placeholder token (vocab - 3) and depth 4 added to the config as its training
+    config would give them."""
+    from specforge.modeling.draft.peagle import PEagleDraftModel
+    from transformers import AutoConfig, LlamaConfig
+
+    verifier = AutoConfig.from_pretrained(target)
+    config = LlamaConfig(
+        **{k: v for k, v in verifier.to_dict().items() if k not in ("architectures", "model_type")},
+    )
+    config.num_hidden_layers, config.num_key_value_heads = 1, verifier.num_attention_heads // 2
+    config.draft_vocab_size, config.target_hidden_size = 48, verifier.hidden_size
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}
+    torch.manual_seed(0)
+    model = PEagleDraftModel(config)
+    model.load_embedding(target)
+    t2d, d2t = vocab_maps(verifier.vocab_size, 48)
+    model.t2d.copy_(t2d)
+    model.d2t.copy_(d2t)
+    perturb(model)
+    with torch.no_grad():
+        model.embed_tokens.weight.add_(0.1 * torch.randn_like(model.embed_tokens.weight))
+    model.config.mask_token_id, model.config.num_depths = verifier.vocab_size - 3, 4
+    model.save_pretrained(out)
+
+
 def write_specforge_dflash(out: str, target: str) -> None:
     """A randomly initialised two-layer DFlash in z-lab's layout (grouped-query attention, block of 5, masks
     vocab - 3, target layer ids 0, 1, 2), built by SpecForge's ``DFlashDraftModel`` and saved by it."""
@@ -271,6 +328,7 @@ def main() -> None:
             "speculators-peagle": lambda o, t: write_speculators(o, t, "peagle"),
             "speculators-dflash": write_speculators_dflash,
             "specforge": write_specforge,
+            "specforge-peagle": write_specforge_peagle,
             "specforge-dflash": write_specforge_dflash,
         }
         writers[peer](out, target)
@@ -301,6 +359,8 @@ def run(peer: str, export: str, data: dict, target: str | None):
     kind = config.get("speculators_model_type")
     if peer == "specforge" and "dflash_config" in config:
         return specforge_dflash_logits(*args, target)  # the target's embedding and LM head
+    if peer == "specforge" and "mask_token_id" in config:  # P-EAGLE (draftsmith's vLLM export, SpecForge's own)
+        return specforge_peagle_logits(*args)
     if peer == "speculators" and kind in ("peagle", "dflash"):
         return {"peagle": speculators_peagle_logits, "dflash": speculators_dflash_logits}[kind](*args)
     return {"speculators": speculators_logits, "specforge": specforge_logits}[peer](*args)

