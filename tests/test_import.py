@@ -276,6 +276,37 @@ def test_bad_peagle_checkpoints_are_one_line_each(env, peagle, tmp_path):
         assert line in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_pard_draft_lm_as_vllm_serves_it_imports_and_decodes_exactly(env, tmp_path):
+    """PARD -> the vLLM export (an HF causal LM with pard_token, as AMD releases PARD) -> import: a pard drafter with
+    the same placeholder, depth and logits, decoding exactly under the verifier, and fit's start (``model.init``)
+    as it is; a placeholder outside the vocabulary and a draft LM for another vocabulary are one line each."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.pard.module import PardModule
+
+    module = PardModule(str(env["root"] / "target"), depth=3, mask_token_id=VOCAB - 3)
+    save_native(module.drafter, module.target, tmp_path / "native")
+    write_export(tmp_path / "native", "vllm", tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    assert network.method == "pard" and info["imported_from"]["layout"] == "vllm"
+    assert (network.cfg.mask_token_id, network.cfg.depth) == (VOCAB - 3, 3)
+    ids = env["x"]
+    torch.testing.assert_close(network.model.eval()(ids).logits, module.drafter.model.eval()(ids).logits)
+    target = Target.from_pretrained(env["root"] / "target")
+    decoder = SpeculativeDecoder(target, load_trained(tmp_path / "imported", target), k=3, sampling=Sampling(0.0))
+    for prompt in ([5, 9, 14, 2], [7, 7, 30, 41, 3, 60]):
+        assert decoder.generate(prompt, 16).tokens == plain_decode(target, prompt, 16, Sampling(0.0), None).tokens
+    tuned = PardModule(str(env["root"] / "target"), init=str(tmp_path / "imported"), depth=3).drafter  # fit's start
+    assert tuned.cfg.mask_token_id == VOCAB - 3  # the release's placeholder, its embedding row as trained
+    assert all(torch.equal(v, network.state_dict()[k]) for k, v in tuned.state_dict().items())
+    edit_config(tmp_path / "export", pard_token=VOCAB + 5)
+    with pytest.raises(DraftsmithError, match=rf"pard_token {VOCAB + 5} is not a token id below the vocabulary"):
+        import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "out")
+    edit_config(tmp_path / "export", pard_token=VOCAB - 3)
+    with pytest.raises(DraftsmithError, match=rf"another target: vocabulary {VOCAB} vs the target's {VOCAB + 32}"):
+        import_drafter(tmp_path / "export", str(env["root"] / "other"), tmp_path / "out")
+
+
 def test_an_imported_drafter_is_fine_tuned_from_its_own_weights(env, tmp_path):
     """``model.init``: training starts from the imported network (its layer shape, feature layers, draft vocabulary)
     and moves it; a drafter of another family is one line."""

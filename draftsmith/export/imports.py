@@ -11,6 +11,10 @@ EAGLE-3 checkpoints in the layouts the field writes, each read as its own loader
 - ``specforge``: SpecForge's ``PEagleDraftModel`` (``layers.0.*``, flat Llama config; aux ids as the top-level ones
   when present, else in ``eagle_config``, SGLang numbering).
 
+PARD as vLLM serves it (``{"method": "draft_model", "parallel_drafting": true}``): any HF causal LM whose config
+names its placeholder ``pard_token`` (AMD's PARD releases, draftsmith's vLLM export; depth ``num_depths``, else 8),
+loaded by ``from_pretrained`` and checked against the target's vocabulary and tokenizer -> a native ``pard`` drafter.
+
 P-EAGLE (EAGLE-3's tensors plus ``mask_hidden``, the placeholder's stand-in feature, and a placeholder token id) in
 the speculators layout (``speculators_model_type: peagle``, ``mask_token_id``, the depth its greedy proposal
 drafts), in vLLM's (``pard_token`` or ``mask_token_id``; ``num_depths`` where draftsmith wrote it) and in SpecForge's
@@ -298,6 +302,8 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
     if "medusa_num_heads" in config:
         return import_medusa(src, config, target, out, dtype)
     state = read_weights(src)
+    if "pard_token" in config and "fc.weight" not in state and "mask_hidden" not in state:
+        return import_pard(src, config, target, out, dtype)  # a causal LM with a placeholder token (not P-EAGLE's)
     # DFlash in z-lab's or speculators' layout (before detect_layout: z-lab's tensors look like vLLM's EAGLE-3)
     if "dflash_config" in config or config.get("speculators_model_type") == "dflash":
         return import_dflash(src, config, state, target, out, dtype)
@@ -388,6 +394,47 @@ def peagle_config(cfg: Eagle3Config, config: dict, state: dict, where: str) -> t
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     peagle = PEagleConfig(**fields, depth=int(depth or PEAGLE_DEPTH), mask_token_id=int(mask))
     return peagle, {"mask_hidden": state["mask_hidden"].reshape(-1)}, said
+
+
+PARD_DEPTH = 8
+"""The depth given a PARD checkpoint that records none (vLLM takes K from its serve command, not the checkpoint;
+a drafter drafts fewer when asked)."""
+
+
+def import_pard(src: Path, config: dict, target: Path, out: Path, dtype: str) -> Path:
+    """A PARD draft LM as vLLM serves it (any HF causal LM whose config names its placeholder ``pard_token``: AMD's
+    PARD releases, draftsmith's vLLM export) -> a native ``pard`` drafter, loaded by ``from_pretrained`` and checked
+    against the target (vocabulary, tokenizer when it ships one)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from draftsmith.core.target import tokenizer_hash
+    from draftsmith.families.pard.network import PardConfig, PardNetwork
+
+    where, tcfg = f"{src} (PARD: a causal LM with pard_token)", AutoConfig.from_pretrained(target)
+    if config.get("vocab_size") != tcfg.vocab_size:
+        raise DraftsmithError(
+            f"{where} was trained for another target: vocabulary {config.get('vocab_size')} vs the target's "
+            f"{tcfg.vocab_size}"
+        )
+    token = config["pard_token"]
+    if not (isinstance(token, int) and 0 <= token < tcfg.vocab_size):
+        raise DraftsmithError(f"{where}: pard_token {token!r} is not a token id below the vocabulary {tcfg.vocab_size}")
+    both = all((d / "tokenizer_config.json").is_file() for d in (src, target))
+    if both and tokenizer_hash(AutoTokenizer.from_pretrained(src)) != tokenizer_hash(
+        AutoTokenizer.from_pretrained(target)
+    ):
+        raise DraftsmithError(f"{where} was trained for another target: its tokenizer differs from the target's")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise DraftsmithError(f"{where}: transformers cannot load it ({str(e).splitlines()[0]})") from None
+    depth = config.get("num_depths") or PARD_DEPTH
+    hf_config = json.loads(model.config.to_json_string(use_diff=False))
+    network = PardNetwork(PardConfig(hf_config, token, int(depth)), model.eval())
+    what = f"PARD draft LM, placeholder token {token}, depth {depth}" + (
+        "" if config.get("num_depths") else " (assumed)"
+    )
+    return write_imported(network, target, out, dtype, src, "vllm", what)
 
 
 def target_embedding(target: Path) -> torch.Tensor:

@@ -148,6 +148,7 @@ def _pard(src: Source, out: Path, dtype: str | None) -> dict:
     if dtype:
         model = model.to(DTYPES[dtype])
     model.config.pard_token = network.cfg.mask_token_id
+    model.config.num_depths = network.cfg.depth  # the depth trained, for `draftsmith import` (vLLM ignores it)
     model.save_pretrained(out)
     if src.target_dir is not None and (src.target_dir / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer

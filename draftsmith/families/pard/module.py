@@ -2,7 +2,9 @@
 
 The student starts from a draft LM (a ``draft_lm`` checkpoint or native export, or any HF causal LM sharing the
 target's tokenizer) or fresh. The mask token is the target vocabulary's rarest token in the training data (or
-``mask_token_id``); its embedding row starts at the mean embedding.
+``mask_token_id``); its embedding row starts at the mean embedding. From a PARD (a ``pard`` checkpoint or native dir,
+e.g. one ``draftsmith import`` made of a PARD release) training goes on with its placeholder token and embedding as
+they are.
 Every anchor of a training sequence predicts the next ``depth`` tokens in one forward (``layers/parallel.py``),
 distilled from the target's distributions; conditional token dropping keeps ``keep_ratio**d`` of the anchors at
 depth d.
@@ -27,8 +29,8 @@ class PardModule(ParallelModule):
 
     Args:
         target: local HF model directory of the target (``default``: the embedded default target).
-        init: the student's start: a draft LM checkpoint / native export or an HF causal-LM dir; None: a fresh
-            ``shape``.
+        init: the student's start: a draft LM or PARD checkpoint / native export or an HF causal-LM dir; None: a
+            fresh ``shape``.
         shape: the fresh student's shape (ignored with ``init``).
         depth: tokens drafted per forward (K).
         mask_token_id: the placeholder's token id; None: the rarest token of the training data.
@@ -62,6 +64,14 @@ class PardModule(ParallelModule):
         self.keep_ratio, self.step_decay = keep_ratio, step_decay
 
     def build_drafter(self) -> PardNetwork:
+        start = self.pard_start()
+        if start is not None:  # a PARD: its student and placeholder (embedding row untouched) unless told otherwise
+            network = PardNetwork(PardConfig(start.cfg.hf_config, start.cfg.mask_token_id, self.depth), start.model)
+            if self.mask_token_id is None:
+                self.mask_token_id = start.cfg.mask_token_id  # not chosen again from the data
+            elif self.mask_token_id != start.cfg.mask_token_id:
+                self.set_mask_token(network, self.mask_token_id)
+            return network
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             if self.init is None:
@@ -75,6 +85,17 @@ class PardModule(ParallelModule):
         if self.mask_token_id is not None:
             self.set_mask_token(network, self.mask_token_id)
         return network
+
+    def pard_start(self) -> PardNetwork | None:
+        """The PARD network ``init`` names (a checkpoint or native dir of a ``pard`` drafter), else None."""
+        from draftsmith.core.native import is_native
+        from draftsmith.families.registry import load_network
+
+        path = Path(self.init) if self.init else None
+        if path is None or not (path.suffix == ".ckpt" or is_native(path)):
+            return None
+        network, info = load_network(path, self.target)
+        return network.train() if info["method"] == "pard" else None
 
     def set_mask_token(self, network: PardNetwork, token: int) -> None:
         """Make ``token`` the placeholder, its embedding row reset to the mean of the others."""
