@@ -372,3 +372,35 @@ def test_medusa_heads_in_the_medusa_repositorys_layout_import_with_their_logits(
     assert decoder.generate([5, 9, 14, 2], 16).tokens == plain_decode(target, [5, 9, 14, 2], 16, Sampling(0.0)).tokens
     with pytest.raises(DraftsmithError, match="another target: LM head"):
         import_drafter(src, str(env["root"] / "other"), tmp_path / "other")
+
+
+def test_medusa_heads_exported_for_vllm_import_back_with_the_same_logits(env, tmp_path):
+    """Medusa -> vLLM's ``MedusaModel`` layout -> import: the same heads (biases included, as the export says with
+    ``medusa_fc_bias``); without that flag vLLM's blocks have no bias, so neither has the import; a reduced
+    (truncated) vocabulary is one line."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.medusa.module import MedusaModule
+
+    module = MedusaModule(str(env["root"] / "target"), num_heads=3, num_layers=2)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p in module.drafter.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    save_native(module.drafter, module.target, tmp_path / "native")
+    write_export(tmp_path / "native", "vllm", tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    assert info["method"] == "medusa1" and info["imported_from"]["layout"] == "vllm"
+    h = torch.randn(2, 5, module.target.hidden_size)
+    with torch.no_grad():
+        assert torch.allclose(network(h), module.drafter(h), atol=1e-6)
+        edit_config(tmp_path / "export", medusa_fc_bias=False)
+        import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "unbiased")
+        unbiased, _ = load_network(tmp_path / "unbiased")
+        for name, p in module.drafter.named_parameters():
+            if name.endswith(".bias"):
+                p.zero_()
+        assert torch.allclose(unbiased(h), module.drafter(h), atol=1e-6)
+    edit_config(tmp_path / "export", truncated_vocab_size=VOCAB - 8)
+    with pytest.raises(DraftsmithError, match=rf"truncated_vocab_size {VOCAB - 8} < vocab_size {VOCAB}"):
+        import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "out")

@@ -28,7 +28,8 @@ DFlashDraftModel`` with ``dflash_config``: what z-lab releases, vLLM and SGLang 
 ``target_layer_ids`` i = HF ``hidden_states[i + 1]``) likewise, or with the learned mask of a ``mask_embedding.pt``
 beside it (draftsmith's own vLLM export).
 
-and Medusa heads in the Medusa repository's layout (FasterDecoding/Medusa ``medusa_model.py``, also what TGI
+Medusa heads in vLLM's layout (``model_type: medusa``, ``blocks.{i}.layers.{j}``, ``lm_heads.{i}``: draftsmith's
+vLLM export) and in the Medusa repository's layout (FasterDecoding/Medusa ``medusa_model.py``, also what TGI
 reads): ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` and ``medusa_lm_head.safetensors`` or
 ``.pt`` holding ``medusa_head``'s state, head i = ``nn.Sequential(ResBlock x layers, Linear(H, V))``: keys
 ``{i}.{j}.linear.{weight,bias}`` and ``{i}.{layers}.weight``; head i reads the target's last (normed) hidden state
@@ -236,39 +237,67 @@ def medusa_weights(src: Path) -> dict[str, torch.Tensor]:
     raise DraftsmithError(f"{src}: a Medusa config without medusa_lm_head.safetensors or medusa_lm_head.pt")
 
 
+def medusa_tensors(src: Path, config: dict) -> tuple[str, int, int, dict]:
+    """(layout, heads, blocks per head, draftsmith's Medusa tensors, None where the checkpoint lacks one) of Medusa
+    heads in the Medusa repository's layout or vLLM's (``MedusaModel``: ``blocks.{i}.layers.{j}``, ``lm_heads.{i}``;
+    without ``medusa_fc_bias`` vLLM's blocks have no bias: zeros)."""
+    if "medusa_num_heads" in config:
+        heads, layers = config["medusa_num_heads"], config.get("medusa_num_layers", 1)
+        state, ours = medusa_weights(src), {}
+        for i in range(heads):
+            for j in range(layers):
+                for kind in ("weight", "bias"):
+                    ours[f"blocks.{i}.layers.{j}.{kind}"] = state.get(f"{i}.{j}.linear.{kind}")
+            ours[f"lm_heads.{i}.weight"] = state.get(f"{i}.{layers}.weight")
+        return "medusa", heads, layers, ours
+    heads, layers, vocab = config.get("num_heads"), config.get("num_hidden_layers", 1), config.get("vocab_size")
+    if config.get("truncated_vocab_size", vocab) != vocab:
+        raise DraftsmithError(
+            f"{src} (vLLM Medusa layout): truncated_vocab_size {config['truncated_vocab_size']} < vocab_size {vocab} "
+            "(draftsmith's Medusa heads predict the whole vocabulary); not imported"
+        )
+    state, ours = read_weights(src), {}
+    for i in range(heads or 0):
+        for j in range(layers):
+            weight = ours[f"blocks.{i}.layers.{j}.weight"] = state.get(f"blocks.{i}.layers.{j}.weight")
+            bias = state.get(f"blocks.{i}.layers.{j}.bias")  # read by vLLM only with medusa_fc_bias (default off)
+            if not config.get("medusa_fc_bias") and weight is not None:
+                bias = weight.new_zeros(len(weight))
+            ours[f"blocks.{i}.layers.{j}.bias"] = bias
+        ours[f"lm_heads.{i}.weight"] = state.get(f"lm_heads.{i}.weight")
+    return "vllm", heads, layers, ours
+
+
 def import_medusa(src: Path, config: dict, target: Path, out: Path, dtype: str) -> Path:
-    """Medusa heads in the Medusa repository's layout -> a native medusa1 drafter (see the module docstring)."""
+    """Medusa heads (the Medusa repository's layout or vLLM's, see ``medusa_tensors``) -> a native medusa1
+    drafter."""
     from draftsmith.families.registry import build_network
 
-    heads, layers = config["medusa_num_heads"], config.get("medusa_num_layers", 1)
-    state = medusa_weights(src)
+    layout, heads, layers, ours = medusa_tensors(src, config)
+    where = f"{src} ({layout} Medusa layout)"
+    if not heads:
+        raise DraftsmithError(f"{where}: no num_heads in config.json")
     tcfg = AutoConfig.from_pretrained(target)
-    head = state.get(f"0.{layers}.weight")
+    head = ours.get("lm_heads.0.weight")
     if head is None:
-        raise DraftsmithError(f"{src}: no 0.{layers}.weight (head 0's LM head) for medusa_num_layers={layers}")
+        raise DraftsmithError(f"{where}: no LM head for head 0 (medusa_num_layers / num_hidden_layers={layers}?)")
     if tuple(head.shape) != (tcfg.vocab_size, tcfg.hidden_size):
         raise DraftsmithError(
-            f"{src} (Medusa layout) was trained for another target: LM head {tuple(head.shape)} vs the target's "
+            f"{where} was trained for another target: LM head {tuple(head.shape)} vs the target's "
             f"(vocabulary {tcfg.vocab_size}, hidden size {tcfg.hidden_size})"
         )
     network = build_network(
         "medusa1",
         {"num_heads": heads, "num_layers": layers, "hidden_size": tcfg.hidden_size, "vocab_size": tcfg.vocab_size},
     )
-    ours = {}
-    for i in range(heads):
-        for j in range(layers):
-            for kind in ("weight", "bias"):
-                ours[f"blocks.{i}.layers.{j}.{kind}"] = state.get(f"{i}.{j}.linear.{kind}")
-        ours[f"lm_heads.{i}.weight"] = state.get(f"{i}.{layers}.weight")
     missing = [k for k, v in ours.items() if v is None]
     if missing:
-        raise DraftsmithError(f"{src} (Medusa layout): missing tensors for {missing[:3]} (medusa_num_heads={heads})")
+        raise DraftsmithError(f"{where}: missing tensors for {missing[:3]} ({heads} heads)")
     try:
         network.load_state_dict({k: v.float() for k, v in ours.items()})
     except RuntimeError as e:
-        raise DraftsmithError(f"{src} (Medusa layout): {str(e).splitlines()[-1].strip()}") from None
-    return write_imported(network, target, out, dtype, src, "medusa", f"{heads} heads x {layers} blocks")
+        raise DraftsmithError(f"{where}: {str(e).splitlines()[-1].strip()}") from None
+    return write_imported(network, target, out, dtype, src, layout, f"{heads} heads x {layers} blocks")
 
 
 def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "float32") -> Path:
@@ -299,7 +328,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
         config = json.loads((src / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise DraftsmithError(f"{src / 'config.json'} is not valid JSON ({e.msg})") from None
-    if "medusa_num_heads" in config:
+    if "medusa_num_heads" in config or config.get("model_type") == "medusa":
         return import_medusa(src, config, target, out, dtype)
     state = read_weights(src)
     if "pard_token" in config and "fc.weight" not in state and "mask_hidden" not in state:
