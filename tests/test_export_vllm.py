@@ -112,6 +112,16 @@ def served(tmp_path_factory) -> dict:
         "pard": PardModule(str(root / "target"), shape=StudentShape(1, 128, 2, 256), depth=K, optim=optim),
         "peagle": PEagleModule(str(root / "target"), [1, 2, 3], draft_vocab_size=48, depth=K, optim=optim),
         "dflash": DFlashModule(str(root / "target"), [1, 2, 3], depth=K, anchors=16, optim=optim),
+        # masks embedded as a token's embedding, as speculators' DFlash computes them (its export needs it)
+        "dflash-token": DFlashModule(
+            str(root / "target"),
+            [1, 2, 3],
+            depth=K,
+            anchors=16,
+            mask_token_id=VOCAB - 3,
+            mask_from_token=True,
+            optim=optim,
+        ),
     }
     for name, module in modules.items():
         train(module, data, root, STEPS)
@@ -126,13 +136,17 @@ def served(tmp_path_factory) -> dict:
         "peagle": ("vllm", "peagle"),
         "dflash": ("vllm", "dflash"),
         "peagle-speculators": ("speculators", "peagle"),
+        "dflash-speculators": ("speculators", "dflash-token"),
     }
     runs = [{"name": "plain", "speculative_config": None}]
     for name, (fmt, method) in exports.items():
         command = write_export(root / method, fmt, root / "out" / name)
-        if fmt == "speculators" and method == "peagle":  # vLLM reads parallel drafting off its speculators config
-            spec = {"method": "eagle3", "model": str(root / "out" / name), "num_speculative_tokens": K}
-            runs.append({"name": name, "speculative_config": spec | {"parallel_drafting": True}})
+        if (
+            fmt == "speculators" and method != "eagle3"
+        ):  # vLLM reads these parallel drafters off their speculators config
+            spec = {"method": "dflash" if method == "dflash-token" else "eagle3", "model": str(root / "out" / name)}
+            parallel = {"parallel_drafting": True} if method == "peagle" else {}
+            runs.append({"name": name, "speculative_config": spec | parallel | {"num_speculative_tokens": K}})
             continue
         if method in ("pard", "peagle", "dflash"):  # served as the printed command says (parallel_drafting included)
             printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))

@@ -22,7 +22,8 @@ stand-in for the target features, before ``fc``). vLLM 0.32 (``algos.py::update_
 DFlash (``speculators_model_type: dflash``, speculators 0.9.0 ``models/dflash``: ``DFlashSpeculatorConfig`` with a
 Qwen3 ``transformer_layer_config`` of the draft's layers, ``block_size`` = K + 1, ``aux_hidden_state_layer_ids`` (id k
 = HF ``hidden_states[k]``; vLLM's ``update_dflash`` maps them to its ``target_layer_ids`` k - 1), ``mask_token_id``,
-``sample_from_anchor`` false: the anchor is the committed token, the K masks draft). ``DFlashDraftModel`` holds
+``sample_from_anchor`` false: the anchor is the committed token, the K masks draft; ``sliding_window_non_causal``
+true, which vLLM reads as "every layer bidirectional", see ``_dflash``). ``DFlashDraftModel`` holds
 ``fc``, ``hidden_norm``, ``layers.N.*`` (Qwen3 names, ``q_norm``/``k_norm``), ``norm``; it always reloads
 ``embed_tokens`` from the verifier and saves none, so its masks are the target's embedding of ``mask_token_id``: only
 a drafter trained so (``model.mask_from_token: true``) exports here, a learned mask embedding is refused.
@@ -90,7 +91,11 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> None:
         "aux_hidden_state_layer_ids": list(cfg.feature_layers),
         "mask_token_id": cfg.mask_token_id,
         "sample_from_anchor": False,
-        "sliding_window_non_causal": False,
+        # no sliding-window layers, so speculators reads the same either way (its full-attention layers are always
+        # bidirectional); vLLM 0.32's update_dflash turns false, speculators' default, into dflash_config.causal
+        # true for every layer: a drafter trained bidirectionally then drafts causally there (measured: other
+        # drafts and 37 accepted tokens where the verifier's drafter had 39; tests/test_export_vllm.py)
+        "sliding_window_non_causal": True,
         "torch_dtype": dtype_name(tensors),
     }
     write(out, tensors, config, "speculators")
