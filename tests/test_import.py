@@ -88,6 +88,26 @@ def test_a_dflash_export_imports_back_drafting_the_same(env, mask_from_token, fm
     same(ours, peer_check.draftsmith_dflash_logits(network.eval(), env["x"], env["features"], 3))
 
 
+def test_an_imported_dflash_is_where_fit_starts(env, tmp_path):
+    """``model.init`` of a DFlash: training goes on from the imported network (layers, feature layers, mask token,
+    mask kind) as it is; a drafter of another family is one line."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.dflash.module import DFlashModule
+
+    module = DFlashModule(str(env["root"] / "target"), LAYERS, depth=3, mask_token_id=VOCAB - 3, mask_from_token=True)
+    save_native(module.drafter, module.target, tmp_path / "native")
+    write_export(tmp_path / "native", "speculators", tmp_path / "export")
+    import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "imported")
+    imported, _ = load_network(tmp_path / "imported")
+    start = DFlashModule(str(env["root"] / "target"), depth=3, init=str(tmp_path / "imported")).drafter
+    assert tuple(start.cfg.feature_layers) == tuple(LAYERS) and start.cfg.mask_token_id == VOCAB - 3
+    assert start.cfg.mask_from_token and all(
+        torch.equal(v, imported.state_dict()[k]) for k, v in start.state_dict().items()
+    )
+    with pytest.raises(DraftsmithError, match="holds a eagle3 drafter, not dflash"):
+        DFlashModule(str(env["root"] / "target"), init=str(env["root"] / "native"))
+
+
 def test_a_grouped_query_checkpoint_imports_exactly(env, tmp_path):
     """Pairs of heads sharing k/v weights, written as a 2-kv-head checkpoint: the import repeats them back."""
     src = tmp_path / "gqa"

@@ -316,7 +316,7 @@ def test_a_two_layer_dflash_is_refused_for_vllm_naming_why(setup, tmp_path):  # 
         exported(setup, tmp_path, module)
 
 
-def test_peagle_started_from_an_eagle3_drafts_its_first_token_as_that_eagle3(setup, tmp_path):  # noqa: F811
+def test_peagle_starts_from_an_eagle3_drafting_its_first_token_or_from_a_peagle(setup, tmp_path):  # noqa: F811
     from draftsmith.families.eagle.module import EagleModule
 
     eagle3 = EagleModule(str(setup["target"]), 3, [1, 2, 3], draft_vocab_size=48)
@@ -331,6 +331,13 @@ def test_peagle_started_from_an_eagle3_drafts_its_first_token_as_that_eagle3(set
     first = [d.propose(d.begin(ids[0], out.positions(slice(0, len(CONTEXT) - 1))), 3, Sampling(1.0), None).q[0]
              for d in (ours, theirs)]  # fmt: skip
     torch.testing.assert_close(first[0], first[1])
-    with pytest.raises(DraftsmithError, match="holds a peagle drafter, not eagle3"):
-        save_native(module.drafter, module.target, tmp_path / "peagle")
-        PEagleModule(str(setup["target"]), init=str(tmp_path / "peagle"))
+    with torch.no_grad():
+        module.drafter.mask_hidden.add_(1.0)
+    save_native(module.drafter, module.target, tmp_path / "peagle")  # a P-EAGLE goes on as it is (fine-tuning)
+    again = PEagleModule(str(setup["target"]), init=str(tmp_path / "peagle"), depth=3)
+    assert again.drafter.cfg.mask_token_id == 90
+    assert all(torch.equal(v, module.drafter.state_dict()[k]) for k, v in again.drafter.state_dict().items())
+    eagle1 = EagleModule(str(setup["target"]), 1)
+    save_native(eagle1.drafter, eagle1.target, tmp_path / "eagle1")
+    with pytest.raises(DraftsmithError, match="holds a eagle1 drafter, not eagle3 or peagle"):
+        PEagleModule(str(setup["target"]), init=str(tmp_path / "eagle1"))

@@ -33,6 +33,9 @@ class DFlashModule(ParallelModule):
         mask_token_id: the id engines mark masks with; None: the rarest token of the training data.
         mask_from_token: the masks' embedding is the target's embedding of ``mask_token_id`` (frozen) instead of a
             learned one: what speculators' DFlash computes, so required to export there (``export --to speculators``).
+        init: a DFlash drafter (checkpoint or native dir, e.g. one ``draftsmith import`` made of a speculators or
+            z-lab checkpoint) to go on from: its weights, layers, feature layers and masks (its mask token unless
+            ``mask_token_id`` names another); None: a fresh network.
         step_decay: weight of mask d's loss is step_decay**d.
         optim: optimizer and schedule.
         estimate: the ``val/tau_est`` estimate.
@@ -47,6 +50,7 @@ class DFlashModule(ParallelModule):
         anchors: int = 64,
         mask_token_id: int | None = None,
         mask_from_token: bool = False,
+        init: str | None = None,
         step_decay: float = 0.8,
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
@@ -54,7 +58,18 @@ class DFlashModule(ParallelModule):
         if anchors < 1:
             raise DraftsmithError(f"model.anchors must be at least 1, got {anchors}")
         self.requested_layers, self.depth, self.num_layers = feature_layers, depth, num_layers
-        self.mask_token_id, self.mask_from_token = mask_token_id, mask_from_token
+        self.mask_token_id, self.mask_from_token, self.init = mask_token_id, mask_from_token, init
+        if init is not None:  # its record decides the feature layers before the target loads
+            from draftsmith.core import native
+
+            info = native.read(init)[0]
+            if info.get("method") != "dflash":
+                raise DraftsmithError(f"model.init: {init} holds a {info.get('method')} drafter, not dflash")
+            start = info["config"]
+            self.requested_layers, self.num_layers = list(start["feature_layers"]), start["num_layers"]
+            self.mask_from_token = start["mask_from_token"]
+            if mask_token_id is None:
+                self.mask_token_id = start["mask_token_id"]
         super().__init__(target, optim, estimate)
         self.save_hyperparameters()
         self.anchors, self.step_decay = anchors, step_decay
@@ -66,6 +81,12 @@ class DFlashModule(ParallelModule):
         return default_feature_layers(config.get_text_config(decoder=True).num_hidden_layers, 3)
 
     def build_drafter(self) -> DFlashModel:
+        if self.init is not None:
+            from draftsmith.families.registry import load_network
+
+            model, _ = load_network(self.init, self.target)  # checked against the target
+            model.cfg.depth, model.cfg.mask_token_id = self.depth, self.mask_token_id
+            return model.train()
         cfg = DFlashConfig.from_target(self.target.config, self.target.feature_layers, self.depth, self.num_layers)
         cfg.mask_token_id, cfg.mask_from_token = self.mask_token_id or 0, self.mask_from_token
         model = DFlashModel(cfg)

@@ -23,8 +23,10 @@ class PEagleModule(ParallelModule, EagleModule):
         target: local HF model directory of the target.
         feature_layers: target hidden_states indices to fuse; default EAGLE-3's low, middle, high.
         draft_vocab_size: reduced vocabulary size (0 = the full target vocabulary).
-        init: an EAGLE-3 drafter (checkpoint or native export) to start from: its layer, fc, head and draft
-            vocabulary, with its feature layers and vocabulary size; None: a fresh network.
+        init: an EAGLE-3 or P-EAGLE drafter (checkpoint or native export, e.g. one ``draftsmith import`` made) to
+            start from: its layer, fc, head and draft vocabulary, with its feature layers and vocabulary size (a
+            P-EAGLE's placeholder feature and token too, unless ``mask_token_id`` names another); None: a fresh
+            network.
         depth: tokens drafted per forward (K).
         mask_token_id: the placeholder's token id; None: the rarest token of the training data.
         keep_ratio: conditional token dropping: share of anchors trained at depth d is keep_ratio**d.
@@ -61,8 +63,12 @@ class PEagleModule(ParallelModule, EagleModule):
 
             self._start = native.read(init)
             start_cfg = self._start[0].get("config", {})
-            if self._start[0].get("method") != "eagle3":
-                raise DraftsmithError(f"model.init: {init} holds a {self._start[0].get('method')} drafter, not eagle3")
+            if self._start[0].get("method") not in ("eagle3", "peagle"):
+                raise DraftsmithError(
+                    f"model.init: {init} holds a {self._start[0].get('method')} drafter, not eagle3 or peagle"
+                )
+            if self._start[0]["method"] == "peagle" and mask_token_id is None:
+                self.mask_token_id = start_cfg["mask_token_id"]  # its placeholder feature was trained for it
             self.requested_layers = list(start_cfg["feature_layers"])
             self.draft_vocab_size = start_cfg["draft_vocab_size"]
         DrafterModule.__init__(self, target, optim, estimate)
@@ -79,7 +85,7 @@ class PEagleModule(ParallelModule, EagleModule):
 
             check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
             missing, unexpected = model.load_state_dict(self._start[1], strict=False)
-            if missing != ["mask_hidden"] or unexpected:
+            if [m for m in missing if m != "mask_hidden"] or unexpected:
                 raise DraftsmithError(
                     f"model.init: {self.init} does not fit (missing {missing}, unexpected {unexpected})"
                 )
