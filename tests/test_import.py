@@ -370,7 +370,8 @@ class ResBlock(torch.nn.Module):
 
 def test_medusa_heads_in_the_medusa_repositorys_layout_import_with_their_logits(env, tmp_path):
     """``medusa_head = ModuleList(Sequential(ResBlock x layers, Linear(H, V, bias=False)))`` saved as the repository
-    saves it (``medusa_lm_head.pt`` + ``config.json``): imported, draftsmith's heads give its logits."""
+    saves it (``medusa_lm_head.pt`` + ``config.json``): imported, draftsmith's heads give its logits, decode exactly,
+    and are where fit starts (``model.init``)."""
     torch.manual_seed(0)
     hidden, heads, layers = 64, 3, 2
     medusa = torch.nn.ModuleList(
@@ -392,6 +393,13 @@ def test_medusa_heads_in_the_medusa_repositorys_layout_import_with_their_logits(
     assert decoder.generate([5, 9, 14, 2], 16).tokens == plain_decode(target, [5, 9, 14, 2], 16, Sampling(0.0)).tokens
     with pytest.raises(DraftsmithError, match="another target: LM head"):
         import_drafter(src, str(env["root"] / "other"), tmp_path / "other")
+    from draftsmith.families.medusa.module import MedusaModule
+
+    start = MedusaModule(str(env["root"] / "target"), init=str(tmp_path / "imported")).drafter  # fit's start
+    assert (start.cfg.num_heads, start.cfg.num_layers) == (heads, layers)
+    assert all(torch.equal(v, network.state_dict()[k]) for k, v in start.state_dict().items())
+    with pytest.raises(DraftsmithError, match="holds a eagle3 drafter, not medusa1"):
+        MedusaModule(str(env["root"] / "target"), init=str(env["root"] / "native"))
 
 
 def test_medusa_heads_exported_for_vllm_import_back_with_the_same_logits(env, tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.core.target import TargetOutput
+from draftsmith.errors import DraftsmithError
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.layers.heads import HeadsModule
 from draftsmith.layers.lora import Lora
@@ -29,6 +30,8 @@ class MedusaModule(HeadsModule):
         lora: Medusa-2: fine-tune the target with this LoRA adapter; None for Medusa-1.
         lm_weight: Medusa-2: weight of the target's self-distillation loss.
         head_warmup_steps: Medusa-2: steps that train only the heads before joint training.
+        init: Medusa-1 heads (a checkpoint or native dir, e.g. one ``draftsmith import`` made of the Medusa
+            repository's or vLLM's layout) to go on from, their number and depth with them; None: fresh heads.
         heads: ``HeadsModule``'s arguments (num_heads, num_layers, head_decay, distill, optim, estimate).
     """
 
@@ -38,9 +41,17 @@ class MedusaModule(HeadsModule):
         lora: Lora | None = None,
         lm_weight: float = 1.0,
         head_warmup_steps: int = 0,
+        init: str | None = None,
         **heads,
     ) -> None:
-        self.lora = lora
+        self.lora, self.init, self._start = lora, init, None
+        if init is not None:  # its record decides the heads' number and depth
+            from draftsmith.core import native
+
+            self._start = native.read(init)
+            if self._start[0].get("method") != "medusa1":
+                raise DraftsmithError(f"model.init: {init} holds a {self._start[0].get('method')} drafter, not medusa1")
+            heads |= {k: self._start[0]["config"][k] for k in ("num_heads", "num_layers")}
         super().__init__(target, **heads)
         self.save_hyperparameters()
         self.lm_weight, self.head_warmup_steps = lm_weight, head_warmup_steps
@@ -59,6 +70,11 @@ class MedusaModule(HeadsModule):
         cfg = MedusaConfig(self.num_heads, self.num_layers, self.target.hidden_size, self.target.vocab_size, lora)
         model = MedusaModel(cfg)
         model.init_from_target(self.target.lm_head.weight)
+        if self._start is not None:
+            from draftsmith.core.target import check_fingerprint
+
+            check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
+            model.load_state_dict(self._start[1], strict=not lora)  # Medusa-2: its adapter starts fresh
         return model
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
