@@ -242,53 +242,38 @@ def write_speculators(out: str, target: str, kind: str = "eagle3") -> None:
     model.save_pretrained(out)
 
 
-def write_specforge(out: str, target: str) -> None:
-    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+def write_specforge(out: str, target: str, kind: str = "eagle3") -> None:
+    """A randomly initialised SpecForge drafter for ``target`` (one layer, grouped-query attention, a scattered
+    48-token draft vocabulary, capture layers 0, 1, 2), saved by SpecForge. ``kind`` eagle3: its
+    ``LlamaForCausalLMEagle3``; peagle: its ``PEagleDraftModel``, with the target's embedding perturbed (SpecForge
+    trains it) and its placeholder token (vocab - 3) and depth 4 added to the config as its training config would
+    give them."""
     from transformers import AutoConfig, LlamaConfig
+
+    if kind == "peagle":
+        from specforge.modeling.draft.peagle import PEagleDraftModel as cls
+    else:
+        from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3 as cls
 
     verifier = AutoConfig.from_pretrained(target)
     config = LlamaConfig(
         **{k: v for k, v in verifier.to_dict().items() if k not in ("architectures", "model_type")},
-        architectures=["LlamaForCausalLMEagle3"],
+        architectures=[cls.__name__],
     )
     config.num_hidden_layers, config.num_key_value_heads = 1, verifier.num_attention_heads // 2
     config.draft_vocab_size, config.target_hidden_size = 48, verifier.hidden_size
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}
     torch.manual_seed(0)
-    model = LlamaForCausalLMEagle3(config)
+    model = cls(config)
     model.load_embedding(target)
     t2d, d2t = vocab_maps(verifier.vocab_size, 48)
     model.t2d.copy_(t2d)
     model.d2t.copy_(d2t)
     perturb(model)
-    model.save_pretrained(out)
-
-
-def write_specforge_peagle(out: str, target: str) -> None:
-    """A randomly initialised P-EAGLE (SpecForge's ``PEagleDraftModel``: one layer, grouped-query attention, a
-    scattered 48-token draft vocabulary, capture layers 0, 1, 2) with the target's embedding perturbed (SpecForge
-    trains it), saved by SpecForge; its placeholder token (vocab - 3) and depth 4 added to the config as its training
-    config would give them."""
-    from specforge.modeling.draft.peagle import PEagleDraftModel
-    from transformers import AutoConfig, LlamaConfig
-
-    verifier = AutoConfig.from_pretrained(target)
-    config = LlamaConfig(
-        **{k: v for k, v in verifier.to_dict().items() if k not in ("architectures", "model_type")},
-    )
-    config.num_hidden_layers, config.num_key_value_heads = 1, verifier.num_attention_heads // 2
-    config.draft_vocab_size, config.target_hidden_size = 48, verifier.hidden_size
-    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}
-    torch.manual_seed(0)
-    model = PEagleDraftModel(config)
-    model.load_embedding(target)
-    t2d, d2t = vocab_maps(verifier.vocab_size, 48)
-    model.t2d.copy_(t2d)
-    model.d2t.copy_(d2t)
-    perturb(model)
-    with torch.no_grad():
-        model.embed_tokens.weight.add_(0.1 * torch.randn_like(model.embed_tokens.weight))
-    model.config.mask_token_id, model.config.num_depths = verifier.vocab_size - 3, 4
+    if kind == "peagle":
+        with torch.no_grad():
+            model.embed_tokens.weight.add_(0.1 * torch.randn_like(model.embed_tokens.weight))
+        model.config.mask_token_id, model.config.num_depths = verifier.vocab_size - 3, 4
     model.save_pretrained(out)
 
 
@@ -328,7 +313,7 @@ def main() -> None:
             "speculators-peagle": lambda o, t: write_speculators(o, t, "peagle"),
             "speculators-dflash": write_speculators_dflash,
             "specforge": write_specforge,
-            "specforge-peagle": write_specforge_peagle,
+            "specforge-peagle": lambda o, t: write_specforge(o, t, "peagle"),
             "specforge-dflash": write_specforge_dflash,
         }
         writers[peer](out, target)
