@@ -1,4 +1,5 @@
-"""Drafters trained at scale on SmolLM2-135M-Instruct (bf16), and how acceptance grows with the data.
+"""Drafters trained at scale on SmolLM2-135M-Instruct (bf16 where the CPU has it), and how acceptance grows with the
+data.
 
     python benchmarks/scaling.py [--out runs/scaling] [--stages data features fit score report]
         [--sizes 22000 100000 300000 1000000] [--families eagle3 eagle1 peagle] [--magpie 3000]
@@ -7,7 +8,7 @@ Stages, each reused from ``--out`` when finished and resumed when interrupted (g
 the feature cache by its shards, training from its last checkpoint, scoring by its saved blocks):
 
 1. ``data``: the corpus prompts (``builtin:chat-train`` plus ``--magpie`` instructions SmolLM2 writes itself,
-   shuffled), and SmolLM2's own answers to them in bf16, sampled at T 0.7 / top-p 0.9 with a quarter of the prompts
+   shuffled), and SmolLM2's own answers to them in ``DTYPE``, sampled at T 0.7 / top-p 0.9 with a quarter of the prompts
    greedy, by the engine ``benchmarks/generate.py --engines`` measured fastest (vLLM, ``--engine``); greedy
    validation data on held-out chat prompts.
 2. ``features``: the target's hidden states over the whole corpus (its disk use printed before it starts).
@@ -15,7 +16,11 @@ the feature cache by its shards, training from its last checkpoint, scoring by i
    corpus is in shuffled prompt order, so each subset is a random sample and contains the smaller ones), its draft
    vocabulary chosen from its own subset, ``--epochs`` passes (at least ``--min-steps`` steps).
 4. ``score``: every drafter on the same held-out sets (MT-bench, chat-heldout), greedy chains at K = 4, each row
-   interleaved with plain decoding of the same bf16 target (batch-invariant).
+   interleaved with plain decoding of the same target (batch-invariant).
+
+``DTYPE``: bfloat16 where the CPU multiplies it natively (``core.machine.native_bf16``), else float32 (where bf16
+is emulated and slower than float32): the target's dtype for the corpus, the features, scoring and the report's
+labels. A corpus made in one dtype is reused only by runs in the same one (its settings record the dtype).
 5. ``report``: ``benchmarks/results/scaling.{json,md}`` and a plot; the fitted log-linear curve τ = a + b·ln(tokens).
 
 Hours, measured on 2 cores (AMD EPYC, bf16): the corpus ~1.5 h of vLLM (3,000 Magpie instructions 21 min), its
@@ -56,7 +61,8 @@ from draftsmith.targets import load_target, resolve
 from draftsmith.train.fit import FitRun, fit_export
 from draftsmith.train.suite import generated_once
 
-TARGET = "smollm2:bfloat16"
+DTYPE = "bfloat16" if native_bf16()[0] else "float32"
+TARGET = f"smollm2:{DTYPE}"
 SAMPLED = {"temperature": 0.7, "top_p": 0.9, "greedy_share": 0.25}
 MAX_LENGTH = 640
 """Tokens per training row (prompt + answer) the cache keeps and training reads."""
@@ -89,7 +95,7 @@ def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_pro
     train = generated_once(
         target,
         out / "data" / "train",
-        {"prompts": str(prompts), **SAMPLED, "max_new_tokens": max_new_tokens, "dtype": "bfloat16", **engine},
+        {"prompts": str(prompts), **SAMPLED, "max_new_tokens": max_new_tokens, "dtype": DTYPE, **engine},
     )
     return train, make_val(out, val_prompts)
 
@@ -104,7 +110,7 @@ def make_val(out: Path, val_prompts: int) -> Path:
             "temperature": 0.0,
             "num_prompts": val_prompts,
             "max_new_tokens": 128,
-            "dtype": "bfloat16",
+            "dtype": DTYPE,
         },
     )
 
@@ -394,10 +400,16 @@ def plot(rows: list[dict], families: list[str], path: Path) -> None:
     plots._save(fig, path)
 
 
+def short_dtype(target: str) -> str:
+    """``smollm2:bfloat16`` -> ``bf16`` (the report's label for the target's dtype)."""
+    dtype = target.rsplit(":", 1)[-1]
+    return {"bfloat16": "bf16", "float32": "float32"}.get(dtype, dtype)
+
+
 def markdown(result: dict) -> str:
-    m, c = result["machine"], result["corpus"]
+    m, c, dtype = result["machine"], result["corpus"], short_dtype(result["target"])
     lines = [
-        "# Data scaling: drafters for SmolLM2-135M-Instruct (bf16)",
+        f"# Data scaling: drafters for SmolLM2-135M-Instruct ({dtype})",
         "",
         f"`{m['command']}` at `{m['git']}` on {m['date']} ({m.get('cpu', m['platform'])}"
         f"{', ' + ', '.join(m['cpu_flags']) if m.get('cpu_flags') else ''}; {m['threads']} threads). Corpus: "
@@ -413,7 +425,7 @@ def markdown(result: dict) -> str:
         )
         + ". Each subset is a prefix of the corpus (nested); epochs: each fit's passes over its subset (a fit made "
         "earlier is reused as it was made, whatever this run's --epochs). Scored: greedy chains at "
-        "K = 4, each row interleaved per prompt with plain decoding of the same bf16 target (batch-invariant).",
+        f"K = 4, each row interleaved per prompt with plain decoding of the same {dtype} target (batch-invariant).",
         "",
         "| set | family | tokens | rows | steps | epochs | fit s | val τ_est | τ | α | per-position acceptance | speedup "
         "| ideal | draft-vocab coverage |",

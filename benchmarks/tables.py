@@ -116,8 +116,8 @@ def headline(name: str = "real_target_bf16") -> str:
 
 def scaling_headline(name: str = "scaling") -> str:
     """The README's headline from the data-scaling benchmark: the drafters of its largest subset on each held-out set,
-    greedy at K = 4 and at ``--k auto``'s K, and sampled (T 0.7), every speedup over plain decoding of the same bf16
-    target in the same run; then τ at K = 4 per subset size (the curve)."""
+    greedy at K = 4 and at ``--k auto``'s K, and sampled (T 0.7), every speedup over plain decoding of the same target
+    (its dtype as the benchmark ran it) in the same run; then τ at K = 4 per subset size (the curve)."""
     result = load(name)
     blocks, rows = result["blocks"], result["rows"]
     largest = max(r["tokens"] for r in rows)
@@ -163,7 +163,8 @@ def scaling_headline(name: str = "scaling") -> str:
     c = result["corpus"]
     return "\n".join(
         [
-            f"SmolLM2-135M-Instruct in bfloat16 (batch-invariant), drafters trained on {largest:,} generated tokens of "
+            f"SmolLM2-135M-Instruct in {result['target'].rsplit(':', 1)[-1]} (batch-invariant), drafters trained on "
+            f"{largest:,} generated tokens of "
             f"its own answers (a {c.get('generated_tokens', 0):,}-token corpus), {result['args']['num_prompts']} "
             f"held-out prompts × {result['args']['score_tokens']} new tokens per set; every speedup is over plain "
             "decoding of the same target, interleaved prompt by prompt in the same run.",
