@@ -411,7 +411,7 @@ def peagle_config(cfg: Eagle3Config, config: dict, state: dict, where: str) -> t
     (``mask_hidden``) and how its depth was found."""
     if "mask_hidden" not in state:
         raise DraftsmithError(f"{where}: a P-EAGLE checkpoint without its mask_hidden tensor (a partial save?)")
-    mask = config.get("mask_token_id", config.get("pard_token"))
+    mask = next((config[k] for k in ("mask_token_id", "pard_token") if config.get(k) is not None), None)
     if mask is None:
         raise DraftsmithError(
             f'{where}: a P-EAGLE checkpoint without its placeholder token: add "mask_token_id": ID to its config.json '
