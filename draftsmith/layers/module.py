@@ -49,6 +49,19 @@ class EstimateConfig:
     """0: greedy acceptance (argmax match); > 0: sum(min(p, q)) at this temperature."""
 
 
+def read_init(init: str, *methods: str) -> tuple[dict, dict]:
+    """The native record and state of a ``model.init`` start, which must hold a drafter of one of ``methods`` (else
+    one line naming what it holds)."""
+    from draftsmith.core import native
+
+    start = native.read(init)
+    if start[0].get("method") not in methods:
+        raise DraftsmithError(
+            f"model.init: {init} holds a {start[0].get('method')} drafter, not {' or '.join(methods)}"
+        )
+    return start
+
+
 class DrafterModule(L.LightningModule):
     """Base of the drafter LightningModules: frozen target, trainable ``self.drafter``.
 

@@ -14,7 +14,7 @@ from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
 from draftsmith.families.eagle.module import default_feature_layers
-from draftsmith.layers.module import EstimateConfig, OptimConfig
+from draftsmith.layers.module import EstimateConfig, OptimConfig, read_init
 from draftsmith.layers.parallel import DepthLogits, ParallelModule
 
 EVAL_CHUNK = 64
@@ -60,11 +60,7 @@ class DFlashModule(ParallelModule):
         self.requested_layers, self.depth, self.num_layers = feature_layers, depth, num_layers
         self.mask_token_id, self.mask_from_token, self.init = mask_token_id, mask_from_token, init
         if init is not None:  # its record decides the feature layers before the target loads
-            from draftsmith.core import native
-
-            info = native.read(init)[0]
-            if info.get("method") != "dflash":
-                raise DraftsmithError(f"model.init: {init} holds a {info.get('method')} drafter, not dflash")
+            info = read_init(init, "dflash")[0]
             start = info["config"]
             self.requested_layers, self.num_layers = list(start["feature_layers"]), start["num_layers"]
             self.mask_from_token = start["mask_from_token"]

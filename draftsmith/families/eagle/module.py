@@ -7,11 +7,10 @@ from transformers import AutoConfig
 
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import TargetOutput, check_fingerprint
-from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
 from draftsmith.layers.estimate import acceptance_prob
 from draftsmith.layers.losses import feature_regression, masked_mean, soft_cross_entropy
-from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
+from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init, shift
 
 
 def default_feature_layers(num_layers: int, version: int) -> tuple[int, ...]:
@@ -55,13 +54,7 @@ class EagleModule(DrafterModule):
         self.version, self.requested_layers, self.draft_vocab_size = version, feature_layers, draft_vocab_size
         self.init, self._start = init, None
         if init is not None:  # its record decides the feature layers and vocabulary before the target loads
-            from draftsmith.core import native
-
-            self._start = native.read(init)
-            if self._start[0].get("method") != f"eagle{version}":
-                raise DraftsmithError(
-                    f"model.init: {init} holds a {self._start[0].get('method')} drafter, not eagle{version}"
-                )
+            self._start = read_init(init, f"eagle{version}")
             self.requested_layers = list(self._start[0]["config"]["feature_layers"])
             self.draft_vocab_size = self._start[0]["config"]["draft_vocab_size"]
         super().__init__(target, optim, estimate)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from draftsmith.core.target import TargetOutput
-from draftsmith.errors import DraftsmithError
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.layers.heads import HeadsModule
 from draftsmith.layers.lora import Lora
 from draftsmith.layers.losses import forward_kl, masked_mean
+from draftsmith.layers.module import read_init
 
 
 class MedusaModule(HeadsModule):
@@ -46,11 +46,7 @@ class MedusaModule(HeadsModule):
     ) -> None:
         self.lora, self.init, self._start = lora, init, None
         if init is not None:  # its record decides the heads' number and depth
-            from draftsmith.core import native
-
-            self._start = native.read(init)
-            if self._start[0].get("method") != "medusa1":
-                raise DraftsmithError(f"model.init: {init} holds a {self._start[0].get('method')} drafter, not medusa1")
+            self._start = read_init(init, "medusa1")
             heads |= {k: self._start[0]["config"][k] for k in ("num_heads", "num_layers")}
         super().__init__(target, **heads)
         self.save_hyperparameters()

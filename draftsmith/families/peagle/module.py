@@ -12,7 +12,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import EagleConfig
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
-from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig
+from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init
 from draftsmith.layers.parallel import DepthLogits, ParallelModule, parallel_layout, split_depths
 
 
@@ -59,14 +59,8 @@ class PEagleModule(ParallelModule, EagleModule):
         )
         self.mask_token_id, self.init, self._start = mask_token_id, init, None
         if init is not None:  # its record decides the feature layers and vocabulary before the target loads
-            from draftsmith.core import native
-
-            self._start = native.read(init)
+            self._start = read_init(init, "eagle3", "peagle")
             start_cfg = self._start[0].get("config", {})
-            if self._start[0].get("method") not in ("eagle3", "peagle"):
-                raise DraftsmithError(
-                    f"model.init: {init} holds a {self._start[0].get('method')} drafter, not eagle3 or peagle"
-                )
             if self._start[0]["method"] == "peagle" and mask_token_id is None:
                 self.mask_token_id = start_cfg["mask_token_id"]  # its placeholder feature was trained for it
             self.requested_layers = list(start_cfg["feature_layers"])
