@@ -4,6 +4,7 @@ online, a killed run resumes, and a cache for other data / target / layers is re
 from __future__ import annotations
 
 import json
+import shutil
 
 import lightning as L
 import pytest
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def cache(setup, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("cache") / "features"
-    return cache_features(str(setup["target"]), setup["data-train"], [1, 2, 3], out, max_length=64, shard_rows=32)
+    kwargs = {"max_length": 64, "shard_rows": 32, "dtype": "float16"}
+    return cache_features(str(setup["target"]), setup["data-train"], [1, 2, 3], out, **kwargs)
 
 
 def cached_data(setup, cache, **kwargs) -> GeneratedDataModule:  # noqa: F811
@@ -70,7 +72,7 @@ def test_training_from_the_cache_follows_online_training(setup, cache, tmp_path)
 
 def test_killed_cache_run_resumes_to_the_same_files(setup, cache, tmp_path):  # noqa: F811
     out = tmp_path / "features"
-    args = (str(setup["target"]), setup["data-train"], [1, 2, 3], out)
+    args = (str(setup["target"]), setup["data-train"], [1, 2, 3], out, "float16")
     cache_features(*args, max_length=64, shard_rows=32)
     (out / "shard-00001.safetensors").unlink()  # as if killed while writing the second shard
     meta = json.loads((out / "features.json").read_text())
@@ -96,6 +98,25 @@ def test_cache_for_other_layers_data_or_length_is_refused(setup, cache, tmp_path
         other.check_target(model.target)
     with pytest.raises(DraftsmithError, match="other settings"):
         cache_features(str(setup["target"]), setup["data-train"], [2], cache, max_length=64, shard_rows=32)
+
+
+def test_storage_dtype_defaults_to_bf16_for_a_float32_target_and_float16_refuses_overflow(setup, tmp_path):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    target, data = str(setup["target"]), setup["data-train"]
+    default = cache_features(target, data, [2], tmp_path / "default", max_length=16)
+    meta = json.loads((default / "features.json").read_text())
+    assert meta["dtype"] == "bfloat16" and meta["target"]["dtype"] == "float32"
+    assert load_file(str(default / "shard-00000.safetensors"))["hidden_2"].dtype == torch.bfloat16
+    named = cache_features(f"{target}:float32", data, [2], tmp_path / "named", max_length=16, dtype="fp16")
+    assert load_file(str(named / "shard-00000.safetensors"))["hidden_2"].dtype == torch.float16
+    # a target whose residual stream exceeds float16's range (as LLMs' massive activations can): its embeddings x 1e6
+    shutil.copytree(target, tmp_path / "loud")  # its tokenizer and config: the same target's identity
+    model = AutoModelForCausalLM.from_pretrained(target)
+    model.get_input_embeddings().weight.data *= 1e6
+    model.save_pretrained(tmp_path / "loud")
+    with pytest.raises(DraftsmithError, match="layer 2 holds values up to .* beyond float16's range; cache in bfloat16"):
+        cache_features(str(tmp_path / "loud"), data, [2], tmp_path / "loud-features", max_length=16, dtype="float16")
 
 
 def test_bf16_data_caches_in_bf16_trains_a_bf16_drafter_and_refuses_the_float32_target(setup, tmp_path):  # noqa: F811

@@ -51,7 +51,7 @@ def cache_features(
     data: str | Path,
     layers: list[int],
     out: str | Path | None = None,
-    dtype: str = "float16",
+    dtype: str | None = None,
     max_length: int = 512,
     batch_size: int = 8,
     shard_rows: int = 64,
@@ -66,7 +66,9 @@ def cache_features(
         data: a ``draftsmith generate`` output dir.
         layers: hidden-state indices the drafters to train need (EAGLE-3: its three; EAGLE-1/Medusa/Hydra: the last).
         out: the cache dir (default: ``<data>-features``).
-        dtype: storage dtype, float16 or bfloat16.
+        dtype: storage dtype, float16 or bfloat16 (default: the target's when it computes in one of them, else
+            bfloat16, which holds float32's range: the residual stream of LLMs has massive activations, SmolLM2's
+            22,280, a third of float16's largest number; a float16 cache refuses values beyond it).
         max_length: rows are truncated to this many tokens (train with ``--data.max_length`` at most this).
         batch_size: rows per target forward.
         shard_rows: rows per shard file.
@@ -74,11 +76,11 @@ def cache_features(
     """
     from draftsmith.data.shards import check_dataset_target, load_generated
 
-    dtype = canonical_dtype(dtype, "features: dtype", DTYPES)
     ds, metadata = load_generated(data)
     spec = parse_target(target)  # no dtype given: the one the data was generated in
-    dtype = metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None
-    t = load_target(spec, dtype=dtype, batch_invariant=False)  # whole sequences: the fastest kernels
+    compute = metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None
+    t = load_target(spec, dtype=compute, batch_invariant=False)  # whole sequences: the fastest kernels
+    dtype = canonical_dtype(dtype or (t.dtype if t.dtype in DTYPES else "bfloat16"), "features: dtype", DTYPES)
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
     out = Path(out or f"{str(data).rstrip('/')}-features")
@@ -132,6 +134,11 @@ def cache_features(
                 ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
             res = t(ids, attention_mask=mask, feature_layers=tuple(resolved), last_logits_only=True)
             for layer, f in zip(resolved, res.features, strict=True):
+                if store == torch.float16 and f.abs().max() > torch.finfo(torch.float16).max:
+                    raise DraftsmithError(
+                        f"features: layer {layer} holds values up to {f.abs().max().item():,.0f}, beyond float16's "
+                        "range; cache in bfloat16"
+                    )
                 for j, i in enumerate(index):
                     hidden[layer][i] = f[j, : len(rows[i])].to(store)
         tensors = {f"hidden_{layer}": torch.cat(hs).contiguous() for layer, hs in hidden.items()}
