@@ -115,7 +115,9 @@ def test_storage_dtype_defaults_to_bf16_for_a_float32_target_and_float16_refuses
     model = AutoModelForCausalLM.from_pretrained(target)
     model.get_input_embeddings().weight.data *= 1e6
     model.save_pretrained(tmp_path / "loud")
-    with pytest.raises(DraftsmithError, match="layer 2 holds values up to .* beyond float16's range; cache in bfloat16"):
+    with pytest.raises(
+        DraftsmithError, match="layer 2 holds values up to .* beyond float16's range; cache in bfloat16"
+    ):
         cache_features(str(tmp_path / "loud"), data, [2], tmp_path / "loud-features", max_length=16, dtype="float16")
 
 
