@@ -44,3 +44,21 @@ def test_a_figure_edited_by_hand_is_caught(expected):
 def test_an_unknown_table_name_is_refused():
     with pytest.raises(SystemExit, match="unknown table 'nosuch'"):
         tables.render("<!-- table:nosuch -->\n<!-- /table -->")
+
+
+def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
+    scaling = tables.importlib.import_module("scaling")
+    data = tables.load("scaling")
+    big = [r for r in data["rows"] if r["family"] == "eagle3" and r["size"] >= scaling.HEADS_FROM]
+    assert big and not scaling.orderings(data["rows"])  # EAGLE-3 alone: nothing to order
+    worse = [{**r, "family": "eagle1", "tau": r["tau"] - 0.1} for r in big]
+    better = [{**r, "family": "eagle1", "tau": r["tau"] + 0.1} for r in big]
+    small = [{**r, "family": "medusa1", "size": 100_000} for r in data["rows"] if r["size"] == 100_000]
+    held = scaling.orderings(data["rows"] + worse + small)
+    assert len(held) == len(big) and all(o["holds"] and o["above"] == "eagle3" for o in held)
+    assert not any(o["holds"] for o in scaling.orderings(data["rows"] + better))
+    text = scaling.markdown(
+        {**data, "rows": data["rows"] + better, "orderings": scaling.orderings(data["rows"] + better)}
+    )
+    assert "eagle3 τ" in text and "does not hold" in text and "![scaling](scaling.png)" in text
+    assert scaling.results_name("smollm2:float32") == "scaling_float32" and not scaling.trained_at("hydra", 100_000)
