@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -194,19 +195,58 @@ def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path |
     if record_path.is_file() and (export / "config.json").is_file():
         return export, json.loads(record_path.read_text())
     print(f"fit: {name}: {rows} rows, {steps} steps of {BATCH} ({run.trainer['precision']})")
-    load, start = os.getloadavg()[0], time.perf_counter()
-    fit_export(RECIPES[family], run, TARGET, export)
+    load = os.getloadavg()[0]
+    with Stopwatch(out / "fit" / f"{name}.partial.json") as clock:  # a fit resumed later adds its time
+        fit_export(RECIPES[family], run, TARGET, export)
     gc.collect()  # the fit's feature cache (GBs) before the next fit loads its own
     record = {
         "steps": steps,
         "rows": rows,
-        "seconds": round(time.perf_counter() - start, 1),
+        "seconds": round(clock.seconds, 1),
+        "sessions": clock.sessions,
         "load": [round(load, 2), round(os.getloadavg()[0], 2)],
         "precision": run.trainer["precision"],
         "val_tau_est": json.loads((export / "config.json").read_text()).get("val_tau_est"),
     }
     record_path.write_text(json.dumps(record, indent=2))
     return export, record
+
+
+class Stopwatch:
+    """Wall seconds of work that may be interrupted and resumed: the total so far is saved to ``path`` every
+    ``every`` seconds, and a later run adds its time to it: the wall time the work took, the steps an interruption
+    lost and redid included."""
+
+    def __init__(self, path: Path, every: float = 30.0) -> None:
+        self.path, self.every = path, every
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        self.before, self.sessions = saved.get("seconds", 0.0), saved.get("sessions", 0) + 1
+        self.done = threading.Event()
+
+    @property
+    def seconds(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")  # replaced whole: a kill mid-write leaves the last total
+        tmp.write_text(json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
+        os.replace(tmp, self.path)
+
+    def _tick(self) -> None:
+        while not self.done.wait(self.every):
+            self.save()
+
+    def __enter__(self) -> Stopwatch:
+        self.start = time.perf_counter()
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+        self.save()
 
 
 def coverage(export: Path, val: Path) -> float | None:
@@ -376,6 +416,7 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
                         "plain_tokens_per_s": block["plain"]["tokens_per_s"],
                         "coverage": coverage(args.out / "drafters" / d["name"], data[1]),
                         "fit_seconds": fit.get("seconds"),
+                        "fit_sessions": fit.get("sessions", 1),
                         "steps": fit.get("steps"),
                         "epochs": round(fit["steps"] * BATCH / subsets[size][0], 2) if fit.get("steps") else None,
                         "val_tau_est": fit.get("val_tau_est"),
@@ -486,7 +527,7 @@ def markdown(result: dict) -> str:
         cov = f"{r['coverage']:.3f}" if r["coverage"] is not None else "–"
         lines.append(
             f"| {r['set']} | {r['family']} | {r['tokens']:,} | {r['rows']} | {r['steps']} | {r.get('epochs')} | "
-            f"{r['fit_seconds']} | "
+            f"{r['fit_seconds']}{f' ({n} runs)' if (n := r.get('fit_sessions', 1)) > 1 else ''} | "
             f"{r['val_tau_est'] or 0:.2f} | {r['tau']:.2f} | {r['alpha']:.3f} | {acc} | {r['speedup']:.2f}× | "
             f"{(r['ideal'] or 0):.2f}× | {cov} |"
         )

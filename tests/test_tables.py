@@ -62,3 +62,16 @@ def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
     )
     assert "eagle3 τ" in text and "does not hold" in text and "![scaling](scaling.png)" in text
     assert scaling.results_name("smollm2:float32") == "scaling_float32" and not scaling.trained_at("hydra", 100_000)
+
+
+def test_scaling_fit_time_adds_up_across_an_interruption(tmp_path):
+    scaling = tables.importlib.import_module("scaling")
+    path = tmp_path / "fit.partial.json"
+    with pytest.raises(KeyboardInterrupt), scaling.Stopwatch(path, every=0.05):
+        scaling.time.sleep(0.2)
+        assert 0.0 < scaling.json.loads(path.read_text())["seconds"] <= 0.25  # saved while it runs
+        raise KeyboardInterrupt  # killed: its time so far is kept
+    first = scaling.json.loads(path.read_text())["seconds"]
+    with scaling.Stopwatch(path) as clock:
+        scaling.time.sleep(0.1)
+    assert first >= 0.2 and clock.sessions == 2 and clock.seconds >= first + 0.1
