@@ -49,7 +49,7 @@ def test_an_unknown_table_name_is_refused():
 def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
     scaling = tables.importlib.import_module("scaling")
     data = tables.load("scaling")
-    big = [r for r in data["rows"] if r["family"] == "eagle3" and r["size"] >= scaling.HEADS_FROM]
+    big = [r for r in data["rows"] if r["family"] == "eagle3" and r["size"] >= scaling.ORDERED_FROM]
     assert big and not scaling.orderings(data["rows"])  # EAGLE-3 alone: nothing to order
     worse = [{**r, "family": "eagle1", "tau": r["tau"] - 0.1} for r in big]
     better = [{**r, "family": "eagle1", "tau": r["tau"] + 0.1} for r in big]
@@ -61,7 +61,7 @@ def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
         {**data, "rows": data["rows"] + better, "orderings": scaling.orderings(data["rows"] + better)}
     )
     assert "eagle3 τ" in text and "does not hold" in text and "![scaling](scaling.png)" in text
-    assert scaling.results_name("smollm2:float32") == "scaling_float32" and not scaling.trained_at("hydra", 100_000)
+    assert scaling.results_name("smollm2:float32") == "scaling_float32" and not scaling.trained_at("hydra", 1_000_000)
 
 
 def test_scaling_fit_time_adds_up_across_an_interruption(tmp_path):
