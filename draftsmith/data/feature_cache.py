@@ -76,11 +76,12 @@ def cache_features(
     """
     from draftsmith.data.shards import check_dataset_target, load_generated
 
+    dtype = canonical_dtype(dtype, "features: dtype", DTYPES) if dtype is not None else None
     ds, metadata = load_generated(data)
     spec = parse_target(target)  # no dtype given: the one the data was generated in
     compute = metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None
     t = load_target(spec, dtype=compute, batch_invariant=False)  # whole sequences: the fastest kernels
-    dtype = canonical_dtype(dtype or (t.dtype if t.dtype in DTYPES else "bfloat16"), "features: dtype", DTYPES)
+    dtype = dtype or (t.dtype if t.dtype in DTYPES else "bfloat16")
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
     out = Path(out or f"{str(data).rstrip('/')}-features")
