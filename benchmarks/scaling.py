@@ -81,6 +81,7 @@ RECIPES = {
 }
 """The families: EAGLE-3, EAGLE-1 and P-EAGLE (started from the EAGLE-3 of the same subset) on every subset; the
 heads (Medusa-1, Hydra, Hydra++) on the ``HEADS_AT`` subset."""
+HEADS = ("medusa1", "hydra", "hydrapp")
 HEADS_AT = 300_000
 """The one subset the heads are trained on: the papers' ordering Hydra++ > Hydra > Medusa-1 is asked for from 300k
 tokens on (issue 30), and each of the 4 heads has its own 49k-token LM head (4 x 28M weights, over every position
@@ -93,7 +94,7 @@ tokens or more."""
 
 
 def trained_at(family: str, size: int) -> bool:
-    return family not in ("medusa1", "hydra", "hydrapp") or size == HEADS_AT
+    return family not in HEADS or size == HEADS_AT
 
 
 def results_name(target: str = TARGET) -> str:
