@@ -50,7 +50,9 @@ def probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token from a (V,) distribution."""
+    """Draw one token from a (V,) distribution (on ``generator``'s device: a GPU drafter's q and a CPU generator)."""
+    if generator is not None:
+        p = p.to(generator.device)
     return int(torch.multinomial(p, 1, generator=generator))
 
 

@@ -115,8 +115,8 @@ class SpeculativeDecoder:
         tokens, logits = draft.tokens.tolist(), out.logits[0]
         if self.sampling.greedy and self.judge is None:
             return (*verify_chain_greedy(logits.argmax(-1).tolist(), tokens), 0)
-        p = probs(logits, self.sampling)
-        q = draft.q
+        p = probs(logits.cpu(), self.sampling)  # the rules draw on the CPU, with the caller's CPU generator
+        q = draft.q.cpu() if draft.q is not None else None
         if q is None or self.sampling.greedy:  # deterministic drafter (or greedy): a point mass on each token
             q = torch.stack([one_hot(t, p.shape[-1]) for t in tokens]) if tokens else p[:0]
         if self.judge is None:
@@ -160,7 +160,8 @@ class SpeculativeDecoder:
             path, nxt = trees.verify_tree_greedy(logits.argmax(-1)[rows_of].tolist(), tokens, draft.parents)
         else:
             rule = trees.VERIFY_RULES[self.verify]
-            path, nxt = rule(probs(logits, self.sampling)[rows_of], draft.q, tokens, draft.parents, generator)
+            q = draft.q.cpu() if draft.q is not None else None
+            path, nxt = rule(probs(logits.cpu(), self.sampling)[rows_of], q, tokens, draft.parents, generator)
         keep_positions(cache, list(range(committed + 1)) + [committed + 1 + index[i] for i in path])
         return [tokens[i] for i in path] + [nxt], out.positions(rows_of[[0] + [1 + i for i in path]]), len(nodes)
 
@@ -222,7 +223,7 @@ class SpeculativeDecoder:
 
 
 def _pick(logits: torch.Tensor, sampling: Sampling, generator) -> int:
-    return int(logits.argmax()) if sampling.greedy else sample(probs(logits, sampling), generator)
+    return int(logits.argmax()) if sampling.greedy else sample(probs(logits.cpu(), sampling), generator)
 
 
 @torch.inference_mode()
