@@ -11,6 +11,7 @@ families' registry's job (``draftsmith.families.registry``).
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -63,7 +64,20 @@ def _read_native(path: Path) -> tuple[dict, dict]:
 
 
 def _read_checkpoint(path: Path) -> tuple[dict, dict]:
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return _record(path, torch.load(path, map_location="cpu", weights_only=False))
+
+
+def _read_deepspeed(path: Path) -> tuple[dict, dict]:
+    """A ZeRO checkpoint (stage 2 or 3, its weights sharded or not) gathered into one float32 state on the CPU."""
+    try:
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+    except ImportError:
+        raise DraftsmithError(f"{path}: a DeepSpeed checkpoint; reading it needs `pip install deepspeed`") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        return _record(path, convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "gathered.pt"))
+
+
+def _record(path: Path, ckpt: dict) -> tuple[dict, dict]:
     if "draftsmith" not in ckpt:
         raise DraftsmithError(f"{path}: not a checkpoint of a draftsmith DrafterModule (no 'draftsmith' entry)")
     state = {k.removeprefix("drafter."): v for k, v in ckpt["state_dict"].items() if k.startswith("drafter.")}
@@ -71,9 +85,16 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict]:
 
 
 def read(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The record and weights of a native dir or a ``.ckpt``."""
+    """The record and weights of a native dir or a ``.ckpt`` (a file, or the directory DeepSpeed saves)."""
     path = Path(path)
-    return _read_checkpoint(path) if path.is_file() else _read_native(path)
+    if path.is_file():
+        return _read_checkpoint(path)
+    return _read_deepspeed(path) if is_deepspeed(path) else _read_native(path)
+
+
+def is_deepspeed(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint Lightning's ``DeepSpeedStrategy`` saved: a directory with a ``latest`` tag."""
+    return (path / "latest").is_file()
 
 
 def is_native(path: Path) -> bool:

@@ -67,14 +67,14 @@ def target_fingerprint(path: Path, dtype: str = "float32") -> dict:
 def load_source(path: str | Path, target: str | Path | None = None) -> Source:
     """Load a drafter from a ``.ckpt`` or native dir; check it against ``target`` (default: the target
     it records, when that directory exists)."""
-    from draftsmith.core.native import is_native
+    from draftsmith.core.native import is_deepspeed, is_native
     from draftsmith.families.registry import load_network
     from draftsmith.targets import resolve
 
     path = Path(path)
     if not path.exists():
         raise DraftsmithError(f"export: {path} does not exist")
-    if not (path.is_file() or is_native(path)):
+    if not (path.is_file() or is_native(path) or is_deepspeed(path)):
         raise DraftsmithError(f"export: {path} is neither a Lightning checkpoint nor a draftsmith native dir")
     network, info = load_network(path)
     recorded = info["target"].get("name") or ""

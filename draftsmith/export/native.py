@@ -28,7 +28,7 @@ def training_command(src: Source) -> str | None:
     for key in ("training_command", "command"):
         if src.info.get(key):
             return src.info[key]
-    if src.path.is_file():
+    if src.path.suffix == ".ckpt":  # a file, or DeepSpeed's directory
         for parent in list(src.path.parents)[:3]:
             if (parent / "config.yaml").is_file():
                 return f"draftsmith fit --config {parent / 'config.yaml'}"
