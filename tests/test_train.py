@@ -149,10 +149,13 @@ def test_checkpoint_is_refused_by_another_target(setup, tmp_path):
         load_drafter(str(tmp_path / "csv" / "version_0" / "checkpoints" / "last.ckpt"), other)
 
 
-def run_fit(setup, out: Path, *extra: str, devices: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_fit(setup, out: Path, *extra: str, devices: int | None = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``draftsmith fit`` in a subprocess; ``devices`` None: as ``extra`` (a strategy recipe) says."""
     args = fit_args(setup, out, "eagle3", "--trainer.max_steps=30", "--trainer.val_check_interval=10", *extra)
-    args += [f"--trainer.devices={devices}", "--trainer.strategy=" + ("ddp" if devices > 1 else "auto")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
+    if devices is not None:
+        args += [f"--trainer.devices={devices}", "--trainer.strategy=" + ("ddp" if devices > 1 else "auto")]
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     return subprocess.run(
         [sys.executable, "-m", "draftsmith.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -258,6 +261,44 @@ def test_strategy_recipes_compose_with_a_drafter_recipe(setup, tmp_path, capsys,
         assert built.config["zero_optimization"]["stage"] == int(name[-1])
     else:
         assert config["trainer"]["precision"] == "bf16-mixed"
+
+
+def val_metrics(version: Path) -> list[dict]:
+    """The validation rows of a fit's ``metrics.csv``."""
+    rows = csv.DictReader((version / "metrics.csv").read_text().splitlines())
+    return [r for r in rows if r.get("val/tau_est")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_gpu_strategy_fits_resumes_and_its_checkpoint_scores_exactly(setup, tmp_path, name):
+    """A GPU strategy recipe on one GPU, as a user runs it: the fit learns, resumes from its last checkpoint (a
+    file, or the directory DeepSpeed saves), and the verifier loads that checkpoint and drafts with it exactly, at
+    about the acceptance its last validation estimated (that one under bf16 autocast, this one in float32)."""
+    if name.startswith("deepspeed"):
+        pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed)")
+    strategy = (f"--config={ROOT / 'configs' / 'strategy' / f'{name}.yaml'}", "--trainer.devices=1")
+    first = run_fit(setup, tmp_path, *strategy, "--trainer.max_steps=20", devices=None, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    logs = tmp_path / "csv"
+    resumed = run_fit(
+        setup, tmp_path, *strategy, f"--ckpt_path={logs / 'version_0' / 'checkpoints' / 'last.ckpt'}", devices=None
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    before, after = val_metrics(logs / "version_0"), val_metrics(logs / "version_1")
+    assert len(before) == 2 and len(after) == 1  # steps 10 and 20, then only step 30: it went on from step 20
+    assert float(after[-1]["val/loss"]) < float(before[0]["val/loss"])
+    last = logs / "version_1" / "checkpoints" / "last.ckpt"
+    assert last.is_dir() == name.startswith("deepspeed")
+    target = Target.from_pretrained(setup["target"], device="cuda")
+    drafter = load_drafter(str(last), target)
+    rows = datasets.load_from_disk(str(setup["data-val"]))
+    prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
+    scored = score_drafters(target, {name: drafter}, prompts, 4, Sampling(0.0), 24, 0)[1][0]
+    print(name, "tau", scored["tau_full"], "logged", after[-1]["val/tau_est"])
+    assert scored["greedy_exact"] == len(prompts)
+    assert scored["tau_full"] == pytest.approx(float(after[-1]["val/tau_est"]), abs=0.3)
 
 
 def test_fit_api_takes_a_shipped_recipe_and_typed_overrides_and_records_the_run(setup, tmp_path):
