@@ -27,6 +27,8 @@ def gpu_target(request) -> Target:
 
 def test_gpu_target_verification_rows_equal_one_token_steps_bit_for_bit(gpu_target):
     assert gpu_target.batch_invariant == (gpu_target.dtype == "bfloat16")
+    if not gpu_target.batch_invariant:
+        pytest.skip("float32 runs the fast kernels: its rows agree to rounding (~1e-6), not bit for bit")
     ids = torch.randint(0, WIDE_V, (1, 160), generator=torch.Generator().manual_seed(0))
     for past in (7, 140):
         steps, block = step_and_block_logits(gpu_target, ids, past, 8)
