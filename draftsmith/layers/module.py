@@ -120,6 +120,17 @@ class DrafterModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self.target.model.to(self.device)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """The recipes' clipping by norm, under FSDP too: Lightning's FSDP precision refuses it, so the norm over all
+        shards is FSDP's own ``clip_grad_norm_``."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        fsdp = isinstance(self.trainer.strategy, FSDPStrategy)
+        if fsdp and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Record what ``draftsmith score`` / ``export`` need to rebuild the drafter from this checkpoint alone."""
         checkpoint["draftsmith"] = describe(self.drafter, self.target)
