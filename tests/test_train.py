@@ -301,6 +301,29 @@ def test_gpu_strategy_fits_resumes_and_its_checkpoint_scores_exactly(setup, tmp_
     assert scored["tau_full"] == pytest.approx(float(after[-1]["val/tau_est"]), abs=0.3)
 
 
+def test_a_deepspeed_zero3_checkpoint_made_on_a_gpu_is_read_scored_and_exported_on_the_cpu(tmp_path):
+    """``tests/data/deepspeed_stage_3``: a real ZeRO-3 checkpoint directory (``last.ckpt/``, its weights in
+    DeepSpeed's shards), left by the GPU test above on an H100 (2026-11-26: EAGLE-3 on a 4-layer tiny target, 20
+    steps then resumed to 30), with that target, its greedy validation data and the fit's metrics. On the CPU the
+    verifier reads it (gathered from the shards), drafts exactly, at the acceptance its last validation logged;
+    ``export --to native`` takes the directory too."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed)")
+    data = TESTS / "data" / "deepspeed_stage_3"
+    target = Target.from_pretrained(data / "target")
+    drafter = load_drafter(str(data / "last.ckpt"), target)
+    prompts = [r["input_ids"][: r["prompt_len"]] for r in datasets.load_from_disk(str(data / "data-val"))]
+    scored = score_drafters(target, {"zero3": drafter}, prompts, 4, Sampling(0.0), 24, 0)[1][0]
+    assert scored["greedy_exact"] == len(prompts) == 16
+    logged = val_metrics(data)[-1]
+    assert scored["tau_full"] == pytest.approx(float(logged["val/tau_est"]), abs=0.05)  # H100 bf16: 1.751
+    main(["export", str(data / "last.ckpt"), "--to", "native", "--out", str(tmp_path / "native")])
+    exported, _ = load_network(tmp_path / "native", target)
+    read, info = load_network(data / "last.ckpt", target)
+    assert info["method"] == "eagle3"
+    for name, value in read.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], value), name
+
+
 def test_fit_api_takes_a_shipped_recipe_and_typed_overrides_and_records_the_run(setup, tmp_path):
     """``fit(recipe, FitRun)``: the recipe's values, the run's overrides, a manifest; the export scores exactly."""
     from draftsmith.eval.score import ScoreConfig, score_specs
