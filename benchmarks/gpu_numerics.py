@@ -26,11 +26,10 @@ from types import MethodType
 import torch
 from common import machine, write
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_bf16 import WIDE_V, step_and_block_logits, wide_bf16_llama  # noqa: E402
+from draftsmith.core.numerics import _two_row_linear
+from draftsmith.core.target import Target
 
-from draftsmith.core.numerics import _two_row_linear  # noqa: E402
-from draftsmith.core.target import Target  # noqa: E402
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 PAD = 16
 ROWS = (2, 3, 5, 8, 9, 16, 17)
@@ -82,6 +81,8 @@ def linear_rows(dtype: torch.dtype) -> dict:
 
 def model_rows() -> dict:
     """Per scheme: the largest |step - verification row| of 8 tokens after 7 and after 140 cached ones."""
+    sys.path.insert(0, str(TESTS))
+    from test_bf16 import WIDE_V, step_and_block_logits, wide_bf16_llama
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 

@@ -32,6 +32,7 @@ MARKDOWN = {
     "crossvocab": "crossvocab",
     "draftlm": "draftlm",
     "export_vllm": "export_vllm",
+    "gpu_numerics": "gpu_numerics",
     "heads_default": "heads",
     "judge": "judge",
     "heads_smollm2": "heads",
