@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -322,6 +323,19 @@ def test_a_deepspeed_zero3_checkpoint_made_on_a_gpu_is_read_scored_and_exported_
     assert info["method"] == "eagle3"
     for name, value in read.state_dict().items():
         assert torch.equal(exported.state_dict()[name], value), name
+
+
+def test_a_deepspeed_checkpoint_without_deepspeed_is_one_line_naming_the_install(monkeypatch, tmp_path, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else find_spec(name, *a)
+    )
+    ckpt = TESTS / "data" / "deepspeed_stage_3" / "last.ckpt"
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(ckpt), "--to", "native", "--out", str(tmp_path / "native")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert f"{ckpt}: a DeepSpeed checkpoint; reading it needs `pip install deepspeed`" in err
 
 
 def test_fit_api_takes_a_shipped_recipe_and_typed_overrides_and_records_the_run(setup, tmp_path):

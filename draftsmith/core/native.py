@@ -10,6 +10,7 @@ families' registry's job (``draftsmith.families.registry``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 from dataclasses import asdict
@@ -69,10 +70,10 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict]:
 
 def _read_deepspeed(path: Path) -> tuple[dict, dict]:
     """A ZeRO checkpoint (stage 2 or 3, its weights sharded or not) gathered into one float32 state on the CPU."""
-    try:
-        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-    except ImportError:
-        raise DraftsmithError(f"{path}: a DeepSpeed checkpoint; reading it needs `pip install deepspeed`") from None
+    if importlib.util.find_spec("deepspeed") is None:
+        raise DraftsmithError(f"{path}: a DeepSpeed checkpoint; reading it needs `pip install deepspeed`")
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
     with tempfile.TemporaryDirectory() as tmp:
         return _record(path, convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "gathered.pt"))
 
