@@ -98,6 +98,12 @@ def test_cli_non_positive_k_is_one_line(model_dirs, prompt_file, tmp_path, capsy
     assert "-k must be a positive integer or auto, got 'fast'" in err
 
 
+def test_score_on_a_device_this_machine_lacks_is_one_line(model_dirs, capsys):
+    device = "tpu" if torch.cuda.is_available() else "cuda"
+    err = run_cli(capsys, "score", "--target", str(model_dirs["target"]), "--drafter", "[ngram]", "--device", device)
+    assert f"--device {device}: expected cpu or cuda[:N] on a machine with a CUDA GPU" in err
+
+
 def test_cli_missing_target_dir(tmp_path, capsys):
     err = run_cli(capsys, "score", "--target", str(tmp_path / "none"), "--drafter", "[ngram]")
     assert "is not a model directory" in err

@@ -61,3 +61,27 @@ def test_gpu_speculative_sampling_is_distributed_as_the_target(dtype):
     counts = sampled_pairs(target, drafter, [1, 2, 3], sampling, 1500)
     expected = exact_pair_distribution(target, [1, 2, 3], sampling).cpu()
     assert chi_square_pvalue(counts, expected) > 1e-3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_score_cli_on_a_gpu_scores_a_draft_model_and_the_ngram_drafter(model_dirs, prompt_file, tmp_path, temperature):
+    """``draftsmith score --device cuda`` as a user runs it: the target and a draft-model directory on the GPU, the
+    report's device says so, greedy output is exact, and a seeded sampled run gives the same tokens twice."""
+    import json
+
+    from draftsmith.cli import main
+
+    args = ["score", "--target", str(model_dirs["target"]), "--drafter", f"[ngram,{model_dirs['drafter']}]"]
+    args += ["--prompts", str(prompt_file), "--device", "cuda", "--temperature", str(temperature)]
+    args += ["--max-new-tokens", "16"]
+    reports = []
+    for run in ("a", "b"):
+        main([*args, "--out", str(tmp_path / run)])
+        reports.append(json.loads((tmp_path / run / "report.json").read_text()))
+    assert reports[0]["config"]["device"].startswith("cuda:0 (")
+    rows = [{r["name"]: r for r in report["drafters"]} for report in reports]
+    assert set(rows[0]) == {"ngram", str(model_dirs["drafter"])}
+    for name, row in rows[0].items():
+        if temperature == 0:
+            assert row["greedy_exact"] == 2, name
+        assert row["tau"] == rows[1][name]["tau"], name  # seeded: the same rounds on a second run

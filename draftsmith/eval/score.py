@@ -263,7 +263,7 @@ def verify_ratios(
         for m in times:
             ids = torch.tensor([prompt[-1:] * m])
             start = time.perf_counter()
-            target(ids, cache, with_features=False)
+            target(ids, cache, with_features=False).logits[0, -1, 0].item()  # waits for a GPU's queued kernels
             times[m].append(time.perf_counter() - start)
             rollback(cache, n)
     step = statistics.median(times[1])
@@ -305,12 +305,16 @@ class ScoreConfig:
     """A judge dir (``draftsmith judge``): each drafter is also scored under Judge decoding (lossy), as NAME+judge."""
     judge_threshold: float | None = None
     """Overrides the judge's own threshold."""
+    device: str = "cpu"
+    """Where the target and the drafters run: ``cpu``, or ``cuda`` / ``cuda:N``."""
 
     def __post_init__(self) -> None:
         if self.k != AUTO_K and not (isinstance(self.k, int) and self.k > 0):
             raise DraftsmithError(f"-k must be a positive integer or auto, got {self.k!r}")
         if self.max_new_tokens <= 0:
             raise DraftsmithError(f"--max-new-tokens must be positive, got {self.max_new_tokens}")
+        if self.device != "cpu" and not (self.device.startswith("cuda") and torch.cuda.is_available()):
+            raise DraftsmithError(f"--device {self.device}: expected cpu or cuda[:N] on a machine with a CUDA GPU")
 
 
 def score(
@@ -337,6 +341,7 @@ def score(
     tree_beam_width: int = 4,
     judge: str | None = None,
     judge_threshold: float | None = None,
+    device: str = "cpu",
 ) -> dict:
     """Score drafters against a target by real speculative decoding.
 
@@ -382,6 +387,8 @@ def score(
             run, losslessly and as NAME+judge (a rejected draft token kept when the judge calls it correct). Needs
             prompts with checks (``builtin:checkable-heldout``), so the report counts what it costs in quality.
         judge_threshold: overrides the threshold the judge was trained with (higher: fewer tokens judged, less lost).
+        device: where the target and the drafters run: ``cpu``, or ``cuda`` / ``cuda:N`` (the acceptance rules draw
+            on the CPU either way, with the same seeded generators).
     """
     try:
         sampling = Sampling(temperature, top_p)
@@ -399,7 +406,7 @@ def score(
     )
     config = ScoreConfig(
         prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
-        policy, compile, batch_invariant, verify, judge, judge_threshold,
+        policy, compile, batch_invariant, verify, judge, judge_threshold, device,
     )  # fmt: skip
     return score_specs(parse_target(target, dtype), [parse_spec(d) for d in drafter], config, Path(out))
 
@@ -409,7 +416,7 @@ def score_specs(
 ) -> dict:
     """Score ``drafters`` on ``target`` (a built-in name or model dir, ``:DTYPE`` optional) as ``cfg`` says; writes
     ``out/report.{json,md}`` and its manifest (``stage``: the inputs ``is_current`` compares), returns the report."""
-    t = load_target(target, batch_invariant=cfg.batch_invariant)
+    t = load_target(target, batch_invariant=cfg.batch_invariant, device=cfg.device)
     loaded = {d.name: build_drafter(d.spec, t) for d in drafters}
     loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
     checks = [p.check for p in loaded_prompts]
@@ -463,6 +470,7 @@ def score_specs(
             "compile": cfg.compile,
             "dtype": t.dtype,
             "batch_invariant": t.batch_invariant,
+            "device": str(t.device) + (f" ({torch.cuda.get_device_name(t.device)})" if t.device.type == "cuda" else ""),
             "command": " ".join(sys.argv),
         },
         "machine": machine_record(),
