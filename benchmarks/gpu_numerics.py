@@ -19,6 +19,7 @@ TF32 stays off (PyTorch's default for float32 matmuls). Writes ``benchmarks/resu
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 from types import MethodType
@@ -26,7 +27,7 @@ from types import MethodType
 import torch
 from common import machine, write
 
-from draftsmith.core.numerics import _two_row_linear
+from draftsmith.core.numerics import make_batch_invariant
 from draftsmith.core.target import Target
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
@@ -70,8 +71,10 @@ def linear_rows(dtype: torch.dtype) -> dict:
         layer = torch.nn.Linear(n_in, n_out, bias=False, device="cuda", dtype=dtype)
         x = (torch.randn(max(ROWS), n_in, device="cuda", generator=g) * 0.5).to(dtype)
         row = {}
-        for scheme, forward in (("raw", None), ("two_rows", _two_row_linear), ("pad16", padded_linear)):
-            call = MethodType(forward, layer) if forward else layer
+        two_rows, pad16 = copy.deepcopy(layer), copy.deepcopy(layer)
+        make_batch_invariant(two_rows)
+        pad16.forward = MethodType(padded_linear, pad16)
+        for scheme, call in (("raw", layer), ("two_rows", two_rows), ("pad16", pad16)):
             with torch.no_grad():
                 alone = torch.cat([call(x[i : i + 1]) for i in range(max(ROWS))])
                 row[scheme] = max(float((call(x[:m]) - alone[:m]).abs().max()) for m in ROWS)
