@@ -4,12 +4,15 @@ GPU (FSDP, DeepSpeed) are tested in ``test_train.py``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import make_llama
 from test_bf16 import WIDE_V, step_and_block_logits, wide_bf16_llama
 from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, sampled_pairs
 
+from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
@@ -67,10 +70,6 @@ def test_gpu_speculative_sampling_is_distributed_as_the_target(dtype):
 def test_score_cli_on_a_gpu_scores_a_draft_model_and_the_ngram_drafter(model_dirs, prompt_file, tmp_path, temperature):
     """``draftsmith score --device cuda`` as a user runs it: the target and a draft-model directory on the GPU, the
     report's device says so, greedy output is exact, and a seeded sampled run gives the same tokens twice."""
-    import json
-
-    from draftsmith.cli import main
-
     args = ["score", "--target", str(model_dirs["target"]), "--drafter", f"[ngram,{model_dirs['drafter']}]"]
     args += ["--prompts", str(prompt_file), "--device", "cuda", "--temperature", str(temperature)]
     args += ["--max-new-tokens", "16"]

@@ -122,6 +122,12 @@ def fit_args(setup, out: Path, config: str = "eagle3", *extra: str) -> list[str]
     ]
 
 
+def val_metrics(version: Path) -> list[dict]:
+    """The validation rows of a fit's ``metrics.csv``."""
+    rows = csv.DictReader((version / "metrics.csv").read_text().splitlines())
+    return [r for r in rows if r.get("val/tau_est")]
+
+
 def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, tmp_path):
     main(fit_args(setup, tmp_path, "eagle3", "--trainer.max_steps=40", "--trainer.val_check_interval=20"))
     ckpts = tmp_path / "csv" / "version_0" / "checkpoints"
@@ -139,7 +145,7 @@ def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, 
     scored = score_drafters(target, {"eagle3": drafter}, prompts, 4, Sampling(0.0), 24, 0)[1][0]
     assert scored["greedy_exact"] == len(prompts)
     # the checkpoint drafts exactly as the model that logged the last validation did
-    logged = [float(r["val/tau_est"]) for r in csv.DictReader(metrics.splitlines()) if r.get("val/tau_est")]
+    logged = [float(r["val/tau_est"]) for r in val_metrics(tmp_path / "csv" / "version_0")]
     assert scored["tau_full"] == pytest.approx(logged[-1], rel=1e-5)
 
 
@@ -262,12 +268,6 @@ def test_strategy_recipes_compose_with_a_drafter_recipe(setup, tmp_path, capsys,
         assert built.config["zero_optimization"]["stage"] == int(name[-1])
     else:
         assert config["trainer"]["precision"] == "bf16-mixed"
-
-
-def val_metrics(version: Path) -> list[dict]:
-    """The validation rows of a fit's ``metrics.csv``."""
-    rows = csv.DictReader((version / "metrics.csv").read_text().splitlines())
-    return [r for r in rows if r.get("val/tau_est")]
 
 
 @pytest.mark.gpu
