@@ -426,37 +426,60 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
                         "val_tau_est": fit.get("val_tau_est"),
                     }
                 )
+    keep = ("rows", "generated_tokens", "prompt_tokens", "tokens_per_s", "seconds", "engine", "settings", "snapshot")
+    corpus = {k: v for k, v in load_generated(data[0])[1].items() if k in keep}
+    blocks = {f"{key} {label(size)}": b for size, blocks in scores.items() for key, b in blocks.items()}
+    prior = earlier_run(subsets)
+    if prior:  # the same corpus: the earlier run's rows and blocks this run has not scored, marked with their run
+        scored = {(r["set"], r["family"], r["size"]) for r in rows}
+        rows += [r for r in prior["rows"] if (r["set"], r["family"], r["size"]) not in scored]
+        blocks |= {k: b for k, b in prior["blocks"].items() if k not in blocks}
+        blocks = dict(sorted(blocks.items(), key=lambda kv: block_size(kv[0])))
+        if prior["corpus"].get("generated_tokens", 0) > corpus.get("generated_tokens", 0):
+            corpus = prior["corpus"] | {"regenerated": corpus}  # this run made its first rows again
+    families = [f for f in RECIPES if any(r["family"] == f for r in rows)]
     curves = {
         f"{s}/{f}": fit_curve(sorted((r["tokens"], r["tau"]) for r in rows if r["set"] == s and r["family"] == f))
         for s in ("mt-bench", "chat-heldout")
-        for f in args.families
+        for f in families
     }
     result = {
         "machine": machine(),
         "target": TARGET,
-        "corpus": {
-            k: v
-            for k, v in load_generated(data[0])[1].items()
-            if k
-            in (
-                "rows",
-                "generated_tokens",
-                "prompt_tokens",
-                "tokens_per_s",
-                "seconds",
-                "engine",
-                "settings",
-                "snapshot",
-            )
-        },
+        "corpus": corpus,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rows": rows,
         "curves": curves,
-        "blocks": {f"{key} {label(size)}": b for size, blocks in scores.items() for key, b in blocks.items()},
+        "blocks": blocks,
     }
     result["orderings"] = orderings(rows)
-    plot(rows, args.families, RESULTS / f"{results_name()}.png")
+    plot(rows, families, RESULTS / f"{results_name()}.png")
     write(results_name(), result, markdown(result))
+
+
+def earlier_run(subsets: dict[int, tuple[int, int]], name: str | None = None) -> dict | None:
+    """The committed results of an earlier run (``RESULTS/<results_name()>.json``) when they were made on this
+    corpus: each subset both runs recorded, and this corpus holds whole, has the same rows and generated tokens (a
+    corpus made again from the same prompts is the same corpus: every row is sampled with its own seed). Its rows
+    come back marked with the run that scored them (``run``: git SHA and date), so a benchmark of many hours can
+    go on across machines that keep only what was committed. None when there is none or the corpora differ."""
+    path = RESULTS / f"{name or results_name()}.json"
+    if not path.is_file():
+        return None
+    prior = json.loads(path.read_text())
+    recorded = {r["size"]: (r["rows"], r["tokens"]) for r in prior["rows"]}
+    shared = [s for s in recorded if s in subsets and subsets[s][1] >= s]
+    if not shared or any(recorded[s] != subsets[s] for s in shared):
+        return None
+    run = f"{prior['machine']['git']} {prior['machine']['date']}"
+    prior["rows"] = [{"run": run} | r for r in prior["rows"]]  # a row carried over twice keeps its first run
+    return prior
+
+
+def block_size(title: str) -> int:
+    """A block title's subset size (``mt-bench greedy 1M`` -> 1,000,000): the report lists blocks by size."""
+    size = title.rsplit(" ", 1)[-1]
+    return int(float(size[:-1]) * (1_000 if size.endswith("k") else 1_000_000))
 
 
 def orderings(rows: list[dict]) -> list[dict]:
@@ -518,13 +541,20 @@ def markdown(result: dict) -> str:
             if c.get("snapshot")
             else ""
         )
+        + (
+            f". This run generated its first {again['rows']} answers again ({again['generated_tokens']:,} tokens, "
+            f"{again['tokens_per_s']} tokens/s) and found each subset they hold the same rows and tokens as in the "
+            "run that made the corpus; rows scored by an earlier run name it (scored by)"
+            if (again := c.get("regenerated"))
+            else ""
+        )
         + ". Each subset is a prefix of the corpus (nested); epochs: each fit's passes over its subset (a fit made "
         "earlier is reused as it was made, whatever this run's --epochs). Scored: greedy chains at "
         f"K = 4, each row interleaved per prompt with plain decoding of the same {dtype} target (batch-invariant).",
         "",
         "| set | family | tokens | rows | steps | epochs | fit s | val τ_est | τ | α | per-position acceptance | speedup "
-        "| ideal | draft-vocab coverage |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ideal | draft-vocab coverage | scored by |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(result["rows"], key=lambda r: (r["set"], r["family"], r["tokens"])):
         acc = " ".join(f"{a:.2f}" for a in r["accept_at"])
@@ -533,7 +563,7 @@ def markdown(result: dict) -> str:
             f"| {r['set']} | {r['family']} | {r['tokens']:,} | {r['rows']} | {r['steps']} | {r.get('epochs')} | "
             f"{r['fit_seconds']}{f' ({n} runs)' if (n := r.get('fit_sessions', 1)) > 1 else ''} | "
             f"{r['val_tau_est'] or 0:.2f} | {r['tau']:.2f} | {r['alpha']:.3f} | {acc} | {r['speedup']:.2f}× | "
-            f"{(r['ideal'] or 0):.2f}× | {cov} |"
+            f"{(r['ideal'] or 0):.2f}× | {cov} | {r.get('run', 'this run')} |"
         )
     lines += [
         "",

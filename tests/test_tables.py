@@ -64,6 +64,26 @@ def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
     assert scaling.results_name("smollm2:float32") == "scaling_float32" and not scaling.trained_at("hydra", 1_000_000)
 
 
+def test_scaling_report_carries_over_an_earlier_run_only_of_the_same_corpus():
+    scaling = tables.importlib.import_module("scaling")
+    data = tables.load("scaling")
+    recorded = {r["size"]: (r["rows"], r["tokens"]) for r in data["rows"]}
+    small, big = min(recorded), max(recorded)
+    prefix = {small: recorded[small], big: (recorded[small][0] + 1, recorded[small][1] + 50)}  # holds `small` whole
+    prior = scaling.earlier_run(prefix, "scaling")
+    first = f"{data['machine']['git']} {data['machine']['date']}"
+    assert prior and [r["run"] for r in prior["rows"]] == [r.get("run", first) for r in data["rows"]]
+    assert scaling.earlier_run({small: (recorded[small][0] + 1, recorded[small][1])}, "scaling") is None  # another
+    assert (
+        scaling.earlier_run({big: prefix[big]}, "scaling") is None
+    )  # no subset both hold: nothing shows it is the same
+    assert scaling.earlier_run(prefix, "nosuch") is None
+    again = {"rows": 1792, "generated_tokens": 360_000, "tokens_per_s": 200.0}
+    text = scaling.markdown({**prior, "corpus": prior["corpus"] | {"regenerated": again}})
+    assert "generated its first 1792 answers again" in text and f"| {prior['rows'][0]['run']} |" in text
+    assert scaling.block_size("mt-bench greedy 1M") == 1_000_000 and scaling.block_size("mt-bench auto 22k") == 22_000
+
+
 def test_scaling_fit_time_adds_up_across_an_interruption(tmp_path):
     scaling = tables.importlib.import_module("scaling")
     path = tmp_path / "fit.partial.json"
