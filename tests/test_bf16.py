@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftsmith import targets
 from draftsmith.core import machine
 from draftsmith.core.draft import DecodeResult
-from draftsmith.core.numerics import is_batch_invariant, make_batch_invariant
+from draftsmith.core.numerics import INVARIANT_ATTENTION, invariant_attention, is_batch_invariant, make_batch_invariant
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import ALLOW_DTYPE_MISMATCH, Target, check_fingerprint, rollback
 from draftsmith.errors import DraftsmithError
@@ -68,7 +68,7 @@ def step_and_block_logits(target: Target, ids: torch.Tensor, past: int, n: int) 
 
 def test_bf16_target_is_batch_invariant_by_default_and_float32_is_not_changed(bf16_target, target):
     assert bf16_target.dtype == "bfloat16" and bf16_target.batch_invariant
-    assert bf16_target.model.config._attn_implementation == "eager"
+    assert bf16_target.model.config._attn_implementation == INVARIANT_ATTENTION
     assert target.dtype == "float32" and not target.batch_invariant
 
 
@@ -91,6 +91,47 @@ def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others
     assert torch.equal(alone, together)
     if torch.equal(raw, together):
         pytest.skip("this machine's one-row bf16 Linear already rounds as the many-row one")
+
+
+def block_and_alone(attention, kv: int, n: int, masked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """SmolLM2-shaped attention (9 query heads over 3 key heads of 64) in bf16: ``n`` queries at the end of ``kv``
+    keys in one call (a verification block; with HF's additive causal mask when ``masked``), and each computed
+    alone over the keys up to its position (the one-token step there)."""
+    g = torch.Generator().manual_seed(kv * 100 + n)
+    q = torch.randn(1, n, 9, 64, generator=g).to(torch.bfloat16).transpose(1, 2)  # as HF's layers pass it: strided
+    k, v = (torch.randn(1, 3, kv, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 3, False
+    mask = None
+    if masked:
+        seen = torch.arange(kv) <= torch.arange(kv - n, kv)[:, None]
+        mask = torch.where(seen, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16)[None, None]
+    block = attention(module, q, k, v, mask, 0.125)[0][0]
+    alone = torch.stack([attention(module, q[:, :, j : j + 1], k[:, :, : kv - n + j + 1], v[:, :, : kv - n + j + 1],
+                                   None, 0.125)[0][0, 0] for j in range(n)])  # fmt: skip
+    return block, alone
+
+
+SWEEP = [(kv, n) for n in (5, 8, 12) for kv in range(n, 200, 3)]
+"""Cache lengths and block sizes: a rounding difference survives the bf16 cast of the softmax in few of them."""
+
+
+def test_invariant_attention_gives_a_block_query_the_value_of_its_one_token_step():
+    for kv, n in SWEEP:
+        for masked in (False, True):
+            block, alone = block_and_alone(invariant_attention, kv, n, masked)
+            assert torch.equal(block, alone), (kv, n, masked)
+
+
+def test_eager_attention_rounds_a_block_query_differently_here():
+    """What ``invariant_attention`` fixes: HF's eager attention gives a query of a block other values than its
+    one-token step here (on an AMX CPU; skipped on a machine whose kernels happen to agree)."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    differ = [(kv, n) for kv, n in SWEEP if not torch.equal(*block_and_alone(eager_attention_forward, kv, n, True))]
+    if not differ:
+        pytest.skip("this machine's bf16 eager attention is row-invariant without help")
+    assert 0 < len(differ) < len(SWEEP)
 
 
 def test_fast_bf16_kernels_round_rows_differently_here():

@@ -4,16 +4,21 @@
 In float32 the kernels' results hardly depend on the number of rows. In bfloat16 they do, by a rounding step: on
 an AVX-512-BF16 CPU (torch 2.13, oneDNN), a Linear of 1,536 inputs computes one row on another path than two or
 more (two to 32 rows agree bit for bit), and ``scaled_dot_product_attention`` splits keys differently for one
-query than for several. Each difference is one bf16 rounding, but it grows through 30 layers into logit changes
-of up to one nat, and SmolLM2's 49k-token vocabulary has enough near-ties that greedy speculative decoding then
-leaves plain greedy decoding on most prompts (``benchmarks/results/bf16_target.md``).
+query than for several. On an AMX CPU (Intel Xeon with ``amx_bf16``) even HF's eager attention does: its matmuls
+round a row differently with the number of queries and of keys (measured on SmolLM2: a verification of 5 or 8
+tokens differed from one-token steps at 9 of 39 cache lengths, by up to 0.69 in the logits). Each difference is
+one bf16 rounding, but it grows through 30 layers into logit changes of up to one nat, and SmolLM2's 49k-token
+vocabulary has enough near-ties that greedy speculative decoding then leaves plain greedy decoding on most prompts
+(``benchmarks/results/bf16_target.md``).
 
-``make_batch_invariant`` removes both sources: every one-row Linear call runs as two rows (the row twice; the
-first result is kept), and attention runs as HF's eager implementation, matmuls and a float32 softmax, whose
-rows do not depend on the query count. Plain decoding pays for it (measured on SmolLM2 bf16: a decode step
-25.5 ms against 24.0 ms), verification forwards do not; the report of ``benchmarks/bf16_target.py`` gives
-both. Serving engines make the same trade: vLLM and SGLang are not batch-invariant in bf16 by default and offer a
-slower batch-invariant mode.
+``make_batch_invariant`` removes these sources: every one-row Linear call runs as two rows (the row twice; the
+first result is kept), and attention runs as ``invariant_attention``: HF's eager attention (matmuls and a float32
+softmax) with every matmul of the same shape whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys
+padded to the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is
+computed exactly as the one-token step at its position computes it. Plain decoding pays for it (measured on
+SmolLM2 bf16: a decode step 25.5 ms against 24.0 ms with the two-row Linears alone), verification forwards do not;
+the report of ``benchmarks/bf16_target.py`` gives both. Serving engines make the same trade: vLLM and SGLang are
+not batch-invariant in bf16 by default and offer a slower batch-invariant mode.
 """
 
 from __future__ import annotations
@@ -21,6 +26,14 @@ from __future__ import annotations
 from types import MethodType
 
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+INVARIANT_ATTENTION = "draftsmith_invariant"
+QUERY_ROWS = 8
+"""Queries per attention matmul: a call's queries run in groups of this many, the last group zero-padded."""
+KEY_BLOCK = 64
+"""Keys per block: a query attends over the keys up to its own position, padded to a multiple of this many."""
 
 
 def _two_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -36,7 +49,7 @@ def make_batch_invariant(model: torch.nn.Module) -> None:
     """Make ``model``'s rows independent of how many rows share a forward (in place): eager attention and
     two-row Linear calls. Weights are untouched; only how its Linears and attention compute changes."""
     if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation("eager")
+        model.set_attn_implementation(INVARIANT_ATTENTION)
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.forward = MethodType(_two_row_linear, module)
@@ -48,3 +61,46 @@ def is_batch_invariant(model: torch.nn.Module) -> bool:
         isinstance(m, torch.nn.Linear) and getattr(m.forward, "__func__", None) is _two_row_linear
         for m in model.modules()
     )
+
+
+def invariant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """HF's eager attention (``repeat_kv``, ``q @ k^T * scaling`` plus the additive mask, a float32 softmax, ``@ v``)
+    with each query's matmuls of one shape whatever the call: the ``n`` queries are the last ``n`` positions of the
+    ``kv`` keys (a decode step, a verification chain or tree), and the query at position ``p`` runs in a group of
+    ``QUERY_ROWS`` queries (zero-padded) over the first ``ceil((p + 1) / KEY_BLOCK) * KEY_BLOCK`` keys (keys past
+    ``kv`` zero and masked). The keys it drops lie after ``p``, which a causal or tree mask hides from it anyway;
+    the keys it masks weigh exactly 0 after the softmax, whatever they hold."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+    b, h, n, _ = query.shape
+    kv = key.shape[2]
+    lowest = torch.finfo(query.dtype).min
+    out = query.new_empty(b, h, n, value.shape[-1])
+    blocks = [-(-(kv - n + j + 1) // KEY_BLOCK) * KEY_BLOCK for j in range(n)]
+    start = 0
+    while start < n:  # runs of queries with the same key block, QUERY_ROWS at a time
+        end = start + 1
+        while end < n and end - start < QUERY_ROWS and blocks[end] == blocks[start]:
+            end += 1
+        width, m = blocks[start], end - start
+        q = torch.nn.functional.pad(query[:, :, start:end], (0, 0, 0, QUERY_ROWS - m))
+        k = torch.nn.functional.pad(key[:, :, :width], (0, 0, 0, max(0, width - kv)))
+        v = torch.nn.functional.pad(value[:, :, :width], (0, 0, 0, max(0, width - kv)))
+        if attention_mask is None:  # causal: the query at position p sees the keys up to p
+            seen = torch.arange(min(width, kv)) <= torch.arange(kv - n + start, kv - n + end)[:, None]
+        else:
+            seen = attention_mask[:, :, start:end, : min(width, kv)]
+        mask = torch.where(seen if seen.dtype == torch.bool else seen == 0, 0.0, lowest).to(query.dtype)
+        mask = mask.expand(b, 1, m, mask.shape[-1])
+        mask = torch.nn.functional.pad(mask, (0, max(0, width - kv)), value=lowest)
+        mask = torch.nn.functional.pad(mask, (0, 0, 0, QUERY_ROWS - m))  # the padded queries see every key
+        w = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
+        w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+        out[:, :, start:end] = torch.matmul(w, v)[:, :, :m]
+        start = end
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(INVARIANT_ATTENTION, invariant_attention)
+AttentionMaskInterface.register(INVARIANT_ATTENTION, eager_mask)
