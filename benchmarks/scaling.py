@@ -23,13 +23,15 @@ the feature cache by its shards, training from its last checkpoint, scoring by i
 is emulated and slower than float32): the target's dtype for the corpus, the features, scoring and the report's
 labels. A corpus made in one dtype is reused only by runs in the same one (its settings record the dtype).
 5. ``report``: ``benchmarks/results/scaling.{json,md}`` and a plot (``scaling_float32`` on a CPU without native
-   bf16); the fitted log-linear curve τ = a + b·ln(tokens); the papers' orderings (EAGLE-3 > EAGLE-1, Hydra++ > Hydra
+   bf16; ``--results`` names another, e.g. for a run on another corpus); the fitted log-linear curve τ = a + b·ln(tokens); the papers' orderings (EAGLE-3 > EAGLE-1, Hydra++ > Hydra
    > Medusa-1) on the subsets of 300k tokens or more.
 
 Hours, measured on 2 cores (AMD EPYC, bf16): the corpus ~1.5 h of vLLM (3,000 Magpie instructions 21 min), its
 feature cache 45 min (7.45 GB), EAGLE-3 fits 7 / 8.5 / 15 min (22k / 100k / 300k, 2 epochs) and 45 min for 1M at 2
 epochs (22 at 1), scoring ~2.5 min per drafter and set of 16 prompts × 128 tokens: one family's curve ~2 h after the
-data, all three families ~5 h.
+data, all three families ~5 h. On an Intel Xeon with AMX (2026-11-27, 2 cores) about twice as fast: vLLM 487
+tokens/s (Magpie's 6,000 samples in 8 min), the feature cache 10.5 s per 64-row shard, EAGLE-3 / EAGLE-1 / P-EAGLE
+on 300k tokens 11 / 20 / 17 min (2 epochs), scoring ~8 min per set for plain decoding and four drafters.
 """
 
 from __future__ import annotations
@@ -349,6 +351,11 @@ def main() -> None:
         "--online", action="store_true", help="no feature cache: the target runs in every training step (a few fits)"
     )
     parser.add_argument(
+        "--results",
+        default=results_name(),
+        help="the report's name in benchmarks/results (another corpus than the committed report's: another name)",
+    )
+    parser.add_argument(
         "--snapshot", type=Path, help="train on this unfinished corpus run's finished shards (into another --out)"
     )
     args = parser.parse_args()
@@ -429,7 +436,7 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
     keep = ("rows", "generated_tokens", "prompt_tokens", "tokens_per_s", "seconds", "engine", "settings", "snapshot")
     corpus = {k: v for k, v in load_generated(data[0])[1].items() if k in keep}
     blocks = {f"{key} {label(size)}": b for size, blocks in scores.items() for key, b in blocks.items()}
-    prior = earlier_run(subsets)
+    prior = earlier_run(subsets, args.results)
     if prior:  # the same corpus: the earlier run's rows and blocks this run has not scored, marked with their run
         scored = {(r["set"], r["family"], r["size"]) for r in rows}
         rows += [r for r in prior["rows"] if (r["set"], r["family"], r["size"]) not in scored]
@@ -453,8 +460,8 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
         "blocks": blocks,
     }
     result["orderings"] = orderings(rows)
-    plot(rows, families, RESULTS / f"{results_name()}.png")
-    write(results_name(), result, markdown(result))
+    plot(rows, families, RESULTS / f"{args.results}.png")
+    write(args.results, result, markdown(result))
 
 
 def earlier_run(subsets: dict[int, tuple[int, int]], name: str | None = None) -> dict | None:
@@ -526,6 +533,7 @@ def short_dtype(target: str) -> str:
 
 def markdown(result: dict) -> str:
     m, c, dtype = result["machine"], result["corpus"], short_dtype(result["target"])
+    carried = any("run" in r for r in result["rows"])  # rows of an earlier run: a column names each row's run
     lines = [
         f"# Data scaling: drafters for SmolLM2-135M-Instruct ({dtype})",
         "",
@@ -553,8 +561,8 @@ def markdown(result: dict) -> str:
         f"K = 4, each row interleaved per prompt with plain decoding of the same {dtype} target (batch-invariant).",
         "",
         "| set | family | tokens | rows | steps | epochs | fit s | val τ_est | τ | α | per-position acceptance | speedup "
-        "| ideal | draft-vocab coverage | scored by |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ideal | draft-vocab coverage |" + " scored by |" * carried,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * carried,
     ]
     for r in sorted(result["rows"], key=lambda r: (r["set"], r["family"], r["tokens"])):
         acc = " ".join(f"{a:.2f}" for a in r["accept_at"])
@@ -563,7 +571,7 @@ def markdown(result: dict) -> str:
             f"| {r['set']} | {r['family']} | {r['tokens']:,} | {r['rows']} | {r['steps']} | {r.get('epochs')} | "
             f"{r['fit_seconds']}{f' ({n} runs)' if (n := r.get('fit_sessions', 1)) > 1 else ''} | "
             f"{r['val_tau_est'] or 0:.2f} | {r['tau']:.2f} | {r['alpha']:.3f} | {acc} | {r['speedup']:.2f}× | "
-            f"{(r['ideal'] or 0):.2f}× | {cov} | {r.get('run', 'this run')} |"
+            f"{(r['ideal'] or 0):.2f}× | {cov} |" + f" {r.get('run', 'this run')} |" * carried
         )
     lines += [
         "",
@@ -593,7 +601,8 @@ def markdown(result: dict) -> str:
             + ("holds" if o["holds"] else "does not hold")
             for o in result["orderings"]
         ]
-    lines += ["", f"![scaling]({results_name(result['target'])}.png)", ""]
+    name = result["args"].get("results") or results_name(result["target"])
+    lines += ["", f"![scaling]({name}.png)", ""]
     return "\n".join(lines)
 
 

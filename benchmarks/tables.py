@@ -49,6 +49,7 @@ MARKDOWN = {
     "real_target": "real_target",
     "real_target_bf16": "real_target",
     "scaling": "scaling",
+    "scaling_families": "scaling",
     "scaling_float32": "scaling",
     "train": "train",
     "train_throughput": "train_throughput",
