@@ -23,8 +23,9 @@ the feature cache by its shards, training from its last checkpoint, scoring by i
 is emulated and slower than float32): the target's dtype for the corpus, the features, scoring and the report's
 labels. A corpus made in one dtype is reused only by runs in the same one (its settings record the dtype).
 5. ``report``: ``benchmarks/results/scaling.{json,md}`` and a plot (``scaling_float32`` on a CPU without native
-   bf16; ``--results`` names another, e.g. for a run on another corpus); the fitted log-linear curve τ = a + b·ln(tokens); the papers' orderings (EAGLE-3 > EAGLE-1, Hydra++ > Hydra
-   > Medusa-1) on the subsets of 300k tokens or more.
+   bf16; ``--results`` names another, e.g. for a run on another corpus); the fitted log-linear curve
+   τ = a + b·ln(tokens); the papers' orderings (EAGLE-3 > EAGLE-1, Hydra++ > Hydra > Medusa-1) on the subsets of
+   300k tokens or more.
 
 Hours, measured on 2 cores (AMD EPYC, bf16): the corpus ~1.5 h of vLLM (3,000 Magpie instructions 21 min), its
 feature cache 45 min (7.45 GB), EAGLE-3 fits 7 / 8.5 / 15 min (22k / 100k / 300k, 2 epochs) and 45 min for 1M at 2
@@ -465,7 +466,7 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
 
 
 def earlier_run(subsets: dict[int, tuple[int, int]], name: str | None = None) -> dict | None:
-    """The committed results of an earlier run (``RESULTS/<results_name()>.json``) when they were made on this
+    """The committed results of an earlier run (``RESULTS/<name>.json``) when they were made on this
     corpus: each subset both runs recorded, and this corpus holds whole, has the same rows and generated tokens (a
     corpus made again from the same prompts is the same corpus: every row is sampled with its own seed). Its rows
     come back marked with the run that scored them (``run``: git SHA and date), so a benchmark of many hours can

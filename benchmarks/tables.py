@@ -124,8 +124,8 @@ def scaling_headline(name: str = "scaling") -> str:
     result = load(name)
     blocks, rows = result["blocks"], result["rows"]
     largest = max(r["tokens"] for r in rows)
-    labels = sorted({t.rsplit(" ", 1)[1] for t in blocks}, key=lambda x: float(x[:-1]) * (1e6 if x[-1] == "M" else 1e3))
-    size_label = labels[-1]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    size_label = max(blocks, key=importlib.import_module("scaling").block_size).rsplit(" ", 1)[1]
     lines = []
     for s in ("mt-bench", "chat-heldout"):
         greedy, auto, sampled = (blocks.get(f"{s} {mode} {size_label}") for mode in ("greedy", "auto", "sampled"))
