@@ -3,8 +3,9 @@
     python benchmarks/gpu_numerics.py [--sha GIT_SHA]
 
 Greedy speculative decoding equals plain greedy decoding only if the target's logits for a token do not depend on
-how many tokens share its forward. On the CPU, draftsmith's batch-invariant mode (``core.numerics``: eager
-attention, a one-row Linear computed as two) makes bf16 rows invariant (``benchmarks/results/bf16_target.md``).
+how many tokens share its forward. On the CPU, draftsmith's batch-invariant mode (``core.numerics``:
+``invariant_attention``, a one-row Linear computed as two) makes bf16 rows invariant
+(``benchmarks/results/bf16_target.md``).
 This measures, on the GPU it runs on, the largest |row computed alone - row computed among m| for:
 
 - one Linear of SmolLM2's shapes (576 -> 1,536, 1,536 -> 576, the 576 -> 49,152 LM head), float32 and bfloat16, as

@@ -47,8 +47,8 @@ def _two_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def make_batch_invariant(model: torch.nn.Module) -> None:
-    """Make ``model``'s rows independent of how many rows share a forward (in place): eager attention and
-    two-row Linear calls. Weights are untouched; only how its Linears and attention compute changes."""
+    """Make ``model``'s rows independent of how many rows share a forward (in place): ``invariant_attention``
+    and two-row Linear calls. Weights are untouched; only how its Linears and attention compute changes."""
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(INVARIANT_ATTENTION)
     for module in model.modules():
