@@ -277,8 +277,10 @@ def score_size(
     out: Path, size: int, families: list[str], sets: dict, max_new: int, modes: list[str], ngram: bool, run: bool
 ) -> dict:
     """Every family of one subset per held-out set and mode, one interleaved run with plain decoding each (with the
-    n-gram drafter as the training-free reference when ``ngram``); each block saved once scored (reused when it
-    holds the same drafters). ``run`` False: only the blocks already scored (``--stages report``)."""
+    n-gram drafter as the training-free reference when ``ngram``); each block saved once scored, stamped with the
+    git SHA and date that scored it (``scored``), and reused when it holds every drafter asked (a block scored when
+    this subset was the largest also holds the n-gram reference). ``run`` False: only the blocks already scored
+    (``--stages report``)."""
     target, blocks = None, {}
     names = [f"{f}-{label(size)}" for f in families] + (["ngram"] if ngram else [])
     for mode in modes:
@@ -286,7 +288,7 @@ def score_size(
         for set_name, (prompts, categories) in sets.items():
             path = out / "score" / f"{set_name}-{mode}-{label(size)}.json"
             key = f"{set_name} {mode}"
-            if path.is_file() and [d["name"] for d in json.loads(path.read_text())["drafters"]] == names:
+            if path.is_file() and set(names) <= {d["name"] for d in json.loads(path.read_text())["drafters"]}:
                 blocks[key] = json.loads(path.read_text())
                 continue
             if not run:
@@ -295,7 +297,13 @@ def score_size(
             drafters = {n: load_drafter(n if n == "ngram" else str(out / "drafters" / n), target) for n in names}
             load = os.getloadavg()[0]
             plain, rows = score_drafters(target, drafters, prompts, k, sampling, max_new, categories=categories)
-            blocks[key] = {"plain": plain, "drafters": rows, "load": [round(load, 2), round(os.getloadavg()[0], 2)]}
+            stamp = machine()
+            blocks[key] = {
+                "plain": plain,
+                "drafters": rows,
+                "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+                "scored": f"{stamp['git']} {stamp['date']}",
+            }
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(blocks[key], indent=2))
     return blocks
@@ -357,7 +365,9 @@ def main() -> None:
         help="the report's name in benchmarks/results (another corpus than the committed report's: another name)",
     )
     parser.add_argument(
-        "--snapshot", type=Path, help="train on this unfinished corpus run's finished shards (into another --out)"
+        "--snapshot",
+        type=Path,
+        help="train on this corpus run's finished shards while it goes on, all of it once done (into another --out)",
     )
     args = parser.parse_args()
     engine = {"engine": args.engine, "batch_size": args.batch_size}
@@ -414,7 +424,8 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
                 family = d["name"].rsplit("-", 1)[0]
                 fit = fits.get((family, size), (None, {}))[1]
                 rows.append(
-                    {
+                    ({"run": block["scored"]} if "scored" in block else {})
+                    | {
                         "set": set_name,
                         "family": family,
                         "size": size,
@@ -435,6 +446,7 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
                     }
                 )
     keep = ("rows", "generated_tokens", "prompt_tokens", "tokens_per_s", "seconds", "engine", "settings", "snapshot")
+    keep += ("shards",)  # a finished corpus run's: its snapshot is then all of it
     corpus = {k: v for k, v in load_generated(data[0])[1].items() if k in keep}
     blocks = {f"{key} {label(size)}": b for size, blocks in scores.items() for key, b in blocks.items()}
     prior = earlier_run(subsets, args.results)
@@ -545,9 +557,14 @@ def markdown(result: dict) -> str:
         f"{c.get('settings', {}).get('top_p')}, greedy share {c.get('settings', {}).get('greedy_share')}, "
         f"{c.get('tokens_per_s')} tokens/s)"
         + (
-            f", the first {c['snapshot']['shards']} finished shards of {c['snapshot']['shard_size']} prompts of the "
-            "corpus run while it went on (a prefix of the whole corpus)"
-            if c.get("snapshot")
+            (
+                f", the first {snap['shards']} finished shards of {snap['shard_size']} prompts of the corpus run "
+                "while it went on (a prefix of the whole corpus)"
+                if c.get("shards") != snap["shards"]
+                else f", all {snap['shards']} shards of {snap['shard_size']} prompts (fits of the smaller subsets made "
+                "while it went on, on its first finished shards, trained on the same rows)"
+            )
+            if (snap := c.get("snapshot"))
             else ""
         )
         + (

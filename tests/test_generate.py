@@ -317,6 +317,11 @@ def test_resume_after_kill_equals_uninterrupted_run(target_dir, tmp_path):
     assert prefix_meta["rows"] == 4 * saved and prefix_meta["snapshot"]["shards"] == saved
     assert prefix_meta["generated_tokens"] == sum(sum(m) for m in reference["loss_mask"][: 4 * saved])
     assert data_identity(prefix_meta) != data_identity(meta)
+    # once the run is done (its shards merged), a snapshot of the same dest is all of it
+    whole, whole_meta = load_generated(snapshot(out, tmp_path / "snapshot"))
+    assert whole["input_ids"] == reference["input_ids"] and whole_meta["snapshot"]["shards"] == 16
+    assert whole_meta["generated_tokens"] == meta["generated_tokens"]
+    assert data_identity(whole_meta) not in (data_identity(meta), data_identity(prefix_meta))
     started = tmp_path / "started"  # a run that has written its metadata but no shard yet
     started.mkdir()
     (started / "draftsmith.json").write_text(json.dumps({**meta, "status": "running"}))

@@ -194,28 +194,38 @@ def finalize(out: Path, num_shards: int) -> None:
 def snapshot(out: Path, dest: Path) -> Path:
     """The finished leading shards of an unfinished ``generate`` run at ``out`` as a complete dataset at ``dest``: a
     prefix of what the whole run will be (its first rows, in order), to train on while generation goes on.
-    ``dest``'s metadata records ``snapshot: {of, shards, of_shards}``; its data identity differs from the whole
+    ``dest``'s metadata records ``snapshot: {of, shards, shard_size}``; its data identity differs from the whole
     run's, so caches and fits made from it are never mistaken for the whole run's. Reused when ``dest`` already
-    holds a snapshot of as many shards."""
+    holds a snapshot of as many shards. A finished run's snapshot is all of it (the run's shards are merged by
+    then), so work begun on snapshots goes on at ``dest`` once the run is done."""
     out, dest = Path(out), Path(dest)
     metadata = read_metadata(out)
     if metadata is None:
         raise DraftsmithError(f"snapshot: {out} is not a generate run (no {META})")
-    done = completed_shards(out)
-    leading = next(i for i in range(len(done) + 1) if i not in done)  # shards 0..leading-1 are all there
+    if metadata.get("status") == "complete":
+        leading = metadata["shards"]
+    else:
+        done = completed_shards(out)
+        leading = next(i for i in range(len(done) + 1) if i not in done)  # shards 0..leading-1 are all there
     if leading == 0:
         raise DraftsmithError(f"snapshot: {out} has no finished shard yet")
     previous = read_metadata(dest)
     if previous is not None and previous.get("snapshot", {}).get("shards") == leading:
         return dest
     shutil.rmtree(dest, ignore_errors=True)
+    snap = {"of": str(out), "shards": leading, "shard_size": metadata["settings"]["shard_size"]}
+    if metadata.get("status") == "complete":
+        dest.mkdir(parents=True)
+        for path in [*out.glob("data-*.arrow"), *(out / name for name in _DATASET_FILES)]:
+            shutil.copy2(path, dest / path.name)
+        write_metadata(dest, {**metadata, "snapshot": snap})
+        return dest
     (dest / SHARDS).mkdir(parents=True)
     for i in range(leading):
         shutil.copytree(shard_dir(out, i), shard_dir(dest, i))
     finalize(dest, leading)
     counts = totals(dest, leading)
     remove_shards(dest)
-    snap = {"of": str(out), "shards": leading, "shard_size": metadata["settings"]["shard_size"]}
     write_metadata(dest, {**metadata, "status": "complete", **counts, "snapshot": snap})
     return dest
 
