@@ -14,6 +14,10 @@ This measures, on the GPU it runs on, the largest |row computed alone - row comp
   7 and 140 cached ones against their verification forward, for the fast kernels (SDPA), draftsmith's
   batch-invariant mode, and that mode with Linears padded to 16 rows and eager attention's queries padded to 16.
 
+and what the batch-invariant mode costs there: the one-token decode step and r(m) (a forward of m new tokens over a
+step) of a bf16 model of SmolLM2's shapes (30 layers, 49,152-token vocabulary, random weights: the speed does not
+depend on them), with the fast kernels and batch-invariant, interleaved.
+
 TF32 stays off (PyTorch's default for float32 matmuls). Writes ``benchmarks/results/gpu_numerics.{json,md}``.
 """
 
@@ -30,11 +34,13 @@ from common import machine, write
 
 from draftsmith.core.numerics import make_batch_invariant
 from draftsmith.core.target import Target
+from draftsmith.eval.score import verify_ratios
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 PAD = 16
 ROWS = (2, 3, 5, 8, 9, 16, 17)
+COST_COUNTS = [2, 5, 9, 17]
 SHAPES = {"576->1536": (576, 1536), "1536->576": (1536, 576), "lm_head 576->49152": (576, 49152)}
 
 
@@ -110,6 +116,36 @@ def model_rows() -> dict:
     return out
 
 
+def costs(rounds: int = 5) -> dict:
+    """Per numerics: the median one-token step (ms) and r(m) over ``rounds`` interleaved runs on a 200-token cache."""
+    sys.path.insert(0, str(TESTS))
+    from test_bf16 import wide_bf16_llama
+    from transformers import LlamaForCausalLM
+
+    config = wide_bf16_llama().config
+    config.num_hidden_layers, config.vocab_size = 30, 49_152  # SmolLM2-135M's depth and vocabulary
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    targets = {
+        "fast (sdpa)": Target(copy.deepcopy(model).to("cuda"), name="smollm2-shaped", batch_invariant=False),
+        "batch-invariant (draftsmith)": Target(model.to("cuda"), name="smollm2-shaped", batch_invariant=True),
+    }
+    prompt = torch.randint(0, config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    runs = {name: [] for name in targets}
+    for t in targets.values():
+        verify_ratios(t, prompt, COST_COUNTS, 2)  # warm-up: kernels chosen, memory allocated
+    for _ in range(rounds):
+        for name, t in targets.items():
+            runs[name].append(verify_ratios(t, prompt, COST_COUNTS, 7))
+    out = {}
+    for name, measured in runs.items():
+        step = sorted(s for _, s in measured)[len(measured) // 2]
+        out[name] = {"step_ms": round(1e3 * step, 3)} | {
+            f"r({m})": round(sorted(r[m] for r, _ in measured)[len(measured) // 2], 3) for m in COST_COUNTS
+        }
+    return out
+
+
 def markdown(data: dict) -> str:
     m = data["machine"]
     lines = [
@@ -130,6 +166,16 @@ def markdown(data: dict) -> str:
     lines += ["| numerics | max abs logit difference | bit for bit |", "|---|---:|---|"]
     for scheme, row in data["model"].items():
         lines.append(f"| {scheme} | {row['max_abs_diff']:.3g} | {'yes' if row['bit_exact'] else 'no'} |")
+    if data.get("costs"):
+        lines += [
+            "",
+            "What it costs: a bf16 model of SmolLM2's shapes (30 layers, random weights), 200 cached tokens, ",
+        ]
+        lines[-1] += "medians of 5 interleaved runs; r(m) = forward of m new tokens / one-token step:"
+        counts = [k for k in next(iter(data["costs"].values())) if k != "step_ms"]
+        lines += ["", "| numerics | step ms | " + " | ".join(counts) + " |", "|---|---:|" + "---:|" * len(counts)]
+        for scheme, row in data["costs"].items():
+            lines.append(f"| {scheme} | {row['step_ms']:.2f} | " + " | ".join(f"{row[k]:.2f}" for k in counts) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -148,6 +194,7 @@ def main() -> None:
         "tf32": torch.backends.cuda.matmul.allow_tf32,
         "linear": {str(d).removeprefix("torch."): linear_rows(d) for d in (torch.float32, torch.bfloat16)},
         "model": model_rows(),
+        "costs": costs(),
     }
     write("gpu_numerics", data, markdown(data))
 
