@@ -89,6 +89,8 @@ HEADS_AT = 300_000
 """The one subset the heads are trained on: the papers' ordering Hydra++ > Hydra > Medusa-1 is asked for from 300k
 tokens on (issue 30), and each of the 4 heads has its own 49k-token LM head (4 x 28M weights, over every position
 of a batch), so a curve of them would cost more than the rest of the benchmark."""
+GOAL_TAU = 2.2
+"""Issue 30's goal for EAGLE-3 (chain, greedy, K = 4, MT-bench): each fitted curve says how much data would reach it."""
 ORDERED_FROM = 300_000
 """The subsets the papers' orderings are checked on: this many tokens or more."""
 ORDERINGS = [("eagle3", "eagle1"), ("hydrapp", "hydra"), ("hydra", "medusa1")]
@@ -331,6 +333,8 @@ def fit_curve(points: list[tuple[float, float]]) -> dict | None:
         "gain_per_doubling": round(b * math.log(2), 4),
         "segments": per_doubling,
         "diminishing_from": where,
+        # the tokens at which the fitted line reaches GOAL_TAU (None: it does not rise); an extrapolation
+        "tokens_for_goal": round(math.exp((GOAL_TAU - a) / b)) if b > 0 else None,
     }
 
 
@@ -606,6 +610,11 @@ def markdown(result: dict) -> str:
                     "of the best doubling)"
                     if curve["diminishing_from"]
                     else "no diminishing returns within the measured range"
+                )
+                + (
+                    f"; the line reaches τ {GOAL_TAU} at {goal:.3g} tokens (extrapolated)"
+                    if (goal := curve.get("tokens_for_goal"))
+                    else ""
                 )
             )
     for title, block in result["blocks"].items():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -95,3 +96,15 @@ def test_scaling_fit_time_adds_up_across_an_interruption(tmp_path):
     with scaling.Stopwatch(path) as clock:
         scaling.time.sleep(0.1)
     assert first >= 0.2 and clock.sessions == 2 and clock.seconds >= first + 0.1
+
+
+def test_scaling_curve_fits_log_linear_growth_and_names_where_returns_diminish():
+    scaling = tables.importlib.import_module("scaling")
+    assert scaling.fit_curve([(1e5, 1.3)]) is None  # one point: no curve
+    line = [(t, 1.0 + 0.1 * math.log2(t / 1e4)) for t in (1e4, 2e4, 4e4, 8e4)]  # 0.1 τ per doubling, no bend
+    curve = scaling.fit_curve(line)
+    assert curve["gain_per_doubling"] == pytest.approx(0.1, abs=1e-4) and curve["diminishing_from"] is None
+    assert curve["tokens_for_goal"] == pytest.approx(1e4 * 2 ** ((scaling.GOAL_TAU - 1.0) / 0.1), rel=1e-3)
+    bent = [(1e4, 1.0), (2e4, 1.2), (4e4, 1.25), (8e4, 1.27)]  # 0.2, then 0.05 per doubling
+    assert scaling.fit_curve(bent)["diminishing_from"] == 2e4
+    assert scaling.fit_curve([(1e4, 1.3), (2e4, 1.2)])["tokens_for_goal"] is None  # falling: never reaches it
