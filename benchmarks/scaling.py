@@ -324,9 +324,12 @@ def fit_curve(points: list[tuple[float, float]]) -> dict | None:
         for (x1, y1), (x2, y2) in zip(points, points[1:], strict=False)
         if x2 > x1
     ]
-    # returns diminish where a doubling of the data first buys less than half of what the best doubling bought
+    # returns diminish where a doubling of the data, after the best one, first buys less than half of what it bought
     best = max(per_doubling, default=0.0)
-    where = next((points[i][0] for i, g in enumerate(per_doubling) if best > 0 and g < 0.5 * best), None)
+    after = per_doubling.index(best) + 1 if per_doubling else 0
+    where = next((points[i][0] for i, g in enumerate(per_doubling) if i >= after and best > 0 and g < 0.5 * best), None)
+    last_x, last_y = points[-1]
+    last = per_doubling[-1] if per_doubling else 0.0
     return {
         "a": round(a, 4),
         "b": round(b, 4),
@@ -335,6 +338,8 @@ def fit_curve(points: list[tuple[float, float]]) -> dict | None:
         "diminishing_from": where,
         # the tokens at which the fitted line reaches GOAL_TAU (None: it does not rise); an extrapolation
         "tokens_for_goal": round(math.exp((GOAL_TAU - a) / b)) if b > 0 else None,
+        # ... and at which the last segment's gain per doubling, kept up from the last point, would reach it
+        "tokens_for_goal_last": round(last_x * 2 ** ((GOAL_TAU - last_y) / last)) if last > 0 else None,
     }
 
 
@@ -565,8 +570,8 @@ def markdown(result: dict) -> str:
                 f", the first {snap['shards']} finished shards of {snap['shard_size']} prompts of the corpus run "
                 "while it went on (a prefix of the whole corpus)"
                 if c.get("shards") != snap["shards"]
-                else f", all {snap['shards']} shards of {snap['shard_size']} prompts (fits of the smaller subsets made "
-                "while it went on, on its first finished shards, trained on the same rows)"
+                else f", all {snap['shards']} shards of {snap['shard_size']} prompts (a fit made while it went on "
+                "trained on its first finished shards: the same rows)"
             )
             if (snap := c.get("snapshot"))
             else ""
@@ -616,6 +621,7 @@ def markdown(result: dict) -> str:
                     if (goal := curve.get("tokens_for_goal"))
                     else ""
                 )
+                + (f", the last segment's rate at {goal:.3g}" if (goal := curve.get("tokens_for_goal_last")) else "")
             )
     for title, block in result["blocks"].items():
         lines += ["", f"## {title}", "", markdown_table(block["drafters"], block["plain"])]

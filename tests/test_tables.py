@@ -107,4 +107,8 @@ def test_scaling_curve_fits_log_linear_growth_and_names_where_returns_diminish()
     assert curve["tokens_for_goal"] == pytest.approx(1e4 * 2 ** ((scaling.GOAL_TAU - 1.0) / 0.1), rel=1e-3)
     bent = [(1e4, 1.0), (2e4, 1.2), (4e4, 1.25), (8e4, 1.27)]  # 0.2, then 0.05 per doubling
     assert scaling.fit_curve(bent)["diminishing_from"] == 2e4
+    rising = [(1e4, 1.0), (2e4, 1.01), (4e4, 1.2), (8e4, 1.4)]  # a slow first doubling is not diminishing returns
+    curve = scaling.fit_curve(rising)
+    assert curve["diminishing_from"] is None
+    assert curve["tokens_for_goal_last"] == pytest.approx(8e4 * 2 ** ((scaling.GOAL_TAU - 1.4) / 0.2), rel=1e-3)
     assert scaling.fit_curve([(1e4, 1.3), (2e4, 1.2)])["tokens_for_goal"] is None  # falling: never reaches it
