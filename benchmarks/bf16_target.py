@@ -48,17 +48,20 @@ def load(target_dir: Path) -> dict[str, Target]:
     }
 
 
-def ratios(targets: dict[str, Target], prompt: list[int], rounds: int = 5) -> dict:
-    """r(m) per target, the targets interleaved ``rounds`` times; the median over rounds of each run's r."""
+def ratios(
+    targets: dict[str, Target], prompt: list[int], rounds: int = 5, counts: list[int] = COUNTS, repeats: int = 5
+) -> dict:
+    """r(m) per target on a 200-token context, the targets interleaved ``rounds`` times (each run the median of
+    ``repeats`` forwards); the median over rounds of each run's step and r."""
     context = (prompt * (200 // len(prompt) + 1))[:200]
     runs = {name: [] for name in targets}
     for _ in range(rounds):
         for name, t in targets.items():
-            runs[name].append(verify_ratios(t, context, COUNTS, 5))
+            runs[name].append(verify_ratios(t, context, counts, repeats))
     out = {}
     for name, measured in runs.items():
         step = sorted(s for _, s in measured)[len(measured) // 2]
-        r = {m: sorted(x[m] for x, _ in measured)[len(measured) // 2] for m in COUNTS}
+        r = {m: sorted(x[m] for x, _ in measured)[len(measured) // 2] for m in counts}
         out[name] = {"step_ms": round(1e3 * step, 2)} | {f"r({m})": round(v, 3) for m, v in r.items()}
     return out
 

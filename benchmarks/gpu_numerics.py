@@ -30,6 +30,7 @@ from pathlib import Path
 from types import MethodType
 
 import torch
+from bf16_target import ratios
 from common import machine, write
 
 from draftsmith.core.numerics import make_batch_invariant
@@ -131,19 +132,9 @@ def costs(rounds: int = 5) -> dict:
         "batch-invariant (draftsmith)": Target(model.to("cuda"), name="smollm2-shaped", batch_invariant=True),
     }
     prompt = torch.randint(0, config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
-    runs = {name: [] for name in targets}
     for t in targets.values():
         verify_ratios(t, prompt, COST_COUNTS, 2)  # warm-up: kernels chosen, memory allocated
-    for _ in range(rounds):
-        for name, t in targets.items():
-            runs[name].append(verify_ratios(t, prompt, COST_COUNTS, 7))
-    out = {}
-    for name, measured in runs.items():
-        step = sorted(s for _, s in measured)[len(measured) // 2]
-        out[name] = {"step_ms": round(1e3 * step, 3)} | {
-            f"r({m})": round(sorted(r[m] for r, _ in measured)[len(measured) // 2], 3) for m in COST_COUNTS
-        }
-    return out
+    return ratios(targets, prompt, rounds, COST_COUNTS, repeats=7)
 
 
 def markdown(data: dict) -> str:

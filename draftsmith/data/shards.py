@@ -202,7 +202,8 @@ def snapshot(out: Path, dest: Path) -> Path:
     metadata = read_metadata(out)
     if metadata is None:
         raise DraftsmithError(f"snapshot: {out} is not a generate run (no {META})")
-    if metadata.get("status") == "complete":
+    finished = metadata.get("status") == "complete"
+    if finished:
         leading = metadata["shards"]
     else:
         done = completed_shards(out)
@@ -214,7 +215,7 @@ def snapshot(out: Path, dest: Path) -> Path:
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     snap = {"of": str(out), "shards": leading, "shard_size": metadata["settings"]["shard_size"]}
-    if metadata.get("status") == "complete":
+    if finished:
         dest.mkdir(parents=True)
         for path in [*out.glob("data-*.arrow"), *(out / name for name in _DATASET_FILES)]:
             shutil.copy2(path, dest / path.name)
