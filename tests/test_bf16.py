@@ -123,6 +123,31 @@ def test_invariant_attention_gives_a_block_query_the_value_of_its_one_token_step
             assert torch.equal(block, alone), (kv, n, masked)
 
 
+def test_invariant_attention_builds_a_forwards_masks_once_and_never_reuses_another_masks():
+    """Every layer of one forward passes the same mask tensor: its groups are built once. A new mask of the same
+    shape (the next round's tree) gets its own, whatever the last call built."""
+    from draftsmith.core import numerics
+
+    g = torch.Generator().manual_seed(0)
+    kv, n = 70, 5
+    q = torch.randn(1, 9, n, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(1, 3, kv, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 3, False
+    seen = torch.arange(kv) <= torch.arange(kv - n, kv)[:, None]
+    lowest = torch.finfo(torch.bfloat16).min
+    causal = torch.where(seen, 0.0, lowest).to(torch.bfloat16)[None, None]
+    other = causal.clone()
+    other[..., kv - n - 1] = lowest  # the same shape, one more key hidden from every query
+    first = numerics._group_masks(causal, 1, n, kv, torch.bfloat16, torch.device("cpu"))
+    assert numerics._group_masks(causal, 1, n, kv, torch.bfloat16, torch.device("cpu")) is first
+    with_causal = invariant_attention(module, q, k, v, causal, 0.125)[0]
+    with_other = invariant_attention(module, q, k, v, other, 0.125)[0]
+    numerics._last_masks = None
+    assert torch.equal(with_other, invariant_attention(module, q, k, v, other, 0.125)[0])
+    assert not torch.equal(with_causal, with_other)
+
+
 def test_eager_attention_rounds_a_block_query_differently_here():
     """What ``invariant_attention`` fixes: HF's eager attention gives a query of a block other values than its
     one-token step here (on an AMX CPU; skipped on a machine whose kernels happen to agree)."""

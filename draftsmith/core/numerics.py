@@ -24,6 +24,7 @@ offer a slower batch-invariant mode.
 
 from __future__ import annotations
 
+import weakref
 from types import MethodType
 
 import torch
@@ -76,31 +77,54 @@ def invariant_attention(module, query, key, value, attention_mask, scaling, drop
     key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
     b, h, n, _ = query.shape
     kv = key.shape[2]
-    lowest = torch.finfo(query.dtype).min
     out = query.new_empty(b, h, n, value.shape[-1])
+    for start, end, width, mask in _group_masks(attention_mask, b, n, kv, query.dtype, query.device):
+        m = end - start
+        q = torch.nn.functional.pad(query[:, :, start:end], (0, 0, 0, QUERY_ROWS - m))
+        k = torch.nn.functional.pad(key[:, :, :width], (0, 0, 0, max(0, width - kv)))
+        v = torch.nn.functional.pad(value[:, :, :width], (0, 0, 0, max(0, width - kv)))
+        w = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
+        w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+        out[:, :, start:end] = torch.matmul(w, v)[:, :, :m]
+    return out.transpose(1, 2).contiguous(), None
+
+
+_last_masks: tuple | None = None
+"""The last call's groups: (its shapes, a weak reference to its attention mask, the groups). Every layer of one
+forward passes the same mask tensor over the same cache length, so the groups are built once per forward."""
+
+
+def _group_masks(attention_mask, b: int, n: int, kv: int, dtype, device) -> list[tuple[int, int, int, torch.Tensor]]:
+    """``invariant_attention``'s query groups, ``(start, end, key width, additive mask)``: runs of queries with the
+    same key block, ``QUERY_ROWS`` at a time; each mask ``(b, 1, QUERY_ROWS, width)``, padded keys and queries
+    masked and seeing every key respectively."""
+    global _last_masks
+    shapes = (b, n, kv, dtype, device)
+    if _last_masks is not None and _last_masks[0] == shapes:
+        ref = _last_masks[1]
+        if (attention_mask is None and ref is None) or (ref is not None and ref() is attention_mask):
+            return _last_masks[2]
+    lowest = torch.finfo(dtype).min
     blocks = [-(-(kv - n + j + 1) // KEY_BLOCK) * KEY_BLOCK for j in range(n)]
-    start = 0
-    while start < n:  # runs of queries with the same key block, QUERY_ROWS at a time
+    groups, start = [], 0
+    while start < n:
         end = start + 1
         while end < n and end - start < QUERY_ROWS and blocks[end] == blocks[start]:
             end += 1
         width, m = blocks[start], end - start
-        q = torch.nn.functional.pad(query[:, :, start:end], (0, 0, 0, QUERY_ROWS - m))
-        k = torch.nn.functional.pad(key[:, :, :width], (0, 0, 0, max(0, width - kv)))
-        v = torch.nn.functional.pad(value[:, :, :width], (0, 0, 0, max(0, width - kv)))
         if attention_mask is None:  # causal: the query at position p sees the keys up to p
-            seen = torch.arange(min(width, kv)) <= torch.arange(kv - n + start, kv - n + end)[:, None]
+            positions = torch.arange(kv - n + start, kv - n + end, device=device)
+            seen = torch.arange(min(width, kv), device=device) <= positions[:, None]
         else:
             seen = attention_mask[:, :, start:end, : min(width, kv)]
-        mask = torch.where(seen if seen.dtype == torch.bool else seen == 0, 0.0, lowest).to(query.dtype)
+        mask = torch.where(seen if seen.dtype == torch.bool else seen == 0, 0.0, lowest).to(dtype)
         mask = mask.expand(b, 1, m, mask.shape[-1])
         mask = torch.nn.functional.pad(mask, (0, max(0, width - kv)), value=lowest)
         mask = torch.nn.functional.pad(mask, (0, 0, 0, QUERY_ROWS - m))  # the padded queries see every key
-        w = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-        w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
-        out[:, :, start:end] = torch.matmul(w, v)[:, :, :m]
+        groups.append((start, end, width, mask))
         start = end
-    return out.transpose(1, 2).contiguous(), None
+    _last_masks = (shapes, None if attention_mask is None else weakref.ref(attention_mask), groups)
+    return groups
 
 
 AttentionInterface.register(INVARIANT_ATTENTION, invariant_attention)
