@@ -117,8 +117,9 @@ def model_rows() -> dict:
     return out
 
 
-def costs(rounds: int = 5) -> dict:
-    """Per numerics: the median one-token step (ms) and r(m) over ``rounds`` interleaved runs on a 200-token cache."""
+def smollm2_shaped() -> torch.nn.Module:
+    """A bf16 model of SmolLM2-135M's shapes (30 layers, 49,152-token vocabulary) with random weights: its speed does
+    not depend on them."""
     sys.path.insert(0, str(TESTS))
     from test_bf16 import wide_bf16_llama
     from transformers import LlamaForCausalLM
@@ -126,12 +127,17 @@ def costs(rounds: int = 5) -> dict:
     config = wide_bf16_llama().config
     config.num_hidden_layers, config.vocab_size = 30, 49_152  # SmolLM2-135M's depth and vocabulary
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def costs(rounds: int = 5) -> dict:
+    """Per numerics: the median one-token step (ms) and r(m) over ``rounds`` interleaved runs on a 200-token cache."""
+    model = smollm2_shaped()
     targets = {
         "fast (sdpa)": Target(copy.deepcopy(model).to("cuda"), name="smollm2-shaped", batch_invariant=False),
         "batch-invariant (draftsmith)": Target(model.to("cuda"), name="smollm2-shaped", batch_invariant=True),
     }
-    prompt = torch.randint(0, config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
     for t in targets.values():
         verify_ratios(t, prompt, COST_COUNTS, 2)  # warm-up: kernels chosen, memory allocated
     return ratios(targets, prompt, rounds, COST_COUNTS, repeats=7)
