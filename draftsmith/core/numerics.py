@@ -17,9 +17,10 @@ softmax) with every matmul of the same shape whatever the call: ``QUERY_ROWS`` q
 padded to the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is
 computed exactly as the one-token step at its position computes it. Plain decoding pays for it (measured on
 SmolLM2 bf16: the two-row Linears made a decode step 25.5 ms against 24.0 on the EPYC; this attention adds ~5 ms
-to a ~48 ms step and to a 5-token verification on the AMX Xeon); the report of ``benchmarks/bf16_target.py``
-gives both. Serving engines make the same trade: vLLM and SGLang are not batch-invariant in bf16 by default and
-offer a slower batch-invariant mode.
+to a ~48 ms step and to a 5-token verification on the AMX Xeon; its masks are built once a forward, not in every
+layer: ``benchmarks/invariant_masks.py``); the report of ``benchmarks/bf16_target.py`` gives both. Serving
+engines make the same trade: vLLM and SGLang are not batch-invariant in bf16 by default and offer a slower
+batch-invariant mode.
 """
 
 from __future__ import annotations
