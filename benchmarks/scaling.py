@@ -275,14 +275,22 @@ MODES = {
 T 0.7 / top-p 0.9 (K = 4)."""
 
 
+def block_names(asked: list[str], held: list[str]) -> list[str]:
+    """The drafters a block is scored with: those a saved block of the same set, mode and subset holds (``held``,
+    those still on disk), then those asked. A block is scored again whole, so asking for new drafters never drops
+    the others from it (scoring the heads alone at 300k keeps EAGLE-3, EAGLE-1 and P-EAGLE in the 300k block). The
+    n-gram reference last."""
+    return sorted(held + [n for n in asked if n not in held], key=lambda n: n == "ngram")
+
+
 def score_size(
     out: Path, size: int, families: list[str], sets: dict, max_new: int, modes: list[str], ngram: bool, run: bool
 ) -> dict:
     """Every family of one subset per held-out set and mode, one interleaved run with plain decoding each (with the
     n-gram drafter as the training-free reference when ``ngram``); each block saved once scored, stamped with the
     git SHA and date that scored it (``scored``), and reused when it holds every drafter asked (a block scored when
-    this subset was the largest also holds the n-gram reference). ``run`` False: only the blocks already scored
-    (``--stages report``)."""
+    this subset was the largest also holds the n-gram reference), else scored again with the drafters it held and
+    those asked (``block_names``). ``run`` False: only the blocks already scored (``--stages report``)."""
     target, blocks = None, {}
     names = [f"{f}-{label(size)}" for f in families] + (["ngram"] if ngram else [])
     for mode in modes:
@@ -290,13 +298,18 @@ def score_size(
         for set_name, (prompts, categories) in sets.items():
             path = out / "score" / f"{set_name}-{mode}-{label(size)}.json"
             key = f"{set_name} {mode}"
-            if path.is_file() and set(names) <= {d["name"] for d in json.loads(path.read_text())["drafters"]}:
+            held = [d["name"] for d in json.loads(path.read_text())["drafters"]] if path.is_file() else []
+            if held and set(names) <= set(held):
                 blocks[key] = json.loads(path.read_text())
                 continue
             if not run:
                 continue
             target = target or load_target(TARGET)
-            drafters = {n: load_drafter(n if n == "ngram" else str(out / "drafters" / n), target) for n in names}
+            exists = [n for n in held if n == "ngram" or (out / "drafters" / n / "config.json").is_file()]
+            drafters = {
+                n: load_drafter(n if n == "ngram" else str(out / "drafters" / n), target)
+                for n in block_names(names, exists)
+            }
             load = os.getloadavg()[0]
             plain, rows = score_drafters(target, drafters, prompts, k, sampling, max_new, categories=categories)
             stamp = machine()

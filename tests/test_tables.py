@@ -112,3 +112,13 @@ def test_scaling_curve_fits_log_linear_growth_and_names_where_returns_diminish()
     assert curve["diminishing_from"] is None
     assert curve["tokens_for_goal_last"] == pytest.approx(8e4 * 2 ** ((scaling.GOAL_TAU - 1.4) / 0.2), rel=1e-3)
     assert scaling.fit_curve([(1e4, 1.3), (2e4, 1.2)])["tokens_for_goal"] is None  # falling: never reaches it
+
+
+def test_scaling_rescores_a_block_with_the_drafters_it_held_and_those_asked():
+    block_names = tables.importlib.import_module("scaling").block_names
+    held = ["eagle3-300k", "eagle1-300k", "peagle-300k"]
+    heads = ["medusa1-300k", "hydra-300k", "hydrapp-300k"]
+    assert block_names(heads, held) == held + heads
+    assert block_names(["eagle3-300k", "medusa1-300k"], held) == held + ["medusa1-300k"]
+    assert block_names(heads, []) == heads
+    assert block_names(["eagle1-1M", "ngram"], ["eagle3-1M", "ngram"]) == ["eagle3-1M", "eagle1-1M", "ngram"]
