@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 
 import torch
 from bf16_target import ratios
@@ -62,7 +63,9 @@ def main() -> None:
     for t in targets.values():
         verify_ratios(t, prompt, COST_COUNTS, 2)  # warm-up: kernels chosen, memory allocated
     record = machine() | ({"git": args.sha} if args.sha else {})
+    load = os.getloadavg()[0]
     data = {"machine": record, "device": args.device, "costs": ratios(targets, prompt, args.rounds, COST_COUNTS, 7)}
+    data["load"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     if args.device.startswith("cuda"):
         data["gpu"] = torch.cuda.get_device_name()
     counts = [k for k in next(iter(data["costs"].values())) if k != "step_ms"]
@@ -71,7 +74,8 @@ def main() -> None:
         "# invariant_attention: masks built once a forward, or in every layer",
         "",
         f"`{m['command']}` · git {m['git']} · {m['date']} · {data.get('gpu') or m.get('cpu', '')} · "
-        f"torch {m['torch']} · {m['threads']} threads",
+        f"torch {m['torch']} · {m['threads']} threads · load average before / after {data['load'][0]} / "
+        f"{data['load'][1]}",
         "",
         f"A bf16 model of SmolLM2's shapes (30 layers, random weights), 200 cached tokens, medians of {args.rounds} "
         "interleaved runs; r(m) = forward of m new tokens / one-token step.",
