@@ -3,7 +3,7 @@
     python benchmarks/invariant_masks.py [--device cpu|cuda] [--sha GIT_SHA]
 
 Every layer of a forward passes ``invariant_attention`` the same mask over the same cache, so since 31c15d2 it
-builds its groups' additive masks once per forward (``core.numerics._group_masks``); before, each of SmolLM2's 30
+builds its groups' additive masks once per forward (``core.numerics``); before, each of SmolLM2's 30
 layers built them again (about eight small ops a layer). On a launch-bound GPU step those ops count. This times,
 interleaved on one model, the decode step and r(m) (a forward of m new tokens over a step, 200 cached tokens) of a
 bf16 model of SmolLM2's shapes (``gpu_numerics.smollm2_shaped``): the fast kernels (SDPA), the batch-invariant
@@ -33,7 +33,7 @@ PER_LAYER = "invariant_masks_per_layer"
 
 def per_layer_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """``invariant_attention`` building its masks in every call, as it did before 31c15d2."""
-    numerics._last_masks = None
+    numerics.forget_masks()
     return numerics.invariant_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 

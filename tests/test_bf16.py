@@ -143,7 +143,7 @@ def test_invariant_attention_builds_a_forwards_masks_once_and_never_reuses_anoth
     assert numerics._group_masks(causal, 1, n, kv, torch.bfloat16, torch.device("cpu")) is first
     with_causal = invariant_attention(module, q, k, v, causal, 0.125)[0]
     with_other = invariant_attention(module, q, k, v, other, 0.125)[0]
-    numerics._last_masks = None
+    numerics.forget_masks()
     assert torch.equal(with_other, invariant_attention(module, q, k, v, other, 0.125)[0])
     assert not torch.equal(with_causal, with_other)
 

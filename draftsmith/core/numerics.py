@@ -95,6 +95,13 @@ _last_masks: tuple | None = None
 forward passes the same mask tensor over the same cache length, so the groups are built once per forward."""
 
 
+def forget_masks() -> None:
+    """Drop the masks kept from the last forward: the next ``invariant_attention`` call builds its own (what
+    ``benchmarks/invariant_masks.py`` does before every call to measure the cost of building them per layer)."""
+    global _last_masks
+    _last_masks = None
+
+
 def _group_masks(attention_mask, b: int, n: int, kv: int, dtype, device) -> list[tuple[int, int, int, torch.Tensor]]:
     """``invariant_attention``'s query groups, ``(start, end, key width, additive mask)``: runs of queries with the
     same key block, ``QUERY_ROWS`` at a time; each mask ``(b, 1, QUERY_ROWS, width)``, padded keys and queries
