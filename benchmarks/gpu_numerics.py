@@ -130,17 +130,36 @@ def smollm2_shaped() -> torch.nn.Module:
     return LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
+def cost_prompt(vocab_size: int) -> list[int]:
+    """The 200 seeded random tokens the costs are measured after."""
+    return torch.randint(0, vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def measure_costs(targets: dict[str, Target], prompt: list[int], rounds: int) -> dict:
+    """Per target: the median one-token step (ms) and r(m) over ``rounds`` interleaved runs after ``prompt``, each
+    target warmed up first."""
+    for t in targets.values():
+        verify_ratios(t, prompt, COST_COUNTS, 2)  # warm-up: kernels chosen, memory allocated
+    return ratios(targets, prompt, rounds, COST_COUNTS, repeats=7)
+
+
+def costs_table(costs: dict) -> list[str]:
+    """``measure_costs``' result as Markdown table lines."""
+    counts = [k for k in next(iter(costs.values())) if k != "step_ms"]
+    lines = ["| numerics | step ms | " + " | ".join(counts) + " |", "|---|---:|" + "---:|" * len(counts)]
+    for name, row in costs.items():
+        lines.append(f"| {name} | {row['step_ms']:.2f} | " + " | ".join(f"{row[k]:.2f}" for k in counts) + " |")
+    return lines
+
+
 def costs(rounds: int = 5) -> dict:
-    """Per numerics: the median one-token step (ms) and r(m) over ``rounds`` interleaved runs on a 200-token cache."""
+    """Fast kernels against batch-invariant on the GPU: ``measure_costs`` of a SmolLM2-shaped model."""
     model = smollm2_shaped()
     targets = {
         "fast (sdpa)": Target(copy.deepcopy(model).to("cuda"), name="smollm2-shaped", batch_invariant=False),
         "batch-invariant (draftsmith)": Target(model.to("cuda"), name="smollm2-shaped", batch_invariant=True),
     }
-    prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
-    for t in targets.values():
-        verify_ratios(t, prompt, COST_COUNTS, 2)  # warm-up: kernels chosen, memory allocated
-    return ratios(targets, prompt, rounds, COST_COUNTS, repeats=7)
+    return measure_costs(targets, cost_prompt(model.config.vocab_size), rounds)
 
 
 def markdown(data: dict) -> str:
@@ -169,10 +188,7 @@ def markdown(data: dict) -> str:
             "What it costs: a bf16 model of SmolLM2's shapes (30 layers, random weights), 200 cached tokens, ",
         ]
         lines[-1] += "medians of 5 interleaved runs; r(m) = forward of m new tokens / one-token step:"
-        counts = [k for k in next(iter(data["costs"].values())) if k != "step_ms"]
-        lines += ["", "| numerics | step ms | " + " | ".join(counts) + " |", "|---|---:|" + "---:|" * len(counts)]
-        for scheme, row in data["costs"].items():
-            lines.append(f"| {scheme} | {row['step_ms']:.2f} | " + " | ".join(f"{row[k]:.2f}" for k in counts) + " |")
+        lines += ["", *costs_table(data["costs"])]
     return "\n".join(lines) + "\n"
 
 

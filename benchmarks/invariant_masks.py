@@ -18,15 +18,13 @@ import copy
 import os
 
 import torch
-from bf16_target import ratios
 from common import machine, write
-from gpu_numerics import COST_COUNTS, smollm2_shaped
+from gpu_numerics import cost_prompt, costs_table, measure_costs, smollm2_shaped
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from draftsmith.core import numerics
 from draftsmith.core.target import Target
-from draftsmith.eval.score import verify_ratios
 
 PER_LAYER = "invariant_masks_per_layer"
 
@@ -56,19 +54,16 @@ def main() -> None:
         ),
     }
     targets["batch-invariant, masks built in every layer"].model.set_attn_implementation(PER_LAYER)
-    prompt = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = cost_prompt(model.config.vocab_size)
     once, every = list(targets.values())[1:]
     ids = torch.tensor([prompt])
     assert torch.equal(once(ids, once.new_cache()).logits, every(ids, every.new_cache()).logits)
-    for t in targets.values():
-        verify_ratios(t, prompt, COST_COUNTS, 2)  # warm-up: kernels chosen, memory allocated
     record = machine() | ({"git": args.sha} if args.sha else {})
     load = os.getloadavg()[0]
-    data = {"machine": record, "device": args.device, "costs": ratios(targets, prompt, args.rounds, COST_COUNTS, 7)}
+    data = {"machine": record, "device": args.device, "costs": measure_costs(targets, prompt, args.rounds)}
     data["load"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     if args.device.startswith("cuda"):
         data["gpu"] = torch.cuda.get_device_name()
-    counts = [k for k in next(iter(data["costs"].values())) if k != "step_ms"]
     m = data["machine"]
     lines = [
         "# invariant_attention: masks built once a forward, or in every layer",
@@ -80,11 +75,8 @@ def main() -> None:
         f"A bf16 model of SmolLM2's shapes (30 layers, random weights), 200 cached tokens, medians of {args.rounds} "
         "interleaved runs; r(m) = forward of m new tokens / one-token step.",
         "",
-        "| numerics | step ms | " + " | ".join(counts) + " |",
-        "|---|---:|" + "---:|" * len(counts),
+        *costs_table(data["costs"]),
     ]
-    for name, row in data["costs"].items():
-        lines.append(f"| {name} | {row['step_ms']:.2f} | " + " | ".join(f"{row[k]:.2f}" for k in counts) + " |")
     write(f"invariant_masks_{args.device.split(':')[0]}", data, "\n".join(lines) + "\n")
 
 

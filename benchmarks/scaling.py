@@ -298,9 +298,10 @@ def score_size(
         for set_name, (prompts, categories) in sets.items():
             path = out / "score" / f"{set_name}-{mode}-{label(size)}.json"
             key = f"{set_name} {mode}"
-            held = [d["name"] for d in json.loads(path.read_text())["drafters"]] if path.is_file() else []
-            if held and set(names) <= set(held):
-                blocks[key] = json.loads(path.read_text())
+            saved = json.loads(path.read_text()) if path.is_file() else None
+            held = [d["name"] for d in saved["drafters"]] if saved else []
+            if saved and set(names) <= set(held):
+                blocks[key] = saved
                 continue
             if not run:
                 continue
