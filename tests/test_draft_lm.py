@@ -333,6 +333,53 @@ def test_corpus_pretraining_lowers_heldout_loss_and_seeds_the_distillation_stage
         data.check_target(Target.from_pretrained(setup["target"]))
 
 
+class RecordBatches(L.Callback):
+    """Records each training batch; saves a checkpoint after step ``save_at`` (mid-epoch, as ModelCheckpoint or a
+    SLURM requeue does)."""
+
+    def __init__(self, save_at: Path | None = None) -> None:
+        self.seen: list[torch.Tensor] = []
+        self.save_at = save_at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen.append(batch["input_ids"].clone())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.save_at is not None and trainer.global_step == 5:
+            trainer.save_checkpoint(self.save_at)
+
+
+def test_corpus_pretraining_resumed_mid_epoch_trains_on_the_batches_of_an_uninterrupted_run(tmp_path):
+    from draftsmith.targets import corpus
+    from draftsmith.targets import default as default_target
+    from draftsmith.train.corpus_data import CorpusDataModule
+
+    tokenizer = default_target.train_tokenizer(corpus.split(5)[0][:5], vocab_size=160)
+    make_llama(seed=0, layers=1, vocab=len(tokenizer)).save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+
+    def run(record: RecordBatches, ckpt: Path | None = None) -> DraftLMModule:
+        data = CorpusDataModule(str(tmp_path / "target"), seq_len=16, max_tokens=2048, val_tokens=256, batch_size=8)
+        model = DraftLMModule(str(tmp_path / "target"), shape=TINY, loss="ce", optim=OptimConfig(warmup_steps=3))
+        fit = L.Trainer(
+            max_steps=24, default_root_dir=tmp_path, accelerator="cpu", logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[record],
+        )  # fmt: skip
+        fit.fit(model, data, ckpt_path=ckpt, weights_only=False)  # our own checkpoint (its hparams hold OptimConfig)
+        return model
+
+    whole = RecordBatches(save_at=tmp_path / "step5.ckpt")
+    whole_model = run(whole)  # 2,048 tokens = 128 blocks = 16 batches an epoch: 1.5 epochs
+    assert len(whole.seen) == 24 and not torch.equal(whole.seen[0], whole.seen[16])
+    rest = RecordBatches()
+    resumed_model = run(rest, tmp_path / "step5.ckpt")
+    assert len(rest.seen) == 19
+    for step, (want, got) in enumerate(zip(whole.seen[5:], rest.seen, strict=True), start=5):
+        assert torch.equal(want, got), f"step {step} trained on another batch"
+    for (name, a), b in zip(whole_model.state_dict().items(), resumed_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_draft_lm_with_tied_embeddings_saves_and_loads_natively(target, tmp_path):
     from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 

@@ -63,6 +63,10 @@ class DraftsmithCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """The run's manifest (command, git SHA, versions, target fingerprint, seed) beside its checkpoints."""
+        from draftsmith.train.data import ResumesMidEpoch
+
+        if isinstance(self.datamodule, ResumesMidEpoch):  # Lightning warns that the epoch's order restarts: not ours
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         if self.trainer.is_global_zero:
             config = self.config[self.subcommand] if self.subcommand else self.config
             write_manifest(

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.train.data import ResumesMidEpoch
 
 
 def _block_batch(rows: list[tuple[torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -23,7 +24,7 @@ def _block_batch(rows: list[tuple[torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": ones, "loss_mask": ones}
 
 
-class CorpusDataModule(L.LightningDataModule):
+class CorpusDataModule(ResumesMidEpoch, L.LightningDataModule):
     """Blocks of corpus text for pre-training; every token is a training target (loss_mask = 1).
 
     Args:
@@ -37,7 +38,7 @@ class CorpusDataModule(L.LightningDataModule):
         heldout_percent: share of corpus files held out (the default target's split: 5).
         batch_size: blocks per batch (per process).
         max_length: ``val`` sequences are truncated to this many tokens.
-        seed: seeds the file order and the shuffling.
+        seed: seeds the file order and the shuffling (an interrupted fit resumes mid-epoch exactly).
     """
 
     def __init__(
@@ -105,10 +106,9 @@ class CorpusDataModule(L.LightningDataModule):
             check_dataset_target(self.val_metadata, target)
 
     def train_dataloader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(self.hparams.seed)
-        return DataLoader(
-            self.train_ds, batch_size=self.hparams.batch_size, shuffle=True, generator=g, collate_fn=_block_batch
-        )
+        hp = self.hparams
+        sampler = self.train_sampler([hp.seq_len] * len(self.train_ds), hp.batch_size, hp.seed)
+        return DataLoader(self.train_ds, batch_size=hp.batch_size, sampler=sampler, collate_fn=_block_batch)
 
     def val_dataloader(self) -> DataLoader:
         if self.val_metadata is None:

@@ -60,6 +60,30 @@ class LengthBucketSampler(DistributedSampler):
             yield from batch
 
 
+class ResumesMidEpoch:
+    """A LightningDataModule whose checkpoints record how far into the epoch training got, and whose next train
+    sampler (``train_sampler``) skips those batches: a fit resumed from a mid-epoch checkpoint trains on the batches
+    an uninterrupted one would (Lightning alone restarts the epoch's order, repeating the batches already seen)."""
+
+    _resume_at: tuple[int, int] | None = None
+
+    def train_sampler(self, lengths: list[int], batch_size: int, seed: int) -> LengthBucketSampler:
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        sampler = LengthBucketSampler(lengths, batch_size, seed, world, rank)
+        sampler.resume_at = self._resume_at
+        return sampler
+
+    def state_dict(self) -> dict:
+        if not self.trainer:
+            return {}
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"epoch": self.trainer.current_epoch, "batches": progress.processed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self._resume_at = (state["epoch"], state["batches"])
+
+
 def collate(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of dataset rows to (B, T) tensors.
 
@@ -123,7 +147,7 @@ def _collate_topk(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
     return {"topk_ids": ids, "topk_logprobs": logprobs}
 
 
-class GeneratedDataModule(L.LightningDataModule):
+class GeneratedDataModule(ResumesMidEpoch, L.LightningDataModule):
     """Train / validation data from ``draftsmith generate`` output directories.
 
     Args:
@@ -158,7 +182,6 @@ class GeneratedDataModule(L.LightningDataModule):
         self.train_ds = self.val_ds = None
         self.cache = None
         self.metadata: dict = {}
-        self._resume_at: tuple[int, int] | None = None
 
     def _load(self, path: str):
         from draftsmith.data.generate import load_generated
@@ -213,11 +236,7 @@ class GeneratedDataModule(L.LightningDataModule):
 
     def _loader(self, ds, shuffle: bool) -> DataLoader:
         hp = self.hparams
-        sampler = None
-        if shuffle:
-            world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-            sampler = LengthBucketSampler([len(x) for x in ds["input_ids"]], hp.batch_size, hp.seed, world, rank)
-            sampler.resume_at = self._resume_at
+        sampler = self.train_sampler([len(x) for x in ds["input_ids"]], hp.batch_size, hp.seed) if shuffle else None
         if shuffle and self.cache is not None:
             ds = CachedRows(ds, self.cache)
         return DataLoader(
@@ -233,14 +252,3 @@ class GeneratedDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_ds, shuffle=False)
-
-    # -- exact mid-epoch resume: checkpoints record how far into the epoch training got ----------
-    def state_dict(self) -> dict:
-        if not self.trainer:
-            return {}
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
-        return {"epoch": self.trainer.current_epoch, "batches": progress.processed}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            self._resume_at = (state["epoch"], state["batches"])
