@@ -194,6 +194,31 @@ def test_resume_from_last_checkpoint_after_a_kill_equals_an_uninterrupted_run(se
         assert torch.equal(want[name], got[name]), name
 
 
+def test_checkpoint_callback_keeps_its_best_score_across_a_resume_into_a_new_version_dir(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from draftsmith.train.cli import ResumableModelCheckpoint
+
+    def callback(cls, version: int) -> ModelCheckpoint:
+        return cls(dirpath=tmp_path / f"version_{version}", monitor="val/tau_est", mode="max", filename="best")
+
+    before = callback(ResumableModelCheckpoint, 0)
+    best = str(tmp_path / "version_0" / "best.ckpt")
+    before.best_model_score = before.kth_value = torch.tensor(1.5)
+    before.best_model_path = before.kth_best_model_path = best
+    before.best_k_models = {best: torch.tensor(1.5)}
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    after = callback(ResumableModelCheckpoint, 1)  # the resumed fit logs into version_1
+    after.load_state_dict(before.state_dict())
+    assert float(after.best_model_score) == 1.5 and after.best_model_path == best
+    assert not after.check_monitor_top_k(trainer, torch.tensor(1.2))  # a worse score after the resume is not best
+    assert after.check_monitor_top_k(trainer, torch.tensor(1.7))
+    lightning = callback(ModelCheckpoint, 1)  # what it mends: Lightning forgets the score when the dir changes
+    with pytest.warns(UserWarning, match="dirpath has changed"):
+        lightning.load_state_dict(before.state_dict())
+    assert lightning.best_model_score is None and lightning.check_monitor_top_k(trainer, torch.tensor(1.2))
+
+
 def test_ddp_on_two_cpu_processes_trains_on_disjoint_batches(setup, tmp_path):
     record = ["--trainer.callbacks+=train_helpers.RecordBatches", f"--trainer.callbacks.out={tmp_path}"]
     result = run_fit(setup, tmp_path, "--trainer.accelerator=cpu", "--trainer.max_steps=6", *record, devices=2)

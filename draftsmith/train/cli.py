@@ -6,6 +6,7 @@ import os
 import warnings
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from draftsmith.core.manifest import write_manifest
@@ -14,9 +15,20 @@ from draftsmith.layers.module import DrafterModule
 ROOT = "${trainer.default_root_dir}"
 """A logger ``save_dir`` of this value is replaced by the trainer's ``default_root_dir``."""
 
+
+class ResumableModelCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that keeps its best score across a resume. Each resumed fit logs into a new version dir
+    (``csv/version_N/checkpoints``), and Lightning reloads a checkpoint callback's scores only when the dir is
+    unchanged: the first validation after a resume became "best" whatever its score, and the fit's best
+    checkpoint could be worse than one saved before the interruption. The earlier dirs' files are kept."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict({**state_dict, "dirpath": self.dirpath})
+
+
 CALLBACKS = [
     {
-        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "class_path": "draftsmith.train.cli.ResumableModelCheckpoint",
         "init_args": {"monitor": "val/tau_est", "mode": "max", "save_last": True, "filename": "best"},
     },
     {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
