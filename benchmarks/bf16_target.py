@@ -13,7 +13,7 @@ prompts and N MT-bench first turns (N / 8 per category). r(m) = t(forward of m n
 a 200-token cached context, for each of the three targets, interleaved.
 
 Each prompt set is one saved block (``--out``/<set>.json): an interrupted run resumes at the next set.
-Writes ``benchmarks/results/bf16_target.{json,md}``.
+Writes ``benchmarks/results/bf16_target.{json,md}`` (``--results NAME``: ``NAME.{json,md}``, e.g. for another machine).
 """
 
 from __future__ import annotations
@@ -192,6 +192,11 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--sets", nargs="+", default=["chat-heldout", "mt-bench"], choices=["chat-heldout", "mt-bench"])
+    parser.add_argument(
+        "--results",
+        default="bf16_target",
+        help="the report's name in benchmarks/results (another machine: another name)",
+    )
     args = parser.parse_args()
     targets = load(resolve("smollm2"))
     tok = targets["float32"].tokenizer
@@ -218,7 +223,7 @@ def main() -> None:
             block = run_set(targets, ids, args.max_new_tokens, [p.category for p in loaded])
             path.write_text(json.dumps(block, indent=2))
         result["sets"][name] = json.loads(path.read_text())
-    write("bf16_target", result, markdown(result))
+    write(args.results, result, markdown(result))
 
 
 if __name__ == "__main__":
