@@ -333,9 +333,9 @@ def test_corpus_pretraining_lowers_heldout_loss_and_seeds_the_distillation_stage
         data.check_target(Target.from_pretrained(setup["target"]))
 
 
-class RecordBatches(L.Callback):
-    """Records each training batch; saves a checkpoint after step ``save_at`` (mid-epoch, as ModelCheckpoint or a
-    SLURM requeue does)."""
+class KeepBatches(L.Callback):
+    """Keeps each training batch in memory (``train_helpers.RecordBatches`` writes them per rank to files); saves a
+    checkpoint to ``save_at`` after step 5 (mid-epoch, as ModelCheckpoint or a SLURM requeue does)."""
 
     def __init__(self, save_at: Path | None = None) -> None:
         self.seen: list[torch.Tensor] = []
@@ -358,7 +358,7 @@ def test_corpus_pretraining_resumed_mid_epoch_trains_on_the_batches_of_an_uninte
     make_llama(seed=0, layers=1, vocab=len(tokenizer)).save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
 
-    def run(record: RecordBatches, ckpt: Path | None = None) -> DraftLMModule:
+    def run(record: KeepBatches, ckpt: Path | None = None) -> DraftLMModule:
         data = CorpusDataModule(str(tmp_path / "target"), seq_len=16, max_tokens=2048, val_tokens=256, batch_size=8)
         model = DraftLMModule(str(tmp_path / "target"), shape=TINY, loss="ce", optim=OptimConfig(warmup_steps=3))
         fit = L.Trainer(
@@ -368,10 +368,10 @@ def test_corpus_pretraining_resumed_mid_epoch_trains_on_the_batches_of_an_uninte
         fit.fit(model, data, ckpt_path=ckpt, weights_only=False)  # our own checkpoint (its hparams hold OptimConfig)
         return model
 
-    whole = RecordBatches(save_at=tmp_path / "step5.ckpt")
+    whole = KeepBatches(save_at=tmp_path / "step5.ckpt")
     whole_model = run(whole)  # 2,048 tokens = 128 blocks = 16 batches an epoch: 1.5 epochs
     assert len(whole.seen) == 24 and not torch.equal(whole.seen[0], whole.seen[16])
-    rest = RecordBatches()
+    rest = KeepBatches()
     resumed_model = run(rest, tmp_path / "step5.ckpt")
     assert len(rest.seen) == 19
     for step, (want, got) in enumerate(zip(whole.seen[5:], rest.seen, strict=True), start=5):
