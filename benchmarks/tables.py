@@ -29,6 +29,8 @@ MARKDOWN = {
     "baselines": "baselines",
     "baselines_smollm2": "baselines",
     "bf16_target": "bf16_target",
+    "bf16_target_amx": "bf16_target",
+    "bf16_target_amx_eagle3": "bf16_target",
     "crossvocab": "crossvocab",
     "draftlm": "draftlm",
     "export_vllm": "export_vllm",
