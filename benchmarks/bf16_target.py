@@ -37,7 +37,7 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.metrics import drafter_metrics, plain_metrics
 from draftsmith.eval.score import choose_shapes, divergences, verify_ratios
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.families.specs import build_drafter, parse_spec
+from draftsmith.families.specs import Named, Trained, build_drafter, parse_spec
 from draftsmith.targets import resolve
 
 COUNTS = [2, 3, 5, 9, 17]
@@ -76,7 +76,7 @@ def hf_generate(t: Target, prompt: list[int], n: int) -> tuple[list[int], float]
 
 
 def run_set(
-    targets: dict[str, Target], prompts: list[list[int]], n: int, categories: list | None, trained: list[str] = ()
+    targets: dict[str, Target], prompts: list[list[int]], n: int, categories: list | None, trained: list[Named] = ()
 ) -> dict:
     greedy = Sampling()
     inv, fast, fp32 = targets["bf16 batch-invariant"], targets["bf16 fast kernels"], targets["float32"]
@@ -88,8 +88,7 @@ def run_set(
         "ngram, bf16 fast kernels": (fast, 4, "bf16 fast kernels"),
     }
     drafters = {name: build_drafter(ngram, t) for name, (t, _, _) in rows.items()}
-    for text in trained:  # trained drafters, on the target draftsmith runs bf16 as
-        named = parse_spec(text)
+    for named in trained:  # trained drafters, on the target draftsmith runs bf16 as
         label = f"{named.name}, bf16 batch-invariant"
         rows[label] = (inv, 4, "bf16 batch-invariant")
         drafters[label] = build_drafter(named.spec, inv)
@@ -216,6 +215,10 @@ def main() -> None:
         "eagle3-1M=runs/scaling300/drafters/eagle3-1M); give them their own --out",
     )
     args = parser.parse_args()
+    trained = [parse_spec(text) for text in args.drafters]
+    for named in trained:
+        if not isinstance(named.spec, Trained):
+            parser.error(f"--drafters {named.name}: not a trained drafter (a .ckpt or an exported drafter's dir)")
     targets = load(resolve("smollm2"))
     tok = targets["float32"].tokenizer
     args.out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +241,7 @@ def main() -> None:
                 else load_prompts("builtin:chat-heldout", limit=args.num_prompts)
             )
             ids = [encode(p, tok) for p in loaded]
-            block = run_set(targets, ids, args.max_new_tokens, [p.category for p in loaded], args.drafters)
+            block = run_set(targets, ids, args.max_new_tokens, [p.category for p in loaded], trained)
             path.write_text(json.dumps(block, indent=2))
         result["sets"][name] = json.loads(path.read_text())
     write(args.results, result, markdown(result))
