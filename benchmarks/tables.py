@@ -37,6 +37,7 @@ MARKDOWN = {
     "gpu_numerics": "gpu_numerics",
     "heads_default": "heads",
     "judge": "judge",
+    "linear_prepack_amx": "linear_prepack",
     "heads_smollm2": "heads",
     "longer_eagle3": "longer_eagle3",
     "multidraft_default": "multidraft",
