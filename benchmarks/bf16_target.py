@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine, mtbench_subset, write
+from common import machine, measured_on, mtbench_subset, write
 from tqdm.auto import tqdm
 
 from draftsmith.core.sampling import Sampling
@@ -144,8 +144,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# SmolLM2-135M-Instruct in bfloat16 and float32",
         "",
-        f"`{m['command']}` at `{m['git']}` on {m['date']}: {m['cpu']} ({', '.join(m['cpu_flags'])}), "
-        f"{m['threads']} threads, torch {m['torch']}. Greedy, {result['max_new_tokens']} new tokens per prompt; every "
+        f"{measured_on(m)}. Greedy, {result['max_new_tokens']} new tokens per prompt; every "
         "decoder of a block interleaved prompt by prompt in one run.",
         "",
         "## Verification cost r(m) = t(forward of m new tokens) / t(decode step), 200-token context",

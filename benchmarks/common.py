@@ -61,6 +61,14 @@ def machine() -> dict:
     }
 
 
+def measured_on(m: dict) -> str:
+    """A report's provenance from its ``machine()`` record: command, git SHA, date, CPU and flags, threads, torch."""
+    return (
+        f"`{m['command']}` at `{m['git']}` on {m['date']}: {m['cpu']} ({', '.join(m['cpu_flags'])}), "
+        f"{m['threads']} threads, torch {m['torch']}"
+    )
+
+
 def saved_block(path: Path, names: list[str], run) -> dict:
     """A scored block's result, computed once (``run()``) and saved, so an interrupted benchmark resumes; a saved
     block of other drafters is computed again."""

@@ -21,7 +21,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import machine, write
+from common import machine, measured_on, write
 
 LAYERS = 30
 SHAPES = {"q, o": (576, 576, 2), "k, v": (576, 192, 2), "gate, up": (576, 1536, 2), "down": (1536, 576, 1)}
@@ -76,9 +76,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# SmolLM2-135M's Linears at decoding widths: float32, bf16, bf16 with a pre-packed weight",
         "",
-        f"`{m['command']}` at `{m['git']}` on {m['date']}: {m['cpu']} ({', '.join(m['cpu_flags'])}), "
-        f"{m['threads']} threads, torch {m['torch']}, load {result['load'][0]} → {result['load'][1]}. Microseconds "
-        "a call, median of 5 runs.",
+        f"{measured_on(m)}, load {result['load'][0]} → {result['load'][1]}. Microseconds a call, median of 5 runs.",
         "",
         "| Linear (in→out) × per layer | rows | " + " | ".join(KINDS) + " | pre-packed = F.linear |",
         "|---|---|" + "---|" * (len(KINDS) + 1),
