@@ -21,6 +21,8 @@ import shutil
 import statistics
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -317,14 +319,43 @@ def run_pipeline(
     record: dict | None = None,
 ) -> Path:
     """The pipeline's stages on ``target`` (a built-in name or a model dir) as ``plan`` says; returns the report's
-    path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records."""
-    # the stage lines say what runs; Lightning's per-fit banners (accelerators, tips, the srun hint where
-    # SLURM is installed) would bury them
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message="The `srun` command is available")
+    path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records. The
+    libraries' logging is quieted for the run only (``quiet_libraries``)."""
+    with quiet_libraries():
+        return _run_stages(target, plan, out, budget, fast, k, runs, record)
+
+
+@contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Within: Lightning logs warnings only, its SLURM ``srun`` hint is silenced and transformers shows no progress
+    bars (the stage lines say what runs; per-fit banners would bury them). On exit the logger's level, the warning
+    filters and the progress-bar setting are what they were before."""
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()
+    logger = logging.getLogger("lightning.pytorch")
+    level, bars = logger.level, transformers.utils.logging.is_progress_bar_enabled()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The `srun` command is available")
+        logger.setLevel(logging.WARNING)
+        transformers.utils.logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+            if bars:
+                transformers.utils.logging.enable_progress_bar()
+
+
+def _run_stages(
+    target: str | Path,
+    plan: Plan,
+    out: Path,
+    budget: Budget,
+    fast: bool,
+    k: int,
+    runs: dict[str, FitRun] | None,
+    record: dict | None,
+) -> Path:
     progress = Progress(list(STAGES))
     progress.start("target")
     target_dir = targets.resolve(target)
