@@ -74,7 +74,7 @@ def cache_features(
         shard_rows: rows per shard file.
         overwrite: replace a cache of other settings at ``out`` instead of refusing it.
     """
-    from draftsmith.data.shards import check_dataset_target, load_generated
+    from draftsmith.data.shards import check_dataset_target, generated_dir, load_generated
 
     dtype = canonical_dtype(dtype, "features: dtype", DTYPES) if dtype is not None else None
     ds, metadata = load_generated(data)
@@ -84,7 +84,7 @@ def cache_features(
     dtype = dtype or (t.dtype if t.dtype in DTYPES else "bfloat16")
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
-    out = Path(out or f"{str(data).rstrip('/')}-features")
+    out = Path(out or f"{str(generated_dir(data)).rstrip('/')}-features")  # a packed corpus: beside its unpacking
     record = {
         "format": FORMAT,
         "target": t.fingerprint,

@@ -140,7 +140,7 @@ def completed_shards(out: Path) -> set[int]:
 
 
 @contextmanager
-def _quiet():
+def quiet_datasets():
     """No ``datasets`` progress bars while saving: ``generate`` has its own."""
     import datasets
 
@@ -161,7 +161,7 @@ def write_shard(out: Path, index: int, columns: dict, stats: dict, store_topk: i
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    with _quiet():
+    with quiet_datasets():
         Dataset.from_dict(columns, features=features(store_topk)).save_to_disk(str(tmp))
     (tmp / SHARD_STATS).write_text(json.dumps(stats))
     os.replace(tmp, final)
@@ -181,7 +181,7 @@ def finalize(out: Path, num_shards: int) -> None:
     tmp = out / ".data.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    with _quiet():
+    with quiet_datasets():
         data.save_to_disk(str(tmp), num_shards=max(1, min(num_shards, len(data))))
     for stale in [*out.glob("data-*.arrow"), *(out / name for name in _DATASET_FILES)]:
         stale.unlink(missing_ok=True)
@@ -273,18 +273,26 @@ def remove_shards(out: Path) -> None:
     shutil.rmtree(Path(out) / SHARDS, ignore_errors=True)
 
 
+def generated_dir(path: str | Path) -> Path:
+    """The generated dir ``path`` names: itself, or for a packed corpus file its unpacked dir (made once)."""
+    from draftsmith.data.packed import is_packed, unpack
+
+    return unpack(path) if is_packed(path) else Path(path)
+
+
 def load_generated(path: str | Path):
     """Read a dataset written by ``draftsmith generate``.
 
     Args:
-        path: the ``--out`` dir of a complete run.
+        path: the ``--out`` dir of a complete run, or a corpus packed into one file (``data/packed.py``), read
+            from its unpacked dir (made once).
 
     Returns:
         (the ``datasets.Dataset``, its ``draftsmith.json`` metadata as a dict).
     """
     from datasets import load_from_disk
 
-    path = Path(path)
+    path = generated_dir(path)
     metadata = read_metadata(path)
     if metadata is None:
         raise DraftsmithError(f"{path} is not a generated dataset (no {META}); make one with draftsmith generate")

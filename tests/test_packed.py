@@ -1,0 +1,113 @@
+"""A generated corpus packed into one file: read back, it is the corpus it came from, and training reads it."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import VOCAB, make_llama, make_tokenizer
+
+from draftsmith.cli import main
+from draftsmith.data.feature_cache import data_identity
+from draftsmith.data.generate import generate, load_generated
+from draftsmith.data.packed import pack, unpack
+from draftsmith.errors import DraftsmithError
+from draftsmith.train.data import GeneratedDataModule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A tiny target, its sampled answers to 24 prompts (some rows end at EOS), greedy validation data."""
+    root = tmp_path_factory.mktemp("packed")
+    make_llama(seed=0, layers=2, eos=VOCAB - 2).save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    g = torch.Generator().manual_seed(0)
+    for name, n in [("train", 24), ("val", 6)]:
+        words = (
+            " ".join(f"w{i}" for i in torch.randint(0, VOCAB - 2, (2 + j % 5,), generator=g).tolist()) for j in range(n)
+        )
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": w}) + "\n" for w in words))
+    common = {"max_new_tokens": 16, "device": "cpu", "shard_size": 8}
+    generate(str(root / "target"), str(root / "train.jsonl"), root / "train", temperature=1.0, **common)
+    generate(str(root / "target"), str(root / "val.jsonl"), root / "val", temperature=0.0, **common)
+    return root
+
+
+def test_unpacked_corpus_has_the_rows_metadata_and_identity_it_was_packed_from(corpus, tmp_path):
+    packed = pack(corpus / "train", tmp_path / "c.tar.xz", prompts=corpus / "train.jsonl")
+    original, meta = load_generated(corpus / "train")
+    back, back_meta = load_generated(unpack(packed.path, tmp_path / "unpacked"))
+    assert back.to_list() == original.to_list()
+    assert {k: v for k, v in back_meta.items() if k != "packed"} == meta
+    assert back_meta["packed"] == {"file": "c.tar.xz", "sha256": packed.sha256}
+    assert data_identity(back_meta) == data_identity(meta)  # feature caches and fits take it for the same corpus
+    assert packed.rows == len(original) and packed.generated_tokens == sum(map(sum, original["loss_mask"]))
+    with tarfile.open(packed.path) as tar:
+        assert tar.extractfile("prompts.jsonl").read() == (corpus / "train.jsonl").read_bytes()
+
+
+def test_packing_is_reproducible_byte_for_byte(corpus, tmp_path):
+    assert pack(corpus / "train", tmp_path / "a.tar.xz").sha256 == pack(corpus / "train", tmp_path / "b.tar.xz").sha256
+
+
+def test_load_generated_reads_a_packed_file_as_its_corpus_unpacked_once(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    packed = pack(corpus / "train", tmp_path / "c.tar.xz")
+    ds, meta = load_generated(packed.path)
+    assert ds.to_list() == load_generated(corpus / "train")[0].to_list()
+    unpacked = list((tmp_path / "home" / "corpora").iterdir())
+    assert len(unpacked) == 1 and packed.sha256[:12] in unpacked[0].name
+    stamp = (unpacked[0] / "draftsmith.json").stat().st_mtime_ns
+    load_generated(packed.path)
+    assert (unpacked[0] / "draftsmith.json").stat().st_mtime_ns == stamp, "the unpacked dir is reused"
+
+
+def test_fit_trains_from_a_packed_corpus_as_from_its_dir(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    packed = pack(corpus / "train", tmp_path / "c.tar.xz")
+    rows = {}
+    for name, train in [("dir", corpus / "train"), ("packed", packed.path)]:
+        dm = GeneratedDataModule(str(train), str(corpus / "val"), batch_size=4, max_length=32)
+        dm.setup()
+        rows[name] = [b["input_ids"].tolist() for b in dm.train_dataloader()]
+    assert rows["packed"] == rows["dir"]
+    main(
+        [
+            "fit",
+            f"--config={ROOT / 'configs' / 'eagle1.yaml'}",
+            f"--model.init_args.target={corpus / 'target'}",
+            f"--data.train={packed.path}",
+            f"--data.val={corpus / 'val'}",
+            f"--trainer.default_root_dir={tmp_path / 'fit'}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.max_steps=2",
+            "--trainer.max_epochs=-1",
+            "--trainer.check_val_every_n_epoch=null",
+            "--trainer.val_check_interval=2",
+        ]
+    )
+    assert (tmp_path / "fit" / "csv" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_truncated_or_foreign_file_and_a_dir_holding_another_corpus_are_one_line(corpus, tmp_path):
+    packed = pack(corpus / "train", tmp_path / "c.tar.xz")
+    cut = tmp_path / "cut.tar.xz"
+    cut.write_bytes(packed.path.read_bytes()[: packed.bytes // 2])
+    with pytest.raises(DraftsmithError, match="not a readable packed corpus"):
+        unpack(cut, tmp_path / "x")
+    foreign = tmp_path / "foreign.tar.xz"
+    with tarfile.open(foreign, "w:xz") as tar:
+        tar.add(corpus / "train.jsonl", "train.jsonl")
+    with pytest.raises(DraftsmithError, match="lacks format.json"):
+        unpack(foreign, tmp_path / "y")
+    other = pack(corpus / "val", tmp_path / "v.tar.xz")
+    unpack(packed.path, tmp_path / "z")
+    with pytest.raises(DraftsmithError, match="holds another corpus"):
+        unpack(other.path, tmp_path / "z")
+    with pytest.raises(DraftsmithError, match="must end in .tar.xz"):
+        pack(corpus / "train", tmp_path / "c.zip")
