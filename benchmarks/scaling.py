@@ -559,7 +559,7 @@ def plot(rows: list[dict], families: list[str], path: Path) -> None:
         ax.set(xscale="log", title=f"τ at K = 4, {s}", xlabel="generated training tokens", ylabel="τ")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    plots._save(fig, path)
+    plots.save(fig, path)
 
 
 def short_dtype(target: str) -> str:

@@ -11,7 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` as a PNG (tight layout, 120 dpi) and close it; the one way every plot is saved."""
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -32,7 +33,7 @@ def acceptance_curves(rows: list[dict], path: Path) -> Path:
         ax.set_xticks(range(1, max(len(r["accept_at"]) for r in rows) + 1))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def tau_vs_k(by_k: dict[int, list[dict]], path: Path) -> Path:
@@ -52,7 +53,7 @@ def tau_vs_k(by_k: dict[int, list[dict]], path: Path) -> Path:
         ax.set_xticks(ks)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def speedup_bars(rows: list[dict], plain: dict, path: Path) -> Path:
@@ -67,7 +68,7 @@ def speedup_bars(rows: list[dict], plain: dict, path: Path) -> Path:
     ax.set_xticks(list(x), [r["name"] for r in rows], rotation=20)
     ax.set(ylabel="× plain decoding", title=f"speedup (plain decoding: {plain['tokens_per_s']:.0f} tokens/s)")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -89,4 +90,4 @@ def training_curves(logs: dict[str, list[dict]], path: Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
