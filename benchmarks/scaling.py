@@ -27,13 +27,8 @@ the feature cache by its shards, training from its last checkpoint, scoring by i
 is emulated and slower than float32): the target's dtype for the corpus, the features, scoring and the report's
 labels. A corpus made in one dtype is reused only by runs in the same one (its settings record the dtype).
 
-Hours, measured on 2 cores (AMD EPYC, bf16): the corpus ~1.5 h of vLLM (3,000 Magpie instructions 21 min), its
-feature cache 45 min (7.45 GB), EAGLE-3 fits 7 / 8.5 / 15 min (22k / 100k / 300k, 2 epochs) and 45 min for 1M at 2
-epochs (22 at 1), scoring ~2.5 min per drafter and set of 16 prompts × 128 tokens: one family's curve ~2 h after the
-data, all three families ~5 h. On an Intel Xeon with AMX (2026-11-27, 2 cores) about twice as fast: vLLM 487
-tokens/s (Magpie's 6,000 samples in 8 min), the feature cache 10.5 s per 64-row shard, EAGLE-3 / EAGLE-1 / P-EAGLE
-on 300k tokens 11 / 20 / 17 min (2 epochs), the heads there 64 / 52 / 70 min (Medusa-1 / Hydra / Hydra++), scoring
-~8 min per set for plain decoding and four drafters, 9-12 min for the 300k block of seven.
+What each stage costs on 2 CPU cores (hours, per fit and per scored set): ``docs/results.md``, "Hours per
+stage of ``benchmarks/scaling.py``".
 """
 
 from __future__ import annotations
