@@ -111,3 +111,15 @@ def test_a_truncated_or_foreign_file_and_a_dir_holding_another_corpus_are_one_li
         unpack(other.path, tmp_path / "z")
     with pytest.raises(DraftsmithError, match="must end in .tar.xz"):
         pack(corpus / "train", tmp_path / "c.zip")
+
+
+def test_pack_command_writes_the_file_and_a_wrong_suffix_is_one_line(corpus, tmp_path, capsys):
+    main(["pack", str(corpus / "train"), "--out", str(tmp_path / "c.tar.xz"), "--prompts", str(corpus / "train.jsonl")])
+    assert "train on it with --data.init_args.train" in capsys.readouterr().out
+    assert load_generated(unpack(tmp_path / "c.tar.xz", tmp_path / "u"))[0].to_list() == (
+        load_generated(corpus / "train")[0].to_list()
+    )
+    with pytest.raises(SystemExit) as exit_:
+        main(["pack", str(corpus / "train"), "--out", str(tmp_path / "c.npz")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "must end in .tar.xz" in err and "Traceback" not in err

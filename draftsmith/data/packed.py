@@ -119,6 +119,22 @@ def pack(data: str | Path, out: str | Path, prompts: str | Path | None = None) -
     return Packed(out, sha256(out), len(ds), len(flat), int(mask.sum()), out.stat().st_size)
 
 
+def pack_corpus(data: Path, out: Path, prompts: Path | None = None) -> Path:
+    """Pack a finished generated corpus into one compressed file (``draftsmith pack DATA --out FILE.tar.xz``).
+
+    Args:
+        data: a complete ``draftsmith generate`` output dir.
+        out: the file to write, ending in ``.tar.xz``.
+        prompts: the prompts file it was generated from, kept in the pack as text.
+    """
+    packed = pack(data, out, prompts)
+    print(
+        f"{packed.path}: {packed.rows:,} rows, {packed.tokens:,} tokens ({packed.generated_tokens:,} generated) in "
+        f"{packed.bytes / 1e6:.1f} MB, sha256 {packed.sha256[:16]}; train on it with --data.init_args.train {packed.path}"
+    )
+    return packed.path
+
+
 def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     try:
         with tarfile.open(path, "r:xz") as tar:
