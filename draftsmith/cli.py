@@ -28,6 +28,7 @@ def target_build(out: Path | None = None, fast: bool = False, force: bool = Fals
 def _commands() -> dict:
     from draftsmith.data.feature_cache import cache_features
     from draftsmith.data.generate import generate
+    from draftsmith.data.packed import pack_corpus
     from draftsmith.eval.compare import report
     from draftsmith.eval.score import score
     from draftsmith.export.imports import import_drafter
@@ -44,6 +45,7 @@ def _commands() -> dict:
         "target": {"build": target_build},
         "generate": generate,
         "features": cache_features,
+        "pack": pack_corpus,
         "score": score,
         "judge": judge,
         "xvocab": xvocab,
@@ -69,7 +71,7 @@ LIST_FLAGS = (
     "--families",
 )
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
-POSITIONAL = {"report": "--runs", "slurm status": "--run_dir", "export": "--src", "import": "--src"}
+POSITIONAL = {"pack": "--data", "report": "--runs", "slurm status": "--run_dir", "export": "--src", "import": "--src"}
 """Subcommands whose leading bare arguments fill a flag: ``draftsmith report RUN_DIR...``."""
 ALIASES = {"slurm": {"--config": "--recipes", "--set": "--fit_set"}}
 """Flags spelled as the user knows them from ``fit`` (jsonargparse reserves a parameter named ``config``)."""
