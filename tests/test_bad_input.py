@@ -12,6 +12,7 @@ from draftsmith.cli import main
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.prompts import load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible
@@ -148,7 +149,7 @@ def test_unknown_tree_kind_and_static_tree_without_accuracies_are_one_line_error
 
     drafter = MedusaModel(MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16)).as_drafter()
     with pytest.raises(DraftsmithError, match="--tree static needs the drafter's measured top-k accuracies"):
-        drafter.set_tree(TreePolicy("static"), 4)
+        drafter.set_tree(TreePolicy(TreeKind.STATIC), 4)
 
 
 @pytest.mark.parametrize("kind", ["native", "hf"])
@@ -205,3 +206,25 @@ def test_confidence_spec_builds_a_draft_lm_that_stops_below_its_threshold(model_
     assert parse_spec(f"confidence:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]), 0.4)
     drafter = load_drafter(f"confidence:0.25:{model_dirs['drafter']}", target)
     assert isinstance(drafter, DraftLM) and drafter.stop_below == 0.25
+
+
+@pytest.mark.parametrize("suffix", ["float8", "fp8", "int4", "half"])
+def test_target_spec_with_an_unknown_dtype_is_one_line_naming_the_dtypes(
+    model_dirs, prompt_file, tmp_path, capsys, suffix
+):
+    """Not "is not a model directory", which hid the real mistake."""
+    target = f"{model_dirs['target']}:{suffix}"
+    err = run_cli(
+        capsys, "score", "--target", target, "--drafter", "ngram", "--prompts", str(prompt_file), "--out", str(tmp_path)
+    )
+    assert err.count("\n") == 1 and f"{suffix!r} is no dtype" in err and "float32, bfloat16, float16, auto" in err
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.0])
+def test_export_of_a_truncated_or_empty_checkpoint_is_one_line_naming_it(tmp_path, capsys, cut):
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(64, 64)}, "hyper_parameters": {}}, ckpt)
+    ckpt.write_bytes(ckpt.read_bytes()[: int(ckpt.stat().st_size * cut)])
+    err = run_cli(capsys, "export", str(ckpt), "--to", "native", "--out", str(tmp_path / "out"))
+    assert err.count("\n") == 1 and f"{ckpt}: cannot read the checkpoint (truncated or corrupt" in err
+    assert not (tmp_path / "out").exists()

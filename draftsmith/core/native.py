@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pickle
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -65,7 +66,12 @@ def _read_native(path: Path) -> tuple[dict, dict]:
 
 
 def _read_checkpoint(path: Path) -> tuple[dict, dict]:
-    return _record(path, torch.load(path, map_location="cpu", weights_only=False))
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, EOFError, OSError, RuntimeError, ValueError) as e:  # torch's zip reader's errors
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DraftsmithError(f"{path}: cannot read the checkpoint (truncated or corrupt: {reason})") from None
+    return _record(path, checkpoint)
 
 
 def _read_deepspeed(path: Path) -> tuple[dict, dict]:

@@ -4,13 +4,18 @@ converted once from its wheel), or any local HF model directory; each in a dtype
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.core.dtypes import ALIASES, DTYPES, canonical_dtype
 from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
 
 AUTO = "auto"
+DTYPE_LIKE = re.compile(r"(b?float|fp|bf|f|u?int|e\dm\d)\w*\d\w*|half|double|float|bfloat", re.IGNORECASE)
+"""A ``:SUFFIX`` meant as a dtype (``float8``, ``fp8``, ``int4``, ``half``...): refused naming the dtypes, rather than
+read as part of a directory name that then does not exist."""
 RELEASED_DTYPE = {"smollm2": "bfloat16"}
 """Built-in targets' dtype as their authors released them (the converted directory stores float32 weights)."""
 
@@ -37,6 +42,12 @@ def parse_target(target: str | Path | TargetSpec, dtype: str | None = None) -> T
         text = str(target)
         head, sep, tail = text.rpartition(":")
         known = tail == AUTO or tail in DTYPES or tail in ALIASES
+        if sep and head and not known and DTYPE_LIKE.fullmatch(tail) and not Path(text).exists():
+            names = ", ".join([*DTYPES, AUTO])
+            raise DraftsmithError(
+                f"target {text}: {tail!r} is no dtype draftsmith computes in; a target's dtype is one of {names} "
+                f"(or {', '.join(ALIASES)})"
+            )
         spec = TargetSpec(head, AUTO if tail == AUTO else canonical_dtype(tail)) if sep and head and known else None
         spec = spec or TargetSpec(text)
     if dtype is not None:
