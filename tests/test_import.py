@@ -432,3 +432,24 @@ def test_medusa_heads_exported_for_vllm_import_back_with_the_same_logits(env, tm
     edit_config(tmp_path / "export", truncated_vocab_size=VOCAB - 8)
     with pytest.raises(DraftsmithError, match=rf"truncated_vocab_size {VOCAB - 8} < vocab_size {VOCAB}"):
         import_drafter(tmp_path / "export", str(env["root"] / "target"), tmp_path / "out")
+
+
+def test_an_import_records_the_dtype_its_target_spec_computes_in(env, tmp_path):
+    """``--target DIR:bfloat16`` (or ``--dtype``) records bfloat16, so ``score`` with the same spec takes the drafter;
+    ``auto`` records what every command resolves it to (here a checkpoint released in bfloat16: bf16 where this CPU
+    multiplies it natively)."""
+    from draftsmith.targets import load_target, parse_target, target_dtype
+
+    target = env["root"] / "target"
+    write_export(env["root"] / "native", "speculators", tmp_path / "export")
+    import_drafter(tmp_path / "export", f"{target}:bfloat16", tmp_path / "bf16")
+    _, info = load_network(tmp_path / "bf16")
+    assert info["target"]["dtype"] == "bfloat16"
+    load_trained(tmp_path / "bf16", load_target(f"{target}:bfloat16"))  # what score does: no dtype mismatch
+    import_drafter(tmp_path / "export", f"{target}:bfloat16", tmp_path / "f32", dtype="float32")  # --dtype wins
+    assert load_network(tmp_path / "f32")[1]["target"]["dtype"] == "float32"
+    released = tmp_path / "released-bf16"
+    shutil.copytree(target, released)
+    edit_config(released, torch_dtype="bfloat16")
+    import_drafter(tmp_path / "export", str(released), tmp_path / "auto")
+    assert load_network(tmp_path / "auto")[1]["target"]["dtype"] == target_dtype(parse_target(released), released)

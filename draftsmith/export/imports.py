@@ -300,7 +300,7 @@ def import_medusa(src: Path, config: dict, target: Path, out: Path, dtype: str) 
     return write_imported(network, target, out, dtype, src, layout, f"{heads} heads x {layers} blocks")
 
 
-def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "float32") -> Path:
+def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | None = None) -> Path:
     """Convert an EAGLE-3, P-EAGLE, DFlash or Medusa checkpoint trained elsewhere into a native drafter dir that
     ``score`` and ``fit`` take.
 
@@ -312,16 +312,21 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str = "
         src: the checkpoint dir (EAGLE-3 in the speculators, SGLang / SpecForge / EAGLE or vLLM layout, P-EAGLE in
             the speculators, vLLM or SpecForge layout, DFlash in speculators' or z-lab's, or Medusa heads in the
             Medusa repository's: detected).
-        target: the target it drafts for (a model dir or a built-in name, e.g. smollm2).
+        target: the target it drafts for: ``default``, ``smollm2`` or a model dir, optionally ``:DTYPE``; the dtype
+            it resolves to (``auto`` as every command resolves it) is recorded in the drafter's fingerprint, so
+            ``score`` and ``fit`` with the same target spec take the drafter.
         out: the native dir to write.
-        dtype: the target dtype the drafter will be scored with (recorded in its fingerprint).
+        dtype: the dtype the target computes in (float32, bfloat16, float16 or auto); default: the target's
+            ``:DTYPE``, else auto.
 
     Returns:
         ``out``.
     """
-    from draftsmith.targets import resolve
+    from draftsmith.targets import parse_target, resolve, target_dtype
 
-    src, target, out = Path(src), Path(resolve(target)), Path(out)
+    spec = parse_target(target, dtype)
+    src, target, out = Path(src), resolve(spec), Path(out)
+    dtype = target_dtype(spec, target)
     if not (src / "config.json").is_file():
         raise DraftsmithError(f"{src}: no config.json (not a drafter checkpoint dir)")
     try:
