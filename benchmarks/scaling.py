@@ -7,10 +7,12 @@ data.
 Stages, each reused from ``--out`` when finished and resumed when interrupted (generation by its saved shards,
 the feature cache by its shards, training from its last checkpoint, scoring by its saved blocks):
 
-1. ``data``: the corpus prompts (``builtin:chat-train`` plus ``--magpie`` instructions SmolLM2 writes itself,
-   shuffled), and SmolLM2's own answers to them in ``DTYPE``, sampled at T 0.7 / top-p 0.9 with a quarter of the prompts
-   greedy, by the engine ``benchmarks/generate.py --engines`` measured fastest (vLLM, ``--engine``); greedy
-   validation data on held-out chat prompts.
+1. ``data``: the repository's packed corpus (``PACKED``; ``--corpus``) unpacked into ``--out``, so that every
+   machine trains on the same tokens; or, with ``--corpus generate``, one drawn on this machine: the corpus prompts
+   (``builtin:chat-train`` plus ``--magpie`` instructions SmolLM2 writes itself, shuffled), and SmolLM2's own
+   answers to them in ``DTYPE``, sampled at T 0.7 / top-p 0.9 with a quarter of the prompts greedy, by the engine
+   ``benchmarks/generate.py --engines`` measured fastest (vLLM, ``--engine``). Greedy validation data on held-out
+   chat prompts (packed too, ``PACKED_VAL``, used where this run's dtype made it).
 2. ``features``: the target's hidden states over the whole corpus (its disk use printed before it starts).
 3. ``fit``: each family on nested subsets of the corpus (the first rows holding ``--sizes`` generated tokens; the
    corpus is in shuffled prompt order, so each subset is a random sample and contains the smaller ones), its draft
@@ -49,12 +51,16 @@ from common import RESULTS, draft_vocab_coverage, machine, mtbench_subset, write
 from draftsmith.core import native
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import ALLOW_DTYPE_MISMATCH
 from draftsmith.data.chat_prompts import chat_prompts
 from draftsmith.data.feature_cache import cache_features
 from draftsmith.data.generate import load_generated
 from draftsmith.data.magpie import write_instructions_generated
+from draftsmith.data.packed import is_packed, unpack
+from draftsmith.data.packed import metadata as packed_metadata
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.data.shards import snapshot
+from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
 from draftsmith.eval.score import score_drafters
@@ -67,6 +73,11 @@ from draftsmith.train.suite import generated_once
 DTYPE = "bfloat16" if native_bf16()[0] else "float32"
 TARGET = f"smollm2:{DTYPE}"
 SAMPLED = {"temperature": 0.7, "top_p": 0.9, "greedy_share": 0.25}
+PACKED = Path(__file__).parent / "data" / "smollm2-1m.tar.xz"
+"""The 1M-token corpus every machine trains on (``draftsmith pack`` of a ``--corpus generate`` run's data): SmolLM2's
+bf16 answers to the corpus prompts, sampled as ``SAMPLED`` says; its prompts inside."""
+PACKED_VAL = Path(__file__).parent / "data" / "smollm2-val.tar.xz"
+"""The greedy validation answers (``val/tau_est``) that go with it, used where this run's dtype made them."""
 MAX_LENGTH = 640
 """Tokens per training row (prompt + answer) the cache keeps and training reads."""
 BATCH = 8
@@ -123,7 +134,29 @@ def corpus_prompts(out: Path, magpie: int, engine: dict) -> Path:
     return path
 
 
+def packed_data(out: Path, corpus: Path, val_prompts: int) -> tuple[Path, Path]:
+    """The packed corpus unpacked into ``out/data/train`` (refused in one line where a generated corpus is there:
+    subsets, caches and fits of two corpora never mix), and the packed validation data when it fits this run."""
+    try:
+        train = unpack(corpus, out / "data" / "train")
+    except DraftsmithError as e:
+        raise SystemExit(f"scaling: {e}") from None
+    made = load_generated(train)[1]["target"].get("dtype", "float32")
+    if made != DTYPE:  # a CPU without native bf16 trains on the bf16 corpus as it is, its target in float32
+        print(
+            f"data: {corpus.name} was generated in {made}; this run's target computes in {DTYPE} ({ALLOW_DTYPE_MISMATCH}=1)"
+        )
+        os.environ[ALLOW_DTYPE_MISMATCH] = "1"
+    val = packed_metadata(PACKED_VAL) if PACKED_VAL.is_file() else None
+    if val and val["target"].get("dtype") == DTYPE and val["settings"]["num_prompts"] == val_prompts:
+        return train, unpack(PACKED_VAL, out / "data" / "val")
+    return train, make_val(out, val_prompts)
+
+
 def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_prompts: int) -> tuple[Path, Path]:
+    meta = out / "data" / "train" / "draftsmith.json"
+    if meta.is_file() and "packed" in json.loads(meta.read_text()):
+        raise SystemExit(f"scaling: {out}/data/train holds the packed corpus; generate a corpus into another --out")
     target = Path(resolve("smollm2"))
     prompts = corpus_prompts(out, magpie, engine)
     train = generated_once(
@@ -357,6 +390,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/scaling"))
     parser.add_argument("--stages", nargs="+", default=["data", "features", "fit", "score", "report"])
+    parser.add_argument(
+        "--corpus",
+        default=str(PACKED) if PACKED.is_file() else "generate",
+        help="a packed corpus to train on (default: the repository's), or `generate` to draw one on this machine",
+    )
     parser.add_argument("--magpie", type=int, default=3000, help="self-written instructions added to chat-train")
     parser.add_argument("--max-new-tokens", type=int, default=384, help="answer length cap of the corpus")
     parser.add_argument("--val-prompts", type=int, default=64)
@@ -389,12 +427,16 @@ def main() -> None:
         help="train on this corpus run's finished shards while it goes on, all of it once done (into another --out)",
     )
     args = parser.parse_args()
+    if args.corpus != "generate" and not (is_packed(args.corpus) and Path(args.corpus).is_file()):
+        parser.error(f"--corpus {args.corpus}: no packed corpus file (a .tar.xz of `draftsmith pack`) nor `generate`")
     engine = {"engine": args.engine, "batch_size": args.batch_size}
     if args.snapshot:  # the corpus's finished shards so far (its first rows), while its generation goes on
         if args.snapshot.resolve() == (args.out / "data" / "train").resolve():
             raise SystemExit("scaling: --snapshot needs another --out than the corpus run's")
         data = (snapshot(args.snapshot, args.out / "data" / "train"), make_val(args.out, args.val_prompts))
         print(f"snapshot: {load_generated(data[0])[1]['snapshot']}")
+    elif args.corpus != "generate":
+        data = packed_data(args.out, Path(args.corpus), args.val_prompts)
     else:
         data = make_data(args.out, args.magpie, engine, args.max_new_tokens, args.val_prompts)  # reused once made
     if args.stages == ["data"]:

@@ -30,3 +30,38 @@ def test_bf16_target_refuses_a_drafter_that_is_not_a_trained_one(tmp_path):
         "bf16_target.py: error: --drafters mine: not a trained drafter (a .ckpt or an exported drafter's dir)"
     )
     assert not any(tmp_path.iterdir())  # stopped before measuring anything
+
+
+def scaling(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "benchmarks/scaling.py", "--stages", "data", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_scaling_refuses_a_corpus_that_is_no_packed_file(tmp_path):
+    run = scaling("--out", str(tmp_path), "--corpus", str(tmp_path / "corpus.tar.xz"))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--corpus" in run.stderr.strip().splitlines()[-1] and "no packed corpus file" in run.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_scaling_never_mixes_a_generated_corpus_with_the_packed_one(tmp_path):
+    """A run dir whose corpus was generated here refuses the packed corpus, and one holding the packed corpus
+    refuses to generate: subsets, feature caches and fits of two corpora never meet in one run dir."""
+    generated, packed = tmp_path / "generated", tmp_path / "packed"
+    (generated / "data" / "train").mkdir(parents=True)
+    (generated / "data" / "train" / "draftsmith.json").write_text('{"status": "complete", "settings": {}}')
+    (packed / "data" / "train").mkdir(parents=True)
+    (packed / "data" / "train" / "draftsmith.json").write_text('{"status": "complete", "packed": {"sha256": "x"}}')
+    corpus = tmp_path / "corpus.tar.xz"
+    corpus.write_bytes(b"not read: the run dir is refused first")
+    run = scaling("--out", str(generated), "--corpus", str(corpus))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "holds another corpus" in run.stderr.strip().splitlines()[-1]
+    run = scaling("--out", str(packed), "--corpus", "generate")
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "holds the packed corpus" in run.stderr.strip().splitlines()[-1]
