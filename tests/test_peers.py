@@ -15,6 +15,7 @@ be installed its tests skip, saying why.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,53 @@ def good(runs: dict, peer: str) -> peer_check.StepLogits:
     return runs["ok"]
 
 
+HARNESS_ERRORS = {
+    "ImportError",
+    "ModuleNotFoundError",
+    "FileNotFoundError",
+    "PermissionError",
+    "NameError",
+    "SyntaxError",
+}
+"""Exceptions that say the harness did not get the peer's class to the export (a module or file missing, a typo in
+``peer_forward.py``): never the peer refusing what was broken."""
+
+NAMES = {
+    "transposed_fc_block": ("fc",),
+    "d2t_off_by_one": ("d2t",),
+    "norm_flag_flipped": ("norm_before_residual", "norm_output"),
+    "mask_token_off_by_one": ("mask_token",),
+    "mask_hidden_dropped": ("mask_hidden",),
+    "dflash_mask_token_off_by_one": ("mask_token",),
+    "hidden_norm_dropped": ("hidden_norm",),
+}
+"""Per breakage, the weight or config field a peer's refusal must name to count as refusing that breakage."""
+
+
+def exception(traceback_tail: str) -> tuple[str, str]:
+    """(exception class, message) of the last exception in a traceback's tail ("" when it shows none)."""
+    found = list(re.finditer(r"^([A-Za-z_][\w.]*?(?:Error|Exception|Exit|Interrupt))(?::(.*))?$", traceback_tail, re.M))
+    if not found:
+        return "", ""
+    last = found[-1]
+    return last[1].rsplit(".", 1)[-1], traceback_tail[last.start(2) if last[2] is not None else last.end() :].strip()
+
+
 def fails(case: dict, runs: dict, breakage, label: str) -> None:
-    """A broken export must be refused by the peer or give other outputs than draftsmith's drafter."""
+    """A broken export must give other outputs than draftsmith's drafter, or be refused by the peer for what was
+    broken: in the process that loaded the good export (so the harness reaches the peer's class), with an exception
+    that is not the harness's (``HARNESS_ERRORS``) and a message naming the broken weight or field (``NAMES``)."""
+    good(runs, label)
     theirs = runs[breakage.__name__]
     if isinstance(theirs, str):
-        print(f"{label} {breakage.__name__}: refused: {theirs.splitlines()[-1]}")
+        kind, message = exception(theirs)
+        print(f"{label} {breakage.__name__}: refused: {kind}: {message}")
+        assert kind and kind not in HARNESS_ERRORS, (
+            f"{label} {breakage.__name__}: a harness error, no refusal: {theirs}"
+        )
+        assert any(name in message for name in NAMES[breakage.__name__]), (
+            f"{label} {breakage.__name__}: refused for something else than the breakage: {kind}: {message}"
+        )
         return
     ok, why = agree(case["ours"], theirs)
     print(f"{label} {breakage.__name__}: {why}")
@@ -101,6 +144,27 @@ def agree(ours: peer_check.StepLogits, theirs: peer_check.StepLogits) -> tuple[b
         if not torch.equal(a, b):
             return False, f"step {j}: target tokens differ at {int((a != b).sum())} of {a.numel()} positions"
     return True, "equal"
+
+
+def test_only_a_refusal_naming_the_breakage_counts_as_the_peer_refusing_it():
+    """``fails`` on made-up runs (no venv needed): a missing module, a refusal of the good export too or one naming
+    something else is no refusal of the breakage; a peer naming the dropped weight is; equal outputs are unnoticed."""
+    ours = peer_check.StepLogits([torch.arange(6.0).view(1, 2, 3)], torch.zeros(3, dtype=torch.long))
+    case, at = (
+        {"ours": ours},
+        'Traceback (most recent call last):\n  File "peer_forward.py", line 62, in peagle_logits\n',
+    )
+    missing = at + "ModuleNotFoundError: No module named 'speculators.models.peagle'"
+    named = at + 'RuntimeError: Error(s) in loading state_dict for PEagleDraftModel:\n\tMissing key(s): "mask_hidden".'
+    other = at + "RuntimeError: shape mismatch: value tensor of shape [2] cannot be broadcast to [3]"
+    fails(case, {"ok": ours, "mask_hidden_dropped": named}, mask_hidden_dropped, "peer")
+    for refusal in (missing, other):
+        with pytest.raises(AssertionError, match="a harness error|something else"):
+            fails(case, {"ok": ours, "mask_hidden_dropped": refusal}, mask_hidden_dropped, "peer")
+    with pytest.raises(pytest.fail.Exception, match="refused draftsmith's export"):
+        fails(case, {"ok": missing, "mask_hidden_dropped": named}, mask_hidden_dropped, "peer")
+    with pytest.raises(AssertionError, match="went unnoticed"):
+        fails(case, {"ok": ours, "d2t_off_by_one": ours}, d2t_off_by_one, "peer")
 
 
 def exported(case: dict, native: str, peer: str) -> Path:
