@@ -151,6 +151,15 @@ def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return json.loads(members["draftsmith.json"]), arrays
 
 
+def metadata(path: str | Path) -> dict:
+    """The ``draftsmith.json`` a packed corpus holds (target fingerprint, settings, counts), read without unpacking."""
+    try:
+        with tarfile.open(path, "r:xz") as tar:
+            return json.loads(tar.extractfile("draftsmith.json").read())
+    except (tarfile.TarError, KeyError, EOFError, OSError) as e:
+        raise DraftsmithError(f"{path} is not a readable packed corpus ({e})") from None
+
+
 def default_dest(path: Path, digest: str) -> Path:
     from draftsmith.targets.cache import cache_home
 
