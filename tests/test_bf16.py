@@ -10,6 +10,7 @@ import torch
 from conftest import make_llama
 from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, sampled_pairs
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.pytorch_utils import Conv1D
 
 from draftsmith import targets
 from draftsmith.core import machine
@@ -79,9 +80,15 @@ def test_batch_invariant_bf16_verification_rows_equal_one_token_steps_bit_for_bi
         assert torch.equal(steps, block)
 
 
-def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others():
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others(kind):
+    """A Linear, and GPT-2's ``Conv1D`` (``x @ weight + bias``, one ``addmm``), of SmolLM2's MLP down-projection."""
     torch.manual_seed(0)
-    layer = torch.nn.Sequential(torch.nn.Linear(1536, 576, bias=False)).to(torch.bfloat16)
+    linear = torch.nn.Linear(1536, 576, bias=False) if kind == "linear" else Conv1D(576, 1536)
+    if kind == "conv1d":
+        torch.nn.init.normal_(linear.weight, std=0.05)
+        torch.nn.init.normal_(linear.bias)
+    layer = torch.nn.Sequential(linear).to(torch.bfloat16)
     x = (torch.randn(8, 1536) * 0.5).to(torch.bfloat16)
     with torch.no_grad():
         raw = torch.cat([layer(x[i : i + 1]) for i in range(8)])

@@ -31,6 +31,9 @@ from types import MethodType
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.pytorch_utils import Conv1D
+
+from draftsmith.errors import DraftsmithError
 
 INVARIANT_ATTENTION = "draftsmith_invariant"
 QUERY_ROWS = 8
@@ -48,14 +51,25 @@ def _two_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def _two_row_conv1d(self: Conv1D, x: torch.Tensor) -> torch.Tensor:
+    """``self(x)`` for GPT-2's ``Conv1D`` (``x @ weight + bias``), computing a single row as two."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 1:
+        return torch.addmm(self.bias, torch.cat([rows, rows]), self.weight)[:1].reshape(*x.shape[:-1], self.nf)
+    return torch.addmm(self.bias, rows, self.weight).reshape(*x.shape[:-1], self.nf)
+
+
 def make_batch_invariant(model: torch.nn.Module) -> None:
     """Make ``model``'s rows independent of how many rows share a forward (in place): ``invariant_attention``
-    and two-row Linear calls. Weights are untouched; only how its Linears and attention compute changes."""
+    and two-row Linear (and ``Conv1D``) calls. Weights are untouched; only how its Linears and attention compute
+    changes."""
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(INVARIANT_ATTENTION)
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             module.forward = MethodType(_two_row_linear, module)
+        elif isinstance(module, Conv1D):
+            module.forward = MethodType(_two_row_conv1d, module)
 
 
 def is_batch_invariant(model: torch.nn.Module) -> bool:
@@ -66,26 +80,75 @@ def is_batch_invariant(model: torch.nn.Module) -> bool:
     )
 
 
-def invariant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """HF's eager attention (``repeat_kv``, ``q @ k^T * scaling`` plus the additive mask, a float32 softmax, ``@ v``)
-    with each query's matmuls of one shape whatever the call: the ``n`` queries are the last ``n`` positions of the
-    ``kv`` keys (a decode step, a verification chain or tree), and the query at position ``p`` runs in a group of
-    ``QUERY_ROWS`` queries (zero-padded) over the first ``ceil((p + 1) / KEY_BLOCK) * KEY_BLOCK`` keys (keys past
-    ``kv`` zero and masked). The keys it drops lie after ``p``, which a causal or tree mask hides from it anyway;
-    the keys it masks weigh exactly 0 after the softmax, whatever they hold."""
+HONOURED = ("scaling", "dropout", "softcap", "sliding_window")
+"""The keywords ``invariant_attention`` applies as HF's eager attention does (``sliding_window``: through the mask,
+which carries each layer's window, as in eager attention; on a call without a mask, by ``_group_masks``)."""
+IGNORED = (
+    "position_ids",
+    "cache_position",
+    "use_cache",
+    "output_hidden_states",
+    "output_router_logits",
+    "is_causal",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    "num_items_in_batch",
+)
+"""Keywords a model's forward passes on to its attention that HF's eager attention ignores too (the mask carries
+what they say, or they are for other kernels or the loss): they change nothing in what attention computes."""
+
+
+def check_attention_kwargs(module: torch.nn.Module, dropout: float, kwargs: dict) -> None:
+    """Refuse in one line, naming the keyword and the model, what ``invariant_attention`` would otherwise silently
+    compute differently from the architecture's eager attention: a keyword it does not implement (gpt-oss's
+    attention sinks ``s_aux``, anything a later transformers adds), dropout in training, returned attention
+    weights, or GPT-2's ``reorder_and_upcast_attn``, which HF applies only under ``eager``."""
+    arch = type(module).__name__
+    why = None
+    unknown = [k for k in kwargs if k not in HONOURED and k not in IGNORED and k != "output_attentions"]
+    if unknown:
+        why = f"passes its attention the keyword {unknown[0]!r}, which batch-invariant attention does not implement"
+    elif dropout and module.training:
+        why = f"runs attention dropout {dropout} in training, which draftsmith's batch-invariant attention omits"
+    elif kwargs.get("output_attentions"):
+        why = "asks for attention weights (output_attentions), which draftsmith's batch-invariant attention omits"
+    elif getattr(module, "reorder_and_upcast_attn", False):
+        why = "has reorder_and_upcast_attn (float32 attention scores), which batch-invariant attention omits"
+    if why:
+        raise DraftsmithError(
+            f"target: {arch} {why}; use the target with --batch_invariant false (its own attention, greedy "
+            f"output exact up to rounding) or in float32"
+        )
+
+
+def invariant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs):
+    """HF's eager attention (``repeat_kv``, ``q @ k^T * scaling``, Gemma-2's ``tanh(w / softcap) * softcap``, plus
+    the additive mask, a float32 softmax, ``@ v``) with each query's matmuls of one shape whatever the call: the
+    ``n`` queries are the last ``n`` positions of the ``kv`` keys (a decode step, a verification chain or tree), and
+    the query at position ``p`` runs in a group of ``QUERY_ROWS`` queries (zero-padded) over the first
+    ``ceil((p + 1) / KEY_BLOCK) * KEY_BLOCK`` keys (keys past ``kv`` zero and masked). The keys it drops lie after
+    ``p``, which a causal or tree mask hides from it anyway; the keys it masks weigh exactly 0 after the softmax,
+    whatever they hold. Keywords it cannot honour are refused (``check_attention_kwargs``)."""
     from transformers.models.llama.modeling_llama import repeat_kv
 
-    key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+    check_attention_kwargs(module, dropout, kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)  # GPT-2, GPT-NeoX: one key head per query head
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     b, h, n, _ = query.shape
     kv = key.shape[2]
+    window = kwargs.get("sliding_window")
     out = query.new_empty(b, h, n, value.shape[-1])
-    for start, end, width, mask in _group_masks(attention_mask, b, n, kv, query.dtype, query.device):
+    for start, end, width, mask in _group_masks(attention_mask, b, n, kv, query.dtype, query.device, window):
         m = end - start
         q = torch.nn.functional.pad(query[:, :, start:end], (0, 0, 0, QUERY_ROWS - m))
         k = torch.nn.functional.pad(key[:, :, :width], (0, 0, 0, max(0, width - kv)))
         v = torch.nn.functional.pad(value[:, :, :width], (0, 0, 0, max(0, width - kv)))
-        w = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-        w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+        w = torch.matmul(q, k.transpose(2, 3)) * scaling  # (b, h, QUERY_ROWS, width)
+        if softcap is not None:  # in eager's order: capped scores, then the mask
+            w = torch.tanh(w / softcap) * softcap
+        w = torch.nn.functional.softmax(w + mask, dim=-1, dtype=torch.float32).to(query.dtype)
         out[:, :, start:end] = torch.matmul(w, v)[:, :, :m]
     return out.transpose(1, 2).contiguous(), None
 
@@ -102,12 +165,15 @@ def forget_masks() -> None:
     _last_masks = None
 
 
-def _group_masks(attention_mask, b: int, n: int, kv: int, dtype, device) -> list[tuple[int, int, int, torch.Tensor]]:
+def _group_masks(
+    attention_mask, b: int, n: int, kv: int, dtype, device, window: int | None = None
+) -> list[tuple[int, int, int, torch.Tensor]]:
     """``invariant_attention``'s query groups, ``(start, end, key width, additive mask)``: runs of queries with the
     same key block, ``QUERY_ROWS`` at a time; each mask ``(b, 1, QUERY_ROWS, width)``, padded keys and queries
-    masked and seeing every key respectively."""
+    masked and seeing every key respectively. Without ``attention_mask``: causal, within ``window`` keys if given
+    (a given mask already carries the layer's window, as in eager attention)."""
     global _last_masks
-    shapes = (b, n, kv, dtype, device)
+    shapes = (b, n, kv, dtype, device, window)
     if _last_masks is not None and _last_masks[0] == shapes:
         ref = _last_masks[1]
         if (attention_mask is None and ref is None) or (ref is not None and ref() is attention_mask):
@@ -120,9 +186,10 @@ def _group_masks(attention_mask, b: int, n: int, kv: int, dtype, device) -> list
         while end < n and end - start < QUERY_ROWS and blocks[end] == blocks[start]:
             end += 1
         width, m = blocks[start], end - start
-        if attention_mask is None:  # causal: the query at position p sees the keys up to p
-            positions = torch.arange(kv - n + start, kv - n + end, device=device)
-            seen = torch.arange(min(width, kv), device=device) <= positions[:, None]
+        if attention_mask is None:  # causal: the query at position p sees the keys up to p (within the window)
+            positions = torch.arange(kv - n + start, kv - n + end, device=device)[:, None]
+            keys = torch.arange(min(width, kv), device=device)
+            seen = (keys <= positions) & (keys > positions - (kv + 1 if window is None else window))
         else:
             seen = attention_mask[:, :, start:end, : min(width, kv)]
         mask = torch.where(seen if seen.dtype == torch.bool else seen == 0, 0.0, lowest).to(dtype)
