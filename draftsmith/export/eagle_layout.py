@@ -3,14 +3,89 @@
 draftsmith's ``EagleModel`` (``families/eagle/network.py``) names its decoder layer ``layer.*``; engines name it
 ``layers.0.*`` (vLLM, speculators) or ``midlayer.*`` (SGLang EAGLE-3). Its ``feature_layers`` are HF
 ``hidden_states`` indices (0 = embeddings, L = the final *normed* state); each engine numbers the
-states it can capture its own way, checked here in one place.
+states it can capture its own way. ``LAYOUTS`` is the one table of these facts: the exporters write by it and
+``draftsmith import`` reads by it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from draftsmith.errors import DraftsmithError
+
+
+@dataclass(frozen=True)
+class AuxIds:
+    """Where a config keeps the target layers a drafter reads, and how it numbers them: id k is HF
+    ``hidden_states[k + offset]``."""
+
+    keys: tuple[str, ...]
+    """The path of config keys to the list of ids."""
+    offset: int
+    """id k is HF ``hidden_states[k + offset]``."""
+
+    def read(self, config: dict) -> tuple[int, ...] | None:
+        """The HF ``hidden_states`` indices ``config`` names here, or None where it names none."""
+        node = config
+        for key in self.keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        return None if node is None else tuple(k + self.offset for k in node)
+
+    def ids(self, layers) -> list[int]:
+        """HF ``hidden_states`` indices ``layers`` as this numbering writes them."""
+        return [k - self.offset for k in layers]
+
+
+VLLM_IDS = AuxIds(("eagle_aux_hidden_state_layer_ids",), 0)
+"""vLLM's and speculators' EAGLE-3 ids, top-level: id k is the residual stream entering layer k (``aux_layer_ids``)."""
+SGLANG_IDS = AuxIds(("eagle_config", "eagle_aux_hidden_state_layer_ids"), 1)
+"""SGLang's (and SpecForge's, the EAGLE release's) EAGLE-3 ids, under ``eagle_config``: SGLang captures id + 1."""
+ZLAB_DFLASH_IDS = AuxIds(("dflash_config", "target_layer_ids"), 1)
+"""z-lab's DFlash ids (vLLM, SGLang and SpecForge read them): target layer i's output, HF ``hidden_states[i + 1]``."""
+SPECULATORS_DFLASH_IDS = AuxIds(("aux_hidden_state_layer_ids",), 0)
+"""speculators' DFlash ids: id k = HF ``hidden_states[k]`` (vLLM's ``update_dflash`` maps them to z-lab's k - 1)."""
+
+
+@dataclass(frozen=True)
+class EagleLayout:
+    """How one engine or library lays out an EAGLE-3 (and P-EAGLE) drafter."""
+
+    name: str
+    prefix: str
+    """The one decoder layer's tensor names start with this."""
+    aux_ids: tuple[AuxIds, ...]
+    """Where its aux layer ids are, the first present wins; an export writes the first."""
+    layer_config: str | None = None
+    """The config key holding the decoder layer's Llama config (None: the config's top level)."""
+
+
+LAYOUTS = {
+    "speculators": EagleLayout("speculators", "layers.0.", (VLLM_IDS,), "transformer_layer_config"),
+    "sglang": EagleLayout("sglang", "midlayer.", (SGLANG_IDS, VLLM_IDS)),
+    "specforge": EagleLayout("specforge", "layers.0.", (VLLM_IDS, SGLANG_IDS)),  # SpecForge's PEagleDraftModel
+    "vllm": EagleLayout("vllm", "layers.0.", (VLLM_IDS,)),
+}
+"""EAGLE-3 layouts by name: speculators (vllm-project/speculators), sglang (SGLang's ``LlamaForCausalLMEagle3``, which
+SpecForge writes and the EAGLE repository released), specforge (SpecForge's P-EAGLE), vllm
+(``Eagle3LlamaForCausalLM``)."""
+EAGLE1_PREFIX = "layers.0."
+"""EAGLE-1's decoder layer in every engine (vLLM's ``EagleLlamaForCausalLM``, SGLang's ``LlamaForCausalLMEagle``)."""
+
+
+def loader_default_layers(num_layers: int) -> tuple[int, int, int]:
+    """The HF ``hidden_states`` every EAGLE-3 loader captures when a config names no aux ids (low, middle, high)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def feature_layers(config: dict, layout: str, num_layers: int) -> tuple[int, ...]:
+    """The HF ``hidden_states`` indices an EAGLE-3 checkpoint in ``layout`` was trained on."""
+    for numbering in LAYOUTS[layout].aux_ids:
+        layers = numbering.read(config)
+        if layers is not None:
+            return layers
+    return loader_default_layers(num_layers)
 
 
 def layer_tensors(network: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
@@ -52,7 +127,8 @@ def check_eagle1_feature(cfg, num_layers: int, engine: str) -> None:
 
 
 def aux_layer_ids(cfg, num_layers: int, engine: str) -> list[int]:
-    """EAGLE-3 feature layers (HF ``hidden_states`` indices) as ``engine`` numbers its aux layers.
+    """EAGLE-3 feature layers (HF ``hidden_states`` indices) as ``engine`` (a ``LAYOUTS`` name) numbers its aux
+    layers.
 
     vLLM 0.32 (``model_executor/models/llama.py`` + ``interfaces.py::_maybe_add_hidden_state``): id k is
     the residual stream entering layer k (k = L: leaving the last layer, *before* the final norm), so
@@ -67,7 +143,8 @@ def aux_layer_ids(cfg, num_layers: int, engine: str) -> list[int]:
         )
     if len(set(layers)) != 3:
         raise DraftsmithError(f"{engine} captures each aux layer once; this drafter repeats one in {layers}")
-    lowest = 1 if engine == "sglang" else 0
+    numbering = LAYOUTS[engine].aux_ids[0]
+    lowest = numbering.offset
     bad = [k for k in layers if not lowest <= k < num_layers]
     if bad:
         raise DraftsmithError(
@@ -76,7 +153,7 @@ def aux_layer_ids(cfg, num_layers: int, engine: str) -> list[int]:
             f"retrain with e.g. --model.init_args.feature_layers '[{max(1, num_layers - 3)}, "
             f"{max(1, num_layers - 2)}, {num_layers - 1}]'"
         )
-    return [k - 1 for k in layers] if engine == "sglang" else layers
+    return numbering.ids(layers)
 
 
 def vocab_maps(network: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

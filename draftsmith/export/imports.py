@@ -35,7 +35,10 @@ reads): ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` and ``
 ``{i}.{j}.linear.{weight,bias}`` and ``{i}.{layers}.weight``; head i reads the target's last (normed) hidden state
 and predicts the token i + 2 ahead, as draftsmith's Medusa does.
 
-Without aux ids every loader captures HF ``hidden_states`` (2, L/2, L-3). A grouped-query layer
+``import_drafter`` detects what a checkpoint holds (``detect``: its family and layout) and hands it to that family's
+importer (``IMPORTERS``). The EAGLE-3 layouts' facts (the decoder layer's tensor prefix, where the aux ids are and
+how they are numbered) are ``eagle_layout.LAYOUTS``, the table the exporters write by. Without aux ids every loader
+captures HF ``hidden_states`` (2, L/2, L-3) (``eagle_layout.loader_default_layers``). A grouped-query layer
 (``num_key_value_heads`` < heads) is imported exactly: each key/value head's projection rows are repeated for
 the query heads that share it. What draftsmith's EAGLE-3 layer cannot compute (another norm placement, RoPE
 scaling, biases) is refused with one line naming the config field, never approximated.
@@ -45,6 +48,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -56,7 +61,7 @@ from transformers import AutoConfig
 from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.common import target_fingerprint
-from draftsmith.export.eagle_layout import vocab_maps
+from draftsmith.export.eagle_layout import LAYOUTS, SPECULATORS_DFLASH_IDS, ZLAB_DFLASH_IDS, feature_layers, vocab_maps
 from draftsmith.families.eagle.network import Eagle3Config, EagleModel
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 
@@ -85,41 +90,93 @@ def read_weights(src: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def detect_layout(config: dict, state: dict) -> str:
-    """Which EAGLE-3 layout (speculators, sglang, vllm) a checkpoint is in, from its config and tensor names."""
+@dataclass
+class Checkpoint:
+    """A drafter checkpoint dir: its ``config.json`` and (read on first use: Medusa's keep theirs elsewhere) its
+    tensors."""
+
+    src: Path
+    config: dict
+
+    @cached_property
+    def state(self) -> dict[str, torch.Tensor]:
+        return read_weights(self.src)
+
+
+@dataclass
+class ImportTarget:
+    """The target an import is checked against and recorded for."""
+
+    dir: Path
+    """Its model directory."""
+    dtype: str
+    """The dtype it computes in (the target spec's, ``auto`` resolved), recorded in the drafter's fingerprint."""
+    name: str
+    """As the user named it (``smollm2``, a directory), for the printed ``score`` command."""
+
+    @cached_property
+    def config(self):
+        return AutoConfig.from_pretrained(self.dir)
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What a checkpoint holds: its family (which importer reads it) and the layout it is in."""
+
+    family: str
+    """``eagle3`` (EAGLE-3 and P-EAGLE), ``dflash``, ``pard`` or ``medusa``."""
+    layout: str
+    """eagle3: a ``LAYOUTS`` name; dflash: ``speculators`` or ``z-lab``; pard: ``vllm``; medusa: ``medusa`` (the
+    Medusa repository's) or ``vllm``."""
+
+
+def read_checkpoint(src: Path) -> Checkpoint:
+    if not (src / "config.json").is_file():
+        raise DraftsmithError(f"{src}: no config.json (not a drafter checkpoint dir)")
+    try:
+        return Checkpoint(src, json.loads((src / "config.json").read_text()))
+    except json.JSONDecodeError as e:
+        raise DraftsmithError(f"{src / 'config.json'} is not valid JSON ({e.msg})") from None
+
+
+def detect(ckpt: Checkpoint) -> Detected:
+    """The family and layout of a checkpoint, from its config and tensor names (see the module docstring)."""
+    config = ckpt.config
+    if "medusa_num_heads" in config:
+        return Detected("medusa", "medusa")
+    if config.get("model_type") == "medusa":
+        return Detected("medusa", "vllm")
+    state = ckpt.state
+    if "pard_token" in config and "fc.weight" not in state and "mask_hidden" not in state:
+        return Detected("pard", "vllm")  # a causal LM with a placeholder token (not P-EAGLE's)
+    # DFlash before the EAGLE layouts: z-lab's tensors look like vLLM's EAGLE-3
+    if config.get("speculators_model_type") == "dflash":
+        return Detected("dflash", "speculators")
+    if "dflash_config" in config:
+        return Detected("dflash", "z-lab")
+    return Detected("eagle3", eagle_layout_of(config, state))
+
+
+def eagle_layout_of(config: dict, state: dict) -> str:
+    """Which EAGLE-3 layout (``LAYOUTS``) a checkpoint is in, from its config and tensor names."""
     if config.get("speculators_model_type") is not None:
         kind = config["speculators_model_type"]
-        if kind not in ("eagle3", "peagle"):  # dflash never reaches here (import_drafter sends it to import_dflash)
+        if kind not in ("eagle3", "peagle"):
             raise DraftsmithError(
                 f"speculators_model_type {kind!r}: only eagle3, peagle and dflash checkpoints are imported"
             )
         return "speculators"
-    if any(k.startswith("midlayer.") for k in state):
+    if any(k.startswith(LAYOUTS["sglang"].prefix) for k in state):
         return "sglang"
     if "PEagleDraftModel" in (config.get("architectures") or []):
         return "specforge"
-    if any(k.startswith("layers.0.") for k in state) and "fc.weight" in state:
+    if any(k.startswith(LAYOUTS["vllm"].prefix) for k in state) and "fc.weight" in state:
         return "vllm"
     raise DraftsmithError(
         f"unknown drafter layout (architectures {config.get('architectures')}; no speculators_model_type, no "
         "midlayer.* or layers.0.* + fc tensors): draftsmith imports EAGLE-3 and P-EAGLE in the speculators, "
         "SGLang/SpecForge/EAGLE and vLLM layouts"
     )
-
-
-def feature_layers(config: dict, layout: str, num_layers: int) -> tuple[int, ...]:
-    """The HF ``hidden_states`` indices the checkpoint was trained on (see the module docstring)."""
-    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    ids = config.get("eagle_aux_hidden_state_layer_ids")
-    if sglang_ids is not None and (layout == "sglang" or (layout == "specforge" and ids is None)):
-        return tuple(k + 1 for k in sglang_ids)
-    if ids is not None:
-        return tuple(ids)
-    return (2, num_layers // 2, num_layers - 3)
-
-
-def layer_config(config: dict, layout: str) -> dict:
-    return config["transformer_layer_config"] if layout == "speculators" else config
 
 
 def check_supported(config: dict, layer: dict, where: str) -> None:
@@ -218,14 +275,13 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise DraftsmithError(f"{path}: cannot read the weights (truncated or corrupt: {e})") from None
 
 
-def write_imported(network, target: Path, out: Path, dtype: str, src: Path, layout: str, what: str) -> Path:
-    """The native dir for ``target`` in ``dtype``, recording where it came from; prints how to score it."""
-    fingerprint = target_fingerprint(target, dtype)
-    save_native(
-        network, SimpleNamespace(fingerprint=fingerprint), out, {"imported_from": {"path": str(src), "layout": layout}}
-    )
-    print(f"import: {src} ({layout}, {what}) -> {out}")
-    print(f"score it: draftsmith score --target {target} --drafter imported={out}")
+def write_imported(network, ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path, what: str) -> Path:
+    """The native dir for ``target`` in its dtype, recording where it came from; prints how to score it."""
+    fingerprint = target_fingerprint(target.dir, target.dtype)
+    record = {"imported_from": {"path": str(ckpt.src), "layout": layout}}
+    save_native(network, SimpleNamespace(fingerprint=fingerprint), out, record)
+    print(f"import: {ckpt.src} ({layout}, {what}) -> {out}")
+    print(f"score it: draftsmith score --target {target.name}:{target.dtype} --drafter imported={out}")
     return out
 
 
@@ -237,11 +293,12 @@ def medusa_weights(src: Path) -> dict[str, torch.Tensor]:
     raise DraftsmithError(f"{src}: a Medusa config without medusa_lm_head.safetensors or medusa_lm_head.pt")
 
 
-def medusa_tensors(src: Path, config: dict) -> tuple[str, int, int, dict]:
-    """(layout, heads, blocks per head, draftsmith's Medusa tensors, None where the checkpoint lacks one) of Medusa
-    heads in the Medusa repository's layout or vLLM's (``MedusaModel``: ``blocks.{i}.layers.{j}``, ``lm_heads.{i}``;
-    without ``medusa_fc_bias`` vLLM's blocks have no bias: zeros)."""
-    if "medusa_num_heads" in config:
+def medusa_tensors(ckpt: Checkpoint, layout: str) -> tuple[int, int, dict]:
+    """(heads, blocks per head, draftsmith's Medusa tensors, None where the checkpoint lacks one) of Medusa heads in
+    the Medusa repository's layout or vLLM's (``MedusaModel``: ``blocks.{i}.layers.{j}``, ``lm_heads.{i}``; without
+    ``medusa_fc_bias`` vLLM's blocks have no bias: zeros)."""
+    src, config = ckpt.src, ckpt.config
+    if layout == "medusa":
         heads, layers = config["medusa_num_heads"], config.get("medusa_num_layers", 1)
         state, ours = medusa_weights(src), {}
         for i in range(heads):
@@ -249,14 +306,14 @@ def medusa_tensors(src: Path, config: dict) -> tuple[str, int, int, dict]:
                 for kind in ("weight", "bias"):
                     ours[f"blocks.{i}.layers.{j}.{kind}"] = state.get(f"{i}.{j}.linear.{kind}")
             ours[f"lm_heads.{i}.weight"] = state.get(f"{i}.{layers}.weight")
-        return "medusa", heads, layers, ours
+        return heads, layers, ours
     heads, layers, vocab = config.get("num_heads"), config.get("num_hidden_layers", 1), config.get("vocab_size")
     if config.get("truncated_vocab_size", vocab) != vocab:
         raise DraftsmithError(
             f"{src} (vLLM Medusa layout): truncated_vocab_size {config['truncated_vocab_size']} < vocab_size {vocab} "
             "(draftsmith's Medusa heads predict the whole vocabulary); not imported"
         )
-    state, ours = read_weights(src), {}
+    state, ours = ckpt.state, {}
     for i in range(heads or 0):
         for j in range(layers):
             weight = ours[f"blocks.{i}.layers.{j}.weight"] = state.get(f"blocks.{i}.layers.{j}.weight")
@@ -265,19 +322,19 @@ def medusa_tensors(src: Path, config: dict) -> tuple[str, int, int, dict]:
                 bias = weight.new_zeros(len(weight))
             ours[f"blocks.{i}.layers.{j}.bias"] = bias
         ours[f"lm_heads.{i}.weight"] = state.get(f"lm_heads.{i}.weight")
-    return "vllm", heads, layers, ours
+    return heads, layers, ours
 
 
-def import_medusa(src: Path, config: dict, target: Path, out: Path, dtype: str) -> Path:
+def import_medusa(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) -> Path:
     """Medusa heads (the Medusa repository's layout or vLLM's, see ``medusa_tensors``) -> a native medusa1
     drafter."""
     from draftsmith.families.registry import build_network
 
-    layout, heads, layers, ours = medusa_tensors(src, config)
-    where = f"{src} ({layout} Medusa layout)"
+    heads, layers, ours = medusa_tensors(ckpt, layout)
+    where = f"{ckpt.src} ({layout} Medusa layout)"
     if not heads:
         raise DraftsmithError(f"{where}: no num_heads in config.json")
-    tcfg = AutoConfig.from_pretrained(target)
+    tcfg = target.config
     head = ours.get("lm_heads.0.weight")
     if head is None:
         raise DraftsmithError(f"{where}: no LM head for head 0 (medusa_num_layers / num_hidden_layers={layers}?)")
@@ -297,7 +354,7 @@ def import_medusa(src: Path, config: dict, target: Path, out: Path, dtype: str) 
         network.load_state_dict({k: v.float() for k, v in ours.items()})
     except RuntimeError as e:
         raise DraftsmithError(f"{where}: {str(e).splitlines()[-1].strip()}") from None
-    return write_imported(network, target, out, dtype, src, layout, f"{heads} heads x {layers} blocks")
+    return write_imported(network, ckpt, layout, target, out, f"{heads} heads x {layers} blocks")
 
 
 def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | None = None) -> Path:
@@ -325,30 +382,22 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | N
     from draftsmith.targets import parse_target, resolve, target_dtype
 
     spec = parse_target(target, dtype)
-    src, target, out = Path(src), resolve(spec), Path(out)
-    dtype = target_dtype(spec, target)
-    if not (src / "config.json").is_file():
-        raise DraftsmithError(f"{src}: no config.json (not a drafter checkpoint dir)")
-    try:
-        config = json.loads((src / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"{src / 'config.json'} is not valid JSON ({e.msg})") from None
-    if "medusa_num_heads" in config or config.get("model_type") == "medusa":
-        return import_medusa(src, config, target, out, dtype)
-    state = read_weights(src)
-    if "pard_token" in config and "fc.weight" not in state and "mask_hidden" not in state:
-        return import_pard(src, config, target, out, dtype)  # a causal LM with a placeholder token (not P-EAGLE's)
-    # DFlash in z-lab's or speculators' layout (before detect_layout: z-lab's tensors look like vLLM's EAGLE-3)
-    if "dflash_config" in config or config.get("speculators_model_type") == "dflash":
-        return import_dflash(src, config, state, target, out, dtype)
-    layout = detect_layout(config, state)
-    layer = layer_config(config, layout)
-    where = f"{src} ({layout} layout)"
+    path = resolve(spec)
+    ckpt, out = read_checkpoint(Path(src)), Path(out)
+    found = detect(ckpt)
+    return IMPORTERS[found.family](ckpt, found.layout, ImportTarget(path, target_dtype(spec, path), spec.source), out)
+
+
+def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) -> Path:
+    """An EAGLE-3 or P-EAGLE checkpoint in one of ``LAYOUTS`` -> a native eagle3 or peagle drafter."""
+    config, state, facts = ckpt.config, ckpt.state, LAYOUTS[layout]
+    layer = config[facts.layer_config] if facts.layer_config else config
+    where = f"{ckpt.src} ({layout} layout)"
     check_supported(config, layer, where)
-    tcfg = AutoConfig.from_pretrained(target)
+    tcfg = target.config
     num_layers, vocab = tcfg.num_hidden_layers, tcfg.vocab_size
     layers = feature_layers(config, layout, num_layers)
-    prefix = "midlayer." if layout == "sglang" else "layers.0."
+    prefix = facts.prefix
     draft_vocab = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else None
     check_target(config, layer, state, layers, tcfg, where)
     missing = [
@@ -380,7 +429,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | N
         t2d[torch.arange(len(d2t)) + d2t.long()] = True
     embed = state.get("embed_tokens.weight")
     if embed is None:  # shared with the target by the engines that ship none
-        embed = target_embedding(target)
+        embed = target_embedding(target.dir)
     weights = {
         "embed_tokens.weight": embed,
         "fc.weight": state["fc.weight"],
@@ -393,7 +442,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | N
     }
     load_weights(network, weights, where, "EAGLE-3")
     vocab_maps(network)  # d2t/t2d consistent, inside the target's vocabulary
-    return write_imported(network, target, out, dtype, src, layout, what)
+    return write_imported(network, ckpt, layout, target, out, what)
 
 
 PEAGLE_DEPTH = 8
@@ -435,7 +484,7 @@ PARD_DEPTH = 8
 a drafter drafts fewer when asked)."""
 
 
-def import_pard(src: Path, config: dict, target: Path, out: Path, dtype: str) -> Path:
+def import_pard(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) -> Path:
     """A PARD draft LM as vLLM serves it (any HF causal LM whose config names its placeholder ``pard_token``: AMD's
     PARD releases, draftsmith's vLLM export) -> a native ``pard`` drafter, loaded by ``from_pretrained`` and checked
     against the target (vocabulary, tokenizer when it ships one)."""
@@ -444,7 +493,8 @@ def import_pard(src: Path, config: dict, target: Path, out: Path, dtype: str) ->
     from draftsmith.core.target import tokenizer_hash
     from draftsmith.families.pard.network import PardConfig, PardNetwork
 
-    where, tcfg = f"{src} (PARD: a causal LM with pard_token)", AutoConfig.from_pretrained(target)
+    src, config, tcfg = ckpt.src, ckpt.config, target.config
+    where = f"{src} (PARD: a causal LM with pard_token)"
     if config.get("vocab_size") != tcfg.vocab_size:
         raise DraftsmithError(
             f"{where} was trained for another target: vocabulary {config.get('vocab_size')} vs the target's "
@@ -453,9 +503,9 @@ def import_pard(src: Path, config: dict, target: Path, out: Path, dtype: str) ->
     token = config["pard_token"]
     if not (isinstance(token, int) and 0 <= token < tcfg.vocab_size):
         raise DraftsmithError(f"{where}: pard_token {token!r} is not a token id below the vocabulary {tcfg.vocab_size}")
-    both = all((d / "tokenizer_config.json").is_file() for d in (src, target))
+    both = all((d / "tokenizer_config.json").is_file() for d in (src, target.dir))
     if both and tokenizer_hash(AutoTokenizer.from_pretrained(src)) != tokenizer_hash(
-        AutoTokenizer.from_pretrained(target)
+        AutoTokenizer.from_pretrained(target.dir)
     ):
         raise DraftsmithError(f"{where} was trained for another target: its tokenizer differs from the target's")
     try:
@@ -468,7 +518,7 @@ def import_pard(src: Path, config: dict, target: Path, out: Path, dtype: str) ->
     what = f"PARD draft LM, placeholder token {token}, depth {depth}" + (
         "" if config.get("num_depths") else " (assumed)"
     )
-    return write_imported(network, target, out, dtype, src, "vllm", what)
+    return write_imported(network, ckpt, layout, target, out, what)
 
 
 def target_embedding(target: Path) -> torch.Tensor:
@@ -476,17 +526,16 @@ def target_embedding(target: Path) -> torch.Tensor:
     return target_tensor(target, ("embed_tokens.weight", "wte.weight"))
 
 
-def dflash_fields(config: dict) -> tuple[str, dict, dict]:
-    """A DFlash checkpoint's layout (``speculators`` or ``z-lab``: vLLM's, SGLang's, SpecForge's), its layer
-    config and its fields in one convention: ``layers`` (HF ``hidden_states`` indices), ``mask``, ``block``,
+def dflash_fields(config: dict, layout: str) -> tuple[dict, dict]:
+    """A DFlash checkpoint's layer config and its fields in one convention, by its layout (``speculators`` or
+    ``z-lab``: vLLM's, SGLang's, SpecForge's): ``layers`` (HF ``hidden_states`` indices), ``mask``, ``block``,
     ``draft_vocab``, ``sample_from_anchor``."""
-    if config.get("speculators_model_type") == "dflash":
+    if layout == "speculators":
         layer = config["transformer_layer_config"]
         return (
-            "speculators",
             layer,
             {
-                "layers": config.get("aux_hidden_state_layer_ids"),
+                "layers": SPECULATORS_DFLASH_IDS.read(config),
                 "mask": config.get("mask_token_id"),
                 "block": config.get("block_size"),
                 "draft_vocab": config.get("draft_vocab_size", layer.get("vocab_size")),
@@ -494,12 +543,10 @@ def dflash_fields(config: dict) -> tuple[str, dict, dict]:
             },
         )
     dflash = config["dflash_config"]
-    ids = dflash.get("target_layer_ids")
     return (
-        "z-lab",
         config,
         {
-            "layers": None if ids is None else [i + 1 for i in ids],
+            "layers": ZLAB_DFLASH_IDS.read(config),
             "mask": dflash.get("mask_token_id"),
             "block": config.get("block_size"),
             "draft_vocab": config.get("draft_vocab_size", config.get("vocab_size")),
@@ -508,18 +555,19 @@ def dflash_fields(config: dict) -> tuple[str, dict, dict]:
     )
 
 
-def import_dflash(src: Path, config: dict, state: dict, target: Path, out: Path, dtype: str) -> Path:
+def import_dflash(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) -> Path:
     """A DFlash checkpoint in the speculators or z-lab layout -> a native dflash drafter (see the module docstring)."""
     from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
 
-    layout, layer, fields = dflash_fields(config)
+    src, config, state = ckpt.src, ckpt.config, ckpt.state
+    layer, fields = dflash_fields(config, layout)
     where = f"{src} ({layout} DFlash)"
     check_layer(layer, where, "DFlash")
     if fields["sample_from_anchor"]:
         raise DraftsmithError(f"{where}: sample_from_anchor=true (draftsmith's DFlash drafts only from its masks)")
     if "sliding_attention" in (layer.get("layer_types") or []):
         raise DraftsmithError(f"{where}: sliding-window layers (layer_types); draftsmith's DFlash attends fully")
-    tcfg = AutoConfig.from_pretrained(target)
+    tcfg = target.config
     vocab = tcfg.vocab_size
     layers, mask, block = fields["layers"], fields["mask"], fields["block"]
     if layers is None or mask is None or not block or block < 2:
@@ -542,15 +590,15 @@ def import_dflash(src: Path, config: dict, state: dict, target: Path, out: Path,
     weights = {k: v for k, v in state.items() if k.startswith(("fc.", "hidden_norm.", "norm.", "layers."))}
     ungroup_kv(weights, layer)
     embed = state.get("embed_tokens.weight")
-    embed = target_embedding(target) if embed is None else embed
+    embed = target_embedding(target.dir) if embed is None else embed
     head = state.get("lm_head.weight")
-    head = target_tensor(target, ("lm_head.weight",), tied=embed) if head is None else head
+    head = target_tensor(target.dir, ("lm_head.weight",), tied=embed) if head is None else head
     mask_embedding = torch.load(learned, map_location="cpu", weights_only=True) if learned.is_file() else embed[mask]
     weights |= {"embed_tokens.weight": embed, "lm_head.weight": head, "mask_embedding": mask_embedding}
     network = DFlashModel(cfg)
     load_weights(network, weights, where, "DFlash")
     what = f"DFlash, {cfg.num_layers} layers, block {block}, feature layers {list(layers)}"
-    return write_imported(network, target, out, dtype, src, layout, what)
+    return write_imported(network, ckpt, layout, target, out, what)
 
 
 def target_tensor(target: Path, suffixes: tuple[str, ...], tied: torch.Tensor | None = None) -> torch.Tensor:
@@ -564,3 +612,7 @@ def target_tensor(target: Path, suffixes: tuple[str, ...], tied: torch.Tensor | 
     if tied is not None:
         return tied
     raise DraftsmithError(f"{target}: no {'/'.join(suffixes)} tensor in its safetensors files (the drafter ships none)")
+
+
+IMPORTERS = {"eagle3": import_eagle3, "dflash": import_dflash, "pard": import_pard, "medusa": import_medusa}
+"""One importer per family ``detect`` tells apart; each reads the layout it is given."""

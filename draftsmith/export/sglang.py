@@ -43,7 +43,7 @@ def _eagle3(src: Source, out: Path, dtype: str | None) -> str:
     layers = target["num_hidden_layers"]
     sglang_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "sglang")
     vllm_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "vllm")
-    tensors = cast(eagle3_tensors(src.network, "midlayer."), dtype)
+    tensors = cast(eagle3_tensors(src.network, eagle_layout.LAYOUTS["sglang"].prefix), dtype)
     flags = eagle3_config(src.network, target, vllm_ids)
     # norm_output left out: SGLang and vLLM default it to False (the next step's feature is the un-normed layer
     # output), SpecForge's LlamaForCausalLMEagle3 to True with another meaning (logits read off the normed
@@ -68,7 +68,7 @@ def _eagle1(src: Source, out: Path, dtype: str | None) -> str:
         {
             "fc.weight": state["fc.weight"],
             "fc.bias": state["fc.bias"],
-            **eagle_layout.layer_tensors(network, "layers.0."),
+            **eagle_layout.layer_tensors(network, eagle_layout.EAGLE1_PREFIX),
         },
         dtype,
     )

@@ -88,7 +88,7 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> None:
         "draft_vocab_size": cfg.vocab_size,
         "block_size": cfg.depth + 1,
         "target_hidden_size": cfg.target_hidden_size,
-        "aux_hidden_state_layer_ids": list(cfg.feature_layers),
+        "aux_hidden_state_layer_ids": eagle_layout.SPECULATORS_DFLASH_IDS.ids(cfg.feature_layers),
         "mask_token_id": cfg.mask_token_id,
         "sample_from_anchor": False,
         # no sliding-window layers, so speculators reads the same either way (its full-attention layers are always
@@ -108,8 +108,8 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
         return f"vllm serve {out}  # the verifier is read from speculators_config.verifier.name_or_path"
     cfg = src.network.cfg
     target = src.target_config("speculators")
-    aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "vllm")
-    tensors = eagle3_tensors(src.network, "layers.0.")
+    aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "speculators")
+    tensors = eagle3_tensors(src.network, eagle_layout.LAYOUTS["speculators"].prefix)
     peagle = src.method == "peagle"
     if peagle:
         tensors["mask_hidden"] = src.network.state_dict()["mask_hidden"].reshape(1, 1, -1)

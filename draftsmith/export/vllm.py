@@ -88,7 +88,7 @@ def eagle3_config(network, target: dict, aux_ids: list[int]) -> dict:
 def _eagle3(src: Source, out: Path, dtype: str | None) -> dict:
     target = src.target_config("vllm")
     aux = eagle_layout.aux_layer_ids(src.network.cfg, target["num_hidden_layers"], "vllm")
-    tensors = cast(eagle3_tensors(src.network, "layers.0."), dtype)
+    tensors = cast(eagle3_tensors(src.network, eagle_layout.LAYOUTS["vllm"].prefix), dtype)
     config = {
         "architectures": ["Eagle3LlamaForCausalLM"],
         **eagle3_config(src.network, target, aux),
@@ -103,7 +103,7 @@ def _eagle1(src: Source, out: Path, dtype: str | None) -> dict:
     target = src.target_config("vllm")
     eagle_layout.check_eagle1_feature(network.cfg, target["num_hidden_layers"], "vLLM")
     state = network.state_dict()
-    tensors = {"fc.weight": state["fc.weight"], **eagle_layout.layer_tensors(network, "layers.0.")}
+    tensors = {"fc.weight": state["fc.weight"], **eagle_layout.layer_tensors(network, eagle_layout.EAGLE1_PREFIX)}
     if bool(state["fc.bias"].any()):
         tensors["embed_tokens.weight"] = eagle_layout.fold_fc_bias(network)
     tensors = cast(tensors, dtype)
@@ -163,7 +163,7 @@ def _peagle(src: Source, out: Path, dtype: str | None) -> dict:
     target = src.target_config("vllm")
     aux = eagle_layout.aux_layer_ids(network.cfg, target["num_hidden_layers"], "vllm")
     mask_hidden = network.state_dict()["mask_hidden"].reshape(1, 1, -1)  # SpecForge's shape; vLLM views it (1, -1)
-    tensors = cast({**eagle3_tensors(network, "layers.0."), "mask_hidden": mask_hidden}, dtype)
+    tensors = cast({**eagle3_tensors(network, eagle_layout.LAYOUTS["vllm"].prefix), "mask_hidden": mask_hidden}, dtype)
     layers = target["num_hidden_layers"]
     config = {
         "architectures": ["Eagle3LlamaForCausalLM"],
@@ -187,7 +187,7 @@ def _peagle(src: Source, out: Path, dtype: str | None) -> dict:
 def _dflash(src: Source, out: Path, dtype: str | None) -> dict:
     cfg = src.network.cfg
     target = src.target_config("vllm")
-    bad = [k for k in cfg.feature_layers if not 1 <= k < target["num_hidden_layers"]]
+    bad = [k for k in cfg.feature_layers if not eagle_layout.ZLAB_DFLASH_IDS.offset <= k < target["num_hidden_layers"]]
     if bad:
         raise DraftsmithError(
             f"vLLM feeds DFlash the outputs of target layers 0..{target['num_hidden_layers'] - 2} (HF hidden_states "
@@ -215,7 +215,10 @@ def dflash_dir(src: Source, out: Path, dtype: str | None, target: dict, fmt: str
         "model_type": "qwen3",
         "num_hidden_layers": cfg.num_layers,
         "target_hidden_size": cfg.target_hidden_size,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": [k - 1 for k in cfg.feature_layers]},
+        "dflash_config": {
+            "mask_token_id": cfg.mask_token_id,
+            "target_layer_ids": eagle_layout.ZLAB_DFLASH_IDS.ids(cfg.feature_layers),
+        },
         "block_size": cfg.depth + 1,  # z-lab's field, which SpecForge and SGLang read (vLLM takes K from its command)
         "num_target_layers": target["num_hidden_layers"],  # z-lab's too: SpecForge's class requires it
         "torch_dtype": dtype_name(tensors),
