@@ -272,6 +272,24 @@ def test_eagle3_final_normed_feature_is_refused_for_engines(env, tmp_path):
             export(tmp_path / "final", fmt, tmp_path / fmt)
 
 
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
+def test_each_eagle3_layout_reads_back_the_feature_layers_and_layer_its_exporter_writes(env, tmp_path, fmt):
+    """``eagle_layout.LAYOUTS`` is the one table both directions use: what an export writes (the decoder layer under
+    its prefix, the aux ids in its numbering) the same layout reads as the drafter's HF ``hidden_states``; an SGLang
+    dir carries both numberings, and either one alone reads the same layers."""
+    config, tensors = read(export(env["eagle3"], fmt, tmp_path / "out"))
+    layout = eagle_layout.LAYOUTS[fmt]
+    assert eagle_layout.feature_layers(config, fmt, LAYERS) == (1, 2, 3)  # env's EAGLE-3 reads hidden_states 1..3
+    assert {k for k in tensors if "self_attn" in k} == {f"{layout.prefix}self_attn.{p}_proj.weight" for p in "qkvo"}
+    bare = {k: v for k, v in config.items() if k not in ("eagle_config", "eagle_aux_hidden_state_layer_ids")}
+    written = [n for n in layout.aux_ids if n.read(config) is not None]
+    assert written and written[0] == layout.aux_ids[0]
+    for numbering in written:  # each place the layout reads its ids from, alone
+        alone = bare | {numbering.keys[0]: config[numbering.keys[0]]}
+        assert eagle_layout.feature_layers(alone, fmt, LAYERS) == (1, 2, 3), numbering
+    assert eagle_layout.feature_layers(bare, fmt, LAYERS) == eagle_layout.loader_default_layers(LAYERS)
+
+
 @pytest.mark.parametrize("layers", [4, 5, 8, 32])
 def test_default_eagle3_feature_layers_are_servable(layers):
     """The EAGLE-3 default must be what engines capture, or a drafter trained with defaults cannot be served."""
