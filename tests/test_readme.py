@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import eagle3_case, make_llama, make_tokenizer
 
 from draftsmith.cli import main
@@ -107,7 +108,7 @@ def expand(command: str) -> list[list[str]]:
 
 def run(words: list[str], values: dict[str, str]) -> None:
     """``draftsmith WORDS`` through the CLI's ``main``, placeholders filled, the subcommand's budget appended; a
-    user error (exit 2, one line) fails the test with that line."""
+    user error (exit 2) fails the test (its one line is in the captured stderr)."""
     assert words[0] == "draftsmith", words
     args = [values.get(w, w) for w in words[1:]]
     unfilled = [w for w in args if re.fullmatch(r"[A-Z][A-Z_]+", w)]
@@ -161,7 +162,7 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason():
     assert all(section_commands(s) for s in RUN), "a RUN section without commands to run"
 
 
-def test_bring_your_own_drafter_runs_as_written(checkout, capsys):
+def test_bring_your_own_drafter_runs_as_written(checkout):
     """import -> score -> fit from the imported drafter, as the README says; the import records the dtype
     ``--target smollm2`` computes in, which the score and the fit then use (before the fix: float32 always, and
     the score stopped with 'made with target ... in float32 but is used with it in bfloat16' on a bf16 CPU)."""
@@ -173,12 +174,15 @@ def test_bring_your_own_drafter_runs_as_written(checkout, capsys):
     for command in commands:
         run(shlex.split(command), {"SPECULATORS_OR_SGLANG_OR_VLLM_DIR": "their-eagle3"})
     work = checkout["work"]
-    record, _ = read(work / "runs" / "imported" / "eagle3")
+    record, imported = read(work / "runs" / "imported" / "eagle3")
     assert record["target"]["dtype"] == target_dtype(parse_target("smollm2"), checkout["smollm2"], quiet=True)
     report = json.loads((work / "runs" / "score" / "report.json").read_text())
     (row,) = report["drafters"]
     assert row["name"] == "theirs" and row["greedy_exact"] == row["prompts"] == 2
-    assert list((work / "runs" / "fit" / "smollm2-eagle3").rglob("*.ckpt")), "fit saved no checkpoint"
+    checkpoints = sorted((work / "runs" / "fit" / "smollm2-eagle3").rglob("*.ckpt"))
+    assert checkpoints, "fit saved no checkpoint"
+    _, fitted = read(checkpoints[-1])
+    assert torch.equal(fitted["d2t"], imported["d2t"])  # it went on from the imported drafter's draft vocabulary
 
 
 FORMAT_DRAFTER = {"hf": "draft_lm"}
