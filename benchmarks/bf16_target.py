@@ -121,7 +121,7 @@ def run_set(
         if m["greedy_exact"] < len(prompts):
             m["divergences"] = divergences(t, prompts, spec[name], plain[tname])
         if "auto" in name:
-            m["auto_k"] = shape.record()
+            m["auto_k"] = shape.to_dict()
         block["drafters"].append(m)
     for name in targets:
         if name == "float32":

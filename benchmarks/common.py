@@ -72,9 +72,11 @@ def measured_on(m: dict) -> str:
 def saved_block(path: Path, names: list[str], run) -> dict:
     """A scored block's result, computed once (``run()``) and saved, so an interrupted benchmark resumes; a saved
     block of other drafters is computed again."""
+    from draftsmith.eval.rows import read_rows
+
     if path.is_file():
         saved = json.loads(path.read_text())
-        if [row["name"] for row in saved["drafters"]] == names:
+        if [row.name for row in read_rows(saved["drafters"])] == names:
             return saved
     result = run()
     path.parent.mkdir(parents=True, exist_ok=True)

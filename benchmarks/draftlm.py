@@ -24,6 +24,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.registry import load_network
 from draftsmith.targets import default as default_target
@@ -45,7 +46,8 @@ def markdown(result: dict) -> str:
             f"| {name} | {fit['stage']} | {fit.get('loss', 'ce')} | {fit.get('on_policy', '–')} "
             f"| {fit['steps']} | {took} | {fit['val_tau_est']:.3f} | {measured} |"
         )
-    scored = [r["name"] for r in result["drafters"]]
+    plain, rows = read_block(result)
+    scored = [r.name for r in rows]
     target = f" Target: {result['target_params'] / 1e6:.1f}M parameters." if "target_params" in result else ""
     return (
         "## Distilled draft LMs on the default target\n\n"
@@ -60,9 +62,7 @@ def markdown(result: dict) -> str:
         f"{args['val_prompts']} held-out prompts (equal to the verifier's full-round τ on that text, tested in "
         f"tests/test_draft_lm.py); the verifier itself decoded {', '.join(scored)} below.\n\n"
         f"### Verifier, same run (greedy, K = {args['k']}, {result.get('scored_prompts', args['score_prompts'])} "
-        f"held-out prompts × {args['new_tokens']} tokens)\n\n"
-        + markdown_table(result["drafters"], result["plain"])
-        + "\n"
+        f"held-out prompts × {args['new_tokens']} tokens)\n\n" + markdown_table(rows, plain) + "\n"
     )
 
 
@@ -116,12 +116,12 @@ def main() -> None:
             drafters[name] = network.as_drafter()
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.score_prompts)]
     plain, rows = score_drafters(target, drafters, prompts, args.k, Sampling(), args.new_tokens)
-    scored = {row["name"]: row for row in rows}
+    scored = {row.name: row for row in rows}
     for name, fit in fits.items():
         if name in scored:
-            fit["verifier_tau"], fit["speedup"] = scored[name]["tau"], scored[name]["speedup"]
+            fit["verifier_tau"], fit["speedup"] = scored[name].tau, scored[name].speedup
     data_out = {"machine": machine(), "target": target.fingerprint, "args": {k: str(v) for k, v in vars(args).items()},
-                "fits": fits, "plain": plain, "drafters": rows, "load_average": os.getloadavg(),
+                "fits": fits, **block_dicts(plain, rows), "load_average": os.getloadavg(),
                 "target_params": sum(p.numel() for p in target.model.parameters()),
                 "scored_prompts": len(prompts)}  # fmt: skip
     md = markdown(data_out)

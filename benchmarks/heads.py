@@ -30,9 +30,11 @@ from common import HELDOUT, machine, saved_block, write
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.feature_cache import cache_features
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import ScoreRow, block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.kangaroo.module import KangarooModule
@@ -57,7 +59,7 @@ def drafters_for(target: Target, exports: dict[str, Path], k: int, tree_size: in
     out = {}
     for name, path in exports.items():
         spec = UNTRAINED.get(name) or str(path)
-        kinds = ("chain", "static", "dynamic") if name in TREE_FAMILIES else ("chain",)
+        kinds = (TreeKind.CHAIN, TreeKind.STATIC, TreeKind.DYNAMIC) if name in TREE_FAMILIES else (TreeKind.CHAIN,)
         for kind in kinds:
             drafter = load_drafter(spec, target)
             if isinstance(drafter, TreeDrafter):
@@ -71,7 +73,7 @@ def drafters_for(target: Target, exports: dict[str, Path], k: int, tree_size: in
 
 def block(target: Target, drafters: dict, prompts, k: int, max_new: int) -> dict:
     plain, rows = score_drafters(target, drafters, prompts, k, Sampling(0.0), max_new)
-    return {"k": k, "plain": plain, "drafters": rows}
+    return {"k": k, **block_dicts(plain, rows)}
 
 
 def markdown(result: dict) -> str:
@@ -89,13 +91,14 @@ def markdown(result: dict) -> str:
         "of the exports: " + ", ".join(f"{n} {v:.2f}" for n, v in result["training"].items() if v is not None) + ".",
     ]
     for title, b in result["blocks"].items():
-        lines += ["", f"## {title}", "", *summary(b), "", "### All rows", "", markdown_table(b["drafters"], b["plain"])]
+        plain, rows = read_block(b)
+        lines += ["", f"## {title}", "", *summary(rows), "", "### All rows", "", markdown_table(rows, plain)]
     return "\n".join(lines) + "\n"
 
 
-def summary(block: dict) -> list[str]:
+def summary(scored: list[ScoreRow]) -> list[str]:
     """τ and speedup of each family as a chain and in both trees (a row per family), then the chain-only rows."""
-    rows = {r["name"]: r for r in block["drafters"]}
+    rows = {r.name: r for r in scored}
     out = [
         "| drafter | chain τ | static τ | dynamic τ | chain × | static × | dynamic × |",
         "|---|---|---|---|---|---|---|",
@@ -103,11 +106,11 @@ def summary(block: dict) -> list[str]:
     for name in [n for n in TREE_FAMILIES if f"{n}/chain" in rows]:
         c, s, d = (rows[f"{name}/{kind}"] for kind in ("chain", "static", "dynamic"))
         out.append(
-            f"| {name} | {c['tau']:.2f} | {s['tau']:.2f} | {d['tau']:.2f} | {c['speedup']:.2f}× "
-            f"| {s['speedup']:.2f}× | {d['speedup']:.2f}× |"
+            f"| {name} | {c.tau:.2f} | {s.tau:.2f} | {d.tau:.2f} | {c.speedup:.2f}× "
+            f"| {s.speedup:.2f}× | {d.speedup:.2f}× |"
         )
     for name in [n for n in (*CHAIN_FAMILIES, NO_EXIT, *UNTRAINED) if n in rows]:
-        out.append(f"| {name} | {rows[name]['tau']:.2f} | – | – | {rows[name]['speedup']:.2f}× | – | – |")
+        out.append(f"| {name} | {rows[name].tau:.2f} | – | – | {rows[name].speedup:.2f}× | – | – |")
     return out
 
 

@@ -24,6 +24,7 @@ from common import machine, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.judge import load_judge
 from draftsmith.families.specs import build_drafter, parse_spec
@@ -34,7 +35,8 @@ TRAIN, HELDOUT = "builtin:checkable-train", "builtin:checkable-heldout"
 
 
 def markdown(data: dict) -> str:
-    m, plain, judge = data["machine"], data["plain"], data["judge"]
+    m, judge = data["machine"], data["judge"]
+    plain, rows = read_block(data)
     lines = [
         "# Judge decoding on SmolLM2: speed bought, answers lost",
         "",
@@ -52,16 +54,16 @@ def markdown(data: dict) -> str:
         "",
         "| row | lossy | threshold | τ | accepted by the judge | tokens/s | speedup | greedy exact | checks passed |",
         "|---|---|---|---|---|---|---|---|---|",
-        f"| plain decoding | no | – | 1.00 | – | {plain['tokens_per_s']:.1f} | 1.00× | – | "
-        f"{plain['checks_passed']}/{plain['checked']} |",
+        f"| plain decoding | no | – | 1.00 | – | {plain.tokens_per_s:.1f} | 1.00× | – | "
+        f"{plain.checks_passed}/{plain.checked} |",
     ]
-    for r in data["drafters"]:
-        lossy = r.get("lossy", False)
-        judged = f"{r['judged_share']:.0%} of kept" if lossy else "–"
+    for r in rows:
+        judged = f"{r.judged_share:.0%} of kept" if r.lossy else "–"
+        threshold = r.extra["threshold"] if r.lossy else "–"  # the benchmark's addition to judged rows
         lines.append(
-            f"| {r['name']} | {'yes' if lossy else 'no'} | {r['threshold'] if lossy else '–'} | {r['tau']:.2f} | "
-            f"{judged} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | "
-            f"{r['greedy_exact']}/{r['prompts']} | {r['checks_passed']}/{r['checked']} |"
+            f"| {r.name} | {'yes' if r.lossy else 'no'} | {threshold} | {r.tau:.2f} | "
+            f"{judged} | {r.tokens_per_s:.1f} | {r.speedup:.2f}× | "
+            f"{r.greedy_exact}/{r.prompts} | {r.checks_passed}/{r.checked} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -100,8 +102,8 @@ def main() -> None:
     plain, rows = score_drafters(target, drafters, ids, args.k, Sampling(0.0), args.max_new_tokens,
                                  judges=judges, checks=[p.check for p in prompts])  # fmt: skip
     for row in rows:
-        if row["name"] in judges:
-            row["threshold"] = round(judges[row["name"]].threshold, 4)
+        if row.name in judges:
+            row.extra["threshold"] = round(judges[row.name].threshold, 4)
     data = {
         "machine": machine(),
         "target": args.target,
@@ -110,8 +112,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "k": args.k,
         "judge": record,
-        "plain": plain,
-        "drafters": rows,
+        **block_dicts(plain, rows),
         "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     (out / "result.json").write_text(json.dumps(data, indent=2) + "\n")

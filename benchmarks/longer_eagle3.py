@@ -22,6 +22,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval import plots
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import PlainRow, block_dicts, read_rows
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import Trained, build_drafter
 from draftsmith.targets import load_target, resolve
@@ -62,7 +63,7 @@ def markdown(result: dict) -> str:
             f"Greedy, K = 4, {result['num_prompts']} held-out chat prompts × {result['max_new_tokens']} tokens, "
             "interleaved:",
             "",
-            markdown_table(result["drafters"], result["plain"]),
+            markdown_table(read_rows(result["drafters"]), PlainRow.from_dict(result["plain"])),
             "",
         ]
     )
@@ -111,8 +112,7 @@ def main() -> None:
         "fit_seconds": fit_seconds,
         "val_tau_est_curves": curves,
         "eagle3_draft_vocab_coverage": coverage,
-        "plain": plain,
-        "drafters": rows,
+        **block_dicts(plain, rows),
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
     }

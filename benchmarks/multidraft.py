@@ -34,9 +34,10 @@ from pathlib import Path
 from common import HELDOUT, machine, saved_block, write
 
 from draftsmith.core.sampling import Sampling
-from draftsmith.core.trees import REPLACEMENT, VERIFY_RULES
+from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import ScoreRow, block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreePolicy
@@ -55,30 +56,30 @@ def drafters_for(target, drafter: Path) -> tuple[dict, dict]:
     """The chain and each (shape, rule) row on the same trained drafter; returns (drafters, their rules)."""
     drafters, rules = {"chain": load_drafter(str(drafter), target)}, {}
     for label, branching in SHAPES.items():
-        for rule in VERIFY_RULES:
+        for rule in VerifyRule:
             d = load_drafter(str(drafter), target)
-            d.set_tree(TreePolicy("sampled", branching=branching, replacement=REPLACEMENT[rule]), K)
+            d.set_tree(TreePolicy(TreeKind.SAMPLED, branching=branching, replacement=rule.replacement), K)
             drafters[f"{label}/{rule}"] = d
             rules[f"{label}/{rule}"] = rule
     for label, (width, _) in BEAMS.items():
         d = load_drafter(str(drafter), target)
-        d.set_tree(TreePolicy("beam", beam_width=width), K)
-        drafters[f"{label}/rsd-s"], rules[f"{label}/rsd-s"] = d, "rsd"
+        d.set_tree(TreePolicy(TreeKind.BEAM, beam_width=width), K)
+        drafters[f"{label}/rsd-s"], rules[f"{label}/rsd-s"] = d, VerifyRule.RSD
     return drafters, rules
 
 
-def tau_se(row: dict) -> float:
+def tau_se(row: ScoreRow) -> float:
     """Standard error of a row's τ over its rounds, from its per-position acceptance P(A >= i) of the accepted count
     A: Var A = Σ (2i - 1) P(A >= i) - (E A)² (rounds treated as independent)."""
-    at = row["accept_at"]
+    at = row.accept_at
     mean = sum(at)
     var = sum((2 * i + 1) * a for i, a in enumerate(at)) - mean**2
-    return (max(var, 0.0) / max(1, row["rounds"])) ** 0.5
+    return (max(var, 0.0) / max(1, row.rounds)) ** 0.5
 
 
-def verdict(a: dict, b: dict) -> str:
+def verdict(a: ScoreRow, b: ScoreRow) -> str:
     """Whether row ``a``'s τ is above row ``b``'s beyond twice the standard error of their difference."""
-    diff, se = a["tau"] - b["tau"], (tau_se(a) ** 2 + tau_se(b) ** 2) ** 0.5
+    diff, se = a.tau - b.tau, (tau_se(a) ** 2 + tau_se(b) ** 2) ** 0.5
     word = "above" if diff > 2 * se else "below" if diff < -2 * se else "within noise of"
     return f"{word} ({diff:+.2f} ± {se:.2f})"
 
@@ -100,25 +101,26 @@ def markdown(result: dict) -> str:
         "difference.",
     ]
     for title, b in result["blocks"].items():
-        rows = {r["name"]: r for r in b["drafters"]}
+        plain, scored = read_block(b)
+        rows = {r.name: r for r in scored}
         chain = rows["chain"]
         table = [
             "| shape | nodes | SpecInfer τ | SpecTr τ | RSD τ | SpecInfer × | SpecTr × | RSD × |",
             "|---|---|---|---|---|---|---|---|",
-            f"| chain (one draft) | {K} | {chain['tau']:.2f} ± {tau_se(chain):.2f} | – | – | {chain['speedup']:.2f}× "
+            f"| chain (one draft) | {K} | {chain.tau:.2f} ± {tau_se(chain):.2f} | – | – | {chain.speedup:.2f}× "
             "| – | – |",
         ]
         for label, branching in SHAPES.items():
-            cells = [rows[f"{label}/{rule}"] for rule in VERIFY_RULES]
-            nodes = TreePolicy("sampled", branching=branching).sampled_nodes(K)
-            taus = " | ".join(f"{c['tau']:.2f} ± {tau_se(c):.2f}" for c in cells)
-            table.append(f"| {label} | {nodes} | {taus} | " + " | ".join(f"{c['speedup']:.2f}×" for c in cells) + " |")
+            cells = [rows[f"{label}/{rule}"] for rule in VerifyRule]
+            nodes = TreePolicy(TreeKind.SAMPLED, branching=branching).sampled_nodes(K)
+            taus = " | ".join(f"{c.tau:.2f} ± {tau_se(c):.2f}" for c in cells)
+            table.append(f"| {label} | {nodes} | {taus} | " + " | ".join(f"{c.speedup:.2f}×" for c in cells) + " |")
         for label, (width, _) in BEAMS.items():
             c = rows.get(f"{label}/rsd-s")
             if c is not None:  # blocks saved before RSD-S rows existed have none
                 table.append(
-                    f"| RSD-S, {label} | ≤ {K * width} | – | – | {c['tau']:.2f} ± {tau_se(c):.2f} | – | – "
-                    f"| {c['speedup']:.2f}× |"
+                    f"| RSD-S, {label} | ≤ {K * width} | – | – | {c.tau:.2f} ± {tau_se(c):.2f} | – | – "
+                    f"| {c.speedup:.2f}× |"
                 )
         claims = [
             f"- SpecTr's claim (k drafts of length {K} accept more per round than one draft): SpecTr with 2 drafts is "
@@ -137,7 +139,7 @@ def markdown(result: dict) -> str:
                 )
                 + "."
             )
-        lines += ["", f"## {title}", "", *table, "", *claims, "", "### All rows", "", markdown_table(b["drafters"], b["plain"])]  # fmt: skip
+        lines += ["", f"## {title}", "", *table, "", *claims, "", "### All rows", "", markdown_table(scored, plain)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -177,7 +179,7 @@ def main() -> None:
 
         def run(drafters=drafters, rules=rules, sampling=sampling) -> dict:
             plain, rows = score_drafters(target, drafters, prompts, K, sampling, args.max_new_tokens, verify=rules)
-            return {"temperature": sampling.temperature, "top_p": sampling.top_p, "plain": plain, "drafters": rows}
+            return {"temperature": sampling.temperature, "top_p": sampling.top_p, **block_dicts(plain, rows)}
 
         path = out / "bench" / f"t{temperature}-p{top_p}-n{len(prompts)}.json"
         blocks[f"T = {temperature}, top-p {top_p}"] = saved_block(path, list(drafters), run)

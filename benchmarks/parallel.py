@@ -29,6 +29,7 @@ from draftsmith.core.target import Target
 from draftsmith.data.feature_cache import cache_features
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import block_dicts, read_block, read_rows
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
@@ -46,7 +47,7 @@ def scored(path: Path, run) -> dict:
     of other drafters is computed again)."""
     if path.is_file():
         saved = json.loads(path.read_text())
-        if [row["name"] for row in saved["drafters"]] == BASELINES + PARALLEL:
+        if [row.name for row in read_rows(saved["drafters"])] == BASELINES + PARALLEL:
             return saved
     result = run()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,7 @@ def scored(path: Path, run) -> dict:
 def block(target: Target, drafters: Path, prompts, k: int, sampling: Sampling, max_new: int) -> dict:
     loaded = {name: load_drafter(str(drafters / name), target) for name in BASELINES + PARALLEL}
     plain, rows = score_drafters(target, loaded, prompts, k, sampling, max_new)
-    return {"k": k, "temperature": sampling.temperature, "top_p": sampling.top_p, "plain": plain, "drafters": rows}
+    return {"k": k, "temperature": sampling.temperature, "top_p": sampling.top_p, **block_dicts(plain, rows)}
 
 
 def markdown(result: dict) -> str:
@@ -78,7 +79,8 @@ def markdown(result: dict) -> str:
         + ".",
     ]
     for title, b in result["blocks"].items():
-        lines += ["", f"## {title}", "", markdown_table(b["drafters"], b["plain"]), ""]
+        plain, rows = read_block(b)
+        lines += ["", f"## {title}", "", markdown_table(rows, plain), ""]
     return "\n".join(lines)
 
 

@@ -30,6 +30,7 @@ from common import HELDOUT, machine, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.verifier import SpeculativeDecoder
 from draftsmith.families.draft_lm.network import DraftLM
@@ -46,7 +47,7 @@ def drafters(target: str, target_dir: Path, k: int) -> dict:
         return {"draft LM (sibling)": DraftLM.from_pretrained(target_dir / "sibling"), "n-gram": NGramDrafter()}
     runs = Path("runs/real_target/drafters")
     out = {"draft LM (distilled)": load_drafter(str(runs / "draft_lm"), None), "n-gram": NGramDrafter()}
-    for name, tree in [("EAGLE-3", "chain"), ("EAGLE-3 dynamic tree", "dynamic")]:
+    for name, tree in [("EAGLE-3", TreeKind.CHAIN), ("EAGLE-3 dynamic tree", TreeKind.DYNAMIC)]:
         d = load_drafter(str(runs / "eagle3"), None)
         assert isinstance(d, TreeDrafter)
         d.set_tree(TreePolicy(tree, 16, 4), k)

@@ -23,6 +23,7 @@ from pathlib import Path
 from common import machine, write
 
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import read_block, read_rows
 
 
 def run(args) -> dict | None:
@@ -70,18 +71,15 @@ def markdown(result: dict) -> str:
     main = result["blocks"][f"k{k}"]
     cfg = main["config"]
     ks = sorted((b for b in result["blocks"] if b.startswith("k")), key=lambda b: int(b[1:]))
-    names = [d["name"] for d in main["drafters"]]
+    plain, main_rows = read_block(main)
+    names = [d.name for d in main_rows]
     per_k = ["| drafter | " + " | ".join(f"K = {b[1:]}: τ (speedup)" for b in ks) + " |", "|---|" + "---|" * len(ks)]
     for n in names:
-        rows = [next((d for d in result["blocks"][b]["drafters"] if d["name"] == n), None) for b in ks]
-        per_k.append(
-            f"| {n} | " + " | ".join(f"{r['tau']:.2f} ({r['speedup']:.2f}×)" if r else "–" for r in rows) + " |"
-        )
+        rows = [next((d for d in read_rows(result["blocks"][b]["drafters"]) if d.name == n), None) for b in ks]
+        per_k.append(f"| {n} | " + " | ".join(f"{r.tau:.2f} ({r.speedup:.2f}×)" if r else "–" for r in rows) + " |")
     auto = result["blocks"].get("auto")
     chosen = (
-        ", ".join(
-            f"{d['name']} K = {d['auto_k']['k']} ({d['speedup']:.2f}×)" for d in auto["drafters"] if d.get("auto_k")
-        )
+        ", ".join(f"{d.name} K = {d.auto_k.k} ({d.speedup:.2f}×)" for d in read_rows(auto["drafters"]) if d.auto_k)
         if auto
         else "not scored"
     )
@@ -104,7 +102,7 @@ def markdown(result: dict) -> str:
             f"{cfg['max_new_tokens']} new tokens, temperature {cfg['temperature']}, K = {k}; plain and speculative "
             "decoding interleaved in the same run:",
             "",
-            markdown_table(main["drafters"], main["plain"]),
+            markdown_table(main_rows, plain),
             "",
             "τ and speedup per draft length:",
             "",

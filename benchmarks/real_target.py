@@ -34,9 +34,11 @@ from common import RESULTS, machine, mtbench_subset, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
+from draftsmith.eval.rows import block_dicts, read_block, read_rows
 from draftsmith.eval.score import score_drafters, verify_ratios
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
@@ -47,9 +49,9 @@ CHAINS = ["ngram", "eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm", "draft_
 SHORT_LIST = ["ngram", "eagle3", "eagle1", "draft_lm"]
 """Chains also scored at K = 2 and 6."""
 TREES = {
-    "eagle3-tree": ("eagle3", "dynamic"),
-    "medusa1-tree": ("medusa1", "static"),
-    "hydrapp-tree": ("hydrapp", "dynamic"),
+    "eagle3-tree": ("eagle3", TreeKind.DYNAMIC),
+    "medusa1-tree": ("medusa1", TreeKind.STATIC),
+    "hydrapp-tree": ("hydrapp", TreeKind.DYNAMIC),
 }
 SAMPLED = ["ngram", "eagle3", "eagle1", "draft_lm", "eagle3-tree"]
 
@@ -67,7 +69,7 @@ def spec(name: str, drafters: Path) -> str:
 def load(names: list[str], target: Target, drafters: Path, k: int) -> dict:
     out = {}
     for name in names:
-        base, tree = TREES.get(name, (name, "chain"))
+        base, tree = TREES.get(name, (name, TreeKind.CHAIN))
         d = load_drafter(spec(base, drafters), target)
         if isinstance(d, TreeDrafter):
             d.set_tree(TreePolicy(tree, 16, 4), k)
@@ -88,7 +90,7 @@ def scored(path: Path, run) -> dict:
 def block(target, names, drafters, prompts, k, sampling, max_new, categories=None) -> dict:
     loaded = load(names, target, drafters, 4 if k == "auto" else k)
     plain, rows = score_drafters(target, loaded, prompts, k, sampling, max_new, categories=categories)
-    return {"k": k, "temperature": sampling.temperature, "top_p": sampling.top_p, "plain": plain, "drafters": rows}
+    return {"k": k, "temperature": sampling.temperature, "top_p": sampling.top_p, **block_dicts(plain, rows)}
 
 
 def cost_ratios(target: Target, prompt: list[int], ks: list[int], repeats: int = 15) -> dict:
@@ -116,18 +118,19 @@ def markdown(result: dict) -> str:
         "drafter of this τ and cost allows on this machine.",
     ]
     for title, b in result["blocks"].items():
-        lines += ["", f"## {title}", "", markdown_table(b["drafters"], b["plain"]), ""]
-        auto = auto_k_table(b["drafters"])
+        plain, rows = read_block(b)
+        lines += ["", f"## {title}", "", markdown_table(rows, plain), ""]
+        auto = auto_k_table(rows)
         if auto:
             lines += [auto, ""]
-        with_categories = [d for d in b["drafters"] if d.get("categories")]
+        with_categories = [d for d in rows if d.categories]
         if with_categories:
             lines += ["Per MT-bench category (τ / speedup):", ""]
-            lines += ["| drafter | " + " | ".join(with_categories[0]["categories"]) + " |"]
-            lines += ["|---|" + "---|" * len(with_categories[0]["categories"])]
+            lines += ["| drafter | " + " | ".join(with_categories[0].categories) + " |"]
+            lines += ["|---|" + "---|" * len(with_categories[0].categories)]
             for d in with_categories:
-                cells = [f"{c['tau']:.2f} / {c['speedup']:.2f}×" for c in d["categories"].values()]
-                lines.append(f"| {d['name']} | " + " | ".join(cells) + " |")
+                cells = [f"{c['tau']:.2f} / {c['speedup']:.2f}×" for c in d.categories.values()]
+                lines.append(f"| {d.name} | " + " | ".join(cells) + " |")
             lines.append("")
     if result.get("dtype", "float32") == "float32":
         lines += ["", "HF transformers' decoding on this target: `benchmarks/results/baselines_smollm2.md`."]
@@ -209,9 +212,10 @@ def main() -> None:
         },
     }
     k4 = blocks[f"{args.sets[0]}, greedy, K = 4, chains and trees"]
-    plots.speedup_bars(k4["drafters"], k4["plain"], RESULTS / f"{args.name}_speedup.png")
+    k4_plain, k4_rows = read_block(k4)
+    plots.speedup_bars(k4_rows, k4_plain, RESULTS / f"{args.name}_speedup.png")
     by_k = {
-        b["k"]: [d for d in b["drafters"] if d["name"] in SHORT_LIST]
+        b["k"]: [d for d in read_rows(b["drafters"]) if d.name in SHORT_LIST]
         for t, b in blocks.items()
         if "greedy" in t and t.startswith(args.sets[0]) and b["k"] != "auto"
     }

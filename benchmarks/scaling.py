@@ -63,6 +63,7 @@ from draftsmith.data.shards import snapshot
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
+from draftsmith.eval.rows import block_dicts, read_block, read_rows
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
@@ -328,7 +329,7 @@ def score_size(
             path = out / "score" / f"{set_name}-{mode}-{label(size)}.json"
             key = f"{set_name} {mode}"
             saved = json.loads(path.read_text()) if path.is_file() else None
-            held = [d["name"] for d in saved["drafters"]] if saved else []
+            held = [d.name for d in read_rows(saved["drafters"])] if saved else []
             if saved and set(names) <= set(held):
                 blocks[key] = saved
                 continue
@@ -344,8 +345,7 @@ def score_size(
             plain, rows = score_drafters(target, drafters, prompts, k, sampling, max_new, categories=categories)
             stamp = machine()
             blocks[key] = {
-                "plain": plain,
-                "drafters": rows,
+                **block_dicts(plain, rows),
                 "load": [round(load, 2), round(os.getloadavg()[0], 2)],
                 "scored": f"{stamp['git']} {stamp['date']}",
             }
@@ -479,10 +479,11 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
     for size, blocks in scores.items():
         for key, block in blocks.items():
             set_name, mode = key.split(" ")
-            for d in block["drafters"] if mode == "greedy" else []:
-                if d["name"] == "ngram":
+            plain, scored = read_block(block)
+            for d in scored if mode == "greedy" else []:
+                if d.name == "ngram":
                     continue
-                family = d["name"].rsplit("-", 1)[0]
+                family = d.name.rsplit("-", 1)[0]
                 fit = fits.get((family, size), (None, {}))[1]
                 rows.append(
                     ({"run": block["scored"]} if "scored" in block else {})
@@ -492,13 +493,13 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
                         "size": size,
                         "rows": subsets[size][0],
                         "tokens": subsets[size][1],
-                        "tau": d["tau"],
-                        "alpha": d["alpha"],
-                        "accept_at": d["accept_at"],
-                        "speedup": d["speedup"],
-                        "ideal": d.get("ideal_speedup"),
-                        "plain_tokens_per_s": block["plain"]["tokens_per_s"],
-                        "coverage": coverage(args.out / "drafters" / d["name"], data[1]),
+                        "tau": d.tau,
+                        "alpha": d.alpha,
+                        "accept_at": d.accept_at,
+                        "speedup": d.speedup,
+                        "ideal": d.ideal_speedup,
+                        "plain_tokens_per_s": plain.tokens_per_s,
+                        "coverage": coverage(args.out / "drafters" / d.name, data[1]),
                         "fit_seconds": fit.get("seconds"),
                         "fit_sessions": fit.get("sessions", 1),
                         "steps": fit.get("steps"),
@@ -676,9 +677,10 @@ def markdown(result: dict) -> str:
                 + (f", the last segment's rate at {goal:.3g}" if (goal := curve.get("tokens_for_goal_last")) else "")
             )
     for title, block in result["blocks"].items():
-        lines += ["", f"## {title}", "", markdown_table(block["drafters"], block["plain"])]
-        if auto_k_table(block["drafters"]):
-            lines += ["", auto_k_table(block["drafters"])]
+        plain, rows = read_block(block)
+        lines += ["", f"## {title}", "", markdown_table(rows, plain)]
+        if auto_k_table(rows):
+            lines += ["", auto_k_table(rows)]
     if result.get("orderings"):
         lines += ["", "The papers' orderings by τ (K = 4, greedy):", ""]
         lines += [

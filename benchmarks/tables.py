@@ -84,6 +84,8 @@ def source(result: dict) -> str:
 def headline(name: str = "real_target_bf16") -> str:
     """The README's one table: every drafter on SmolLM2 at K = 4 and at the K ``--k auto`` chose, greedy, per prompt
     set: τ, first-token acceptance, speedup over plain decoding of the same target in the same run, exactness."""
+    from draftsmith.eval.rows import read_block, read_rows
+
     result = load(name)
     blocks = result["blocks"]
     sets = list(dict.fromkeys(t.split(",")[0] for t in blocks if ", greedy, K = " in t))
@@ -91,9 +93,10 @@ def headline(name: str = "real_target_bf16") -> str:
     for s in sets:
         k4 = next((b for t, b in blocks.items() if t.startswith(f"{s}, greedy, K = 4")), None)
         auto = next((b for t, b in blocks.items() if t == f"{s}, greedy, K = auto"), None)
-        main = k4 or auto
+        plain, main = read_block(k4 or auto)
+        auto_rows = {r.name: r for r in read_rows(auto["drafters"])} if auto else {}
         lines += [
-            f"{s}, plain decoding {main['plain']['tokens_per_s']:.1f} tokens/s"
+            f"{s}, plain decoding {plain.tokens_per_s:.1f} tokens/s"
             + ("" if k4 else " (scored at --k auto only)")
             + ":",
             "",
@@ -101,11 +104,11 @@ def headline(name: str = "real_target_bf16") -> str:
             "greedy exact |",
             "|---|---|---|---|---|---|---|",
         ]
-        for d in main["drafters"]:
-            a = next((r for r in auto["drafters"] if r["name"] == d["name"]), None) if auto else None
-            chosen = f"{a['auto_k']['k']} | {a['speedup']:.2f}×" if a else "– | –"
-            fixed = f"{d['tau']:.2f} | {d['accept_at'][0]:.2f} | {d['speedup']:.2f}×" if k4 else "– | – | –"
-            lines.append(f"| {d['name']} | {fixed} | {chosen} | {d['greedy_exact']}/{d['prompts']} |")
+        for d in main:
+            a = auto_rows.get(d.name)
+            chosen = f"{a.auto_k.k} | {a.speedup:.2f}×" if a else "– | –"
+            fixed = f"{d.tau:.2f} | {d.accept_at[0]:.2f} | {d.speedup:.2f}×" if k4 else "– | – | –"
+            lines.append(f"| {d.name} | {fixed} | {chosen} | {d.greedy_exact}/{d.prompts} |")
         lines.append("")
     return "\n".join(
         [
@@ -124,6 +127,8 @@ def scaling_headline(name: str = "scaling") -> str:
     """The README's headline from the data-scaling benchmark: the drafters of its largest subset on each held-out set,
     greedy at K = 4 and at ``--k auto``'s K, and sampled (T 0.7), every speedup over plain decoding of the same target
     (its dtype as the benchmark ran it) in the same run; then τ at K = 4 per subset size (the curve)."""
+    from draftsmith.eval.rows import read_block, read_rows
+
     result = load(name)
     blocks, rows = result["blocks"], result["rows"]
     largest = max(r["tokens"] for r in rows)
@@ -134,22 +139,24 @@ def scaling_headline(name: str = "scaling") -> str:
         greedy, auto, sampled = (blocks.get(f"{s} {mode} {size_label}") for mode in ("greedy", "auto", "sampled"))
         if greedy is None:
             continue
+        plain, greedy_rows = read_block(greedy)
+        auto_rows = {r.name: r for r in read_rows(auto["drafters"])} if auto else {}
+        sampled_rows = {r.name: r for r in read_rows(sampled["drafters"])} if sampled else {}
         lines += [
-            f"{s}, plain decoding {greedy['plain']['tokens_per_s']:.1f} tokens/s:",
+            f"{s}, plain decoding {plain.tokens_per_s:.1f} tokens/s:",
             "",
             "| drafter | τ (K = 4) | first-token acceptance | speedup (K = 4) | K chosen by --k auto | speedup there | "
             + "sampled T 0.7, K = 4 | " * bool(sampled)
             + "greedy exact |",
             "|---|---|---|---|---|---|---|" + "---|" * bool(sampled),
         ]
-        for d in greedy["drafters"]:
-            a = next((r for r in auto["drafters"] if r["name"] == d["name"]), None) if auto else None
-            t = next((r for r in sampled["drafters"] if r["name"] == d["name"]), None) if sampled else None
+        for d in greedy_rows:
+            a, t = auto_rows.get(d.name), sampled_rows.get(d.name)
             lines.append(
-                f"| {d['name']} | {d['tau']:.2f} | {d['accept_at'][0]:.2f} | {d['speedup']:.2f}× | "
-                + (f"{a['auto_k']['k']} | {a['speedup']:.2f}×" if a else "– | –")
-                + ((f" | {t['speedup']:.2f}× (τ {t['tau']:.2f})" if t else " | –") if sampled else "")
-                + f" | {d['greedy_exact']}/{d['prompts']} |"
+                f"| {d.name} | {d.tau:.2f} | {d.accept_at[0]:.2f} | {d.speedup:.2f}× | "
+                + (f"{a.auto_k.k} | {a.speedup:.2f}×" if a else "– | –")
+                + ((f" | {t.speedup:.2f}× (τ {t.tau:.2f})" if t else " | –") if sampled else "")
+                + f" | {d.greedy_exact}/{d.prompts} |"
             )
         lines.append("")
     curve = ["| family | " + " | ".join(f"{x:,} tokens" for x in sorted({r["tokens"] for r in rows})) + " |"]
@@ -198,24 +205,28 @@ def verification_cost(name: str = "bf16_target") -> str:
 def block(spec: str) -> str:
     """``NAME#TITLE``: the verifier's table of the block titled TITLE in ``NAME.json`` (a ``real_target`` run)."""
     from draftsmith.eval.report import markdown_table
+    from draftsmith.eval.rows import read_block
 
     name, _, title = spec.partition("#")
     result = load(name)
     if title not in result["blocks"]:
         raise SystemExit(f"tables: {name}.json has no block {title!r} (blocks: {', '.join(result['blocks'])})")
-    b = result["blocks"][title]
-    return "\n".join([markdown_table(b["drafters"], b["plain"]), "", source(result)])
+    plain, rows = read_block(result["blocks"][title])
+    return "\n".join([markdown_table(rows, plain), "", source(result)])
 
 
 def by_block(name: str) -> str:
     """τ (speedup) of each drafter in every block of ``NAME.json`` but the first, one column per block."""
+    from draftsmith.eval.rows import read_rows
+
     result = load(name)
     titles = list(result["blocks"])[1:]
-    names = list(dict.fromkeys(d["name"] for t in titles for d in result["blocks"][t]["drafters"]))
+    blocks = {t: {d.name: d for d in read_rows(result["blocks"][t]["drafters"])} for t in titles}
+    names = list(dict.fromkeys(n for t in titles for n in blocks[t]))
     lines = ["| drafter | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
     for n in names:
-        rows = [next((d for d in result["blocks"][t]["drafters"] if d["name"] == n), None) for t in titles]
-        cells = [f"{r['tau']:.2f} ({r['speedup']:.2f}×)" if r else "–" for r in rows]
+        rows = [blocks[t].get(n) for t in titles]
+        cells = [f"{r.tau:.2f} ({r.speedup:.2f}×)" if r else "–" for r in rows]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, "", source(result)])
 
@@ -249,11 +260,14 @@ def engines(names: str = "generate_engines,generate_engines_smollm2,generate_eng
 def heads(name: str) -> str:
     """``NAME.json`` (a ``heads.py`` run): each block's summary, τ and speedup per family as a chain and in trees."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    from draftsmith.eval.rows import read_block
+
     summary = importlib.import_module("heads").summary
     result = load(name)
     lines = []
     for title, b in result["blocks"].items():
-        lines += [f"{title}, plain decoding {b['plain']['tokens_per_s']:.1f} tokens/s:", "", *summary(b), ""]
+        plain, rows = read_block(b)
+        lines += [f"{title}, plain decoding {plain.tokens_per_s:.1f} tokens/s:", "", *summary(rows), ""]
     return "\n".join([*lines, source(result)])
 
 

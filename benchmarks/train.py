@@ -19,6 +19,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.registry import load_network
 from draftsmith.targets import default as default_target
@@ -32,18 +33,19 @@ def markdown(result: dict) -> str:
         "| drafter | steps | fit time | val/tau_est (best ckpt) | verifier τ (full rounds) | gap |",
         "|---|---|---|---|---|---|",
     ]
-    for row in result["drafters"]:
-        fit = result["fits"][row["name"]]
+    plain, rows = read_block(result)
+    for row in rows:
+        fit = result["fits"][row.name]
         lines.append(
-            f"| {row['name']} | {fit['steps']} | {fit['seconds']:.0f} s | {fit['val_tau_est']:.3f} "
-            f"| {row['tau_full']:.3f} | {100 * fit['gap']:+.1f}% |"
+            f"| {row.name} | {fit['steps']} | {fit['seconds']:.0f} s | {fit['val_tau_est']:.3f} "
+            f"| {row.tau_full:.3f} | {100 * fit['gap']:+.1f}% |"
         )
     return (
         "## EAGLE training on the default target\n\n"
         f"`{m['command']}` on {m['date']} ({m['platform']}, {m['threads']} threads).\n\n"
         + "\n".join(lines)
         + f"\n\n### Verifier, same run (greedy, K = {args['k']}, {args['score_prompts']} held-out prompts × "
-        f"{args['new_tokens']} tokens)\n\n" + markdown_table(result["drafters"], result["plain"])
+        f"{args['new_tokens']} tokens)\n\n" + markdown_table(rows, plain)
     )
 
 
@@ -73,11 +75,11 @@ def main() -> None:
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.score_prompts)]
     plain, rows = score_drafters(target, trained, prompts, args.k, Sampling(), args.new_tokens)
     for row in rows:
-        fit = fits[row["name"]]
-        fit["verifier_tau_full"] = row["tau_full"]
-        fit["gap"] = fit["val_tau_est"] / row["tau_full"] - 1
+        fit = fits[row.name]
+        fit["verifier_tau_full"] = row.tau_full
+        fit["gap"] = fit["val_tau_est"] / row.tau_full - 1
     data_out = {"machine": machine(), "target": target.fingerprint, "args": {k: str(v) for k, v in vars(args).items()},
-                "fits": fits, "plain": plain, "drafters": rows, "threads": torch.get_num_threads()}  # fmt: skip
+                "fits": fits, **block_dicts(plain, rows), "threads": torch.get_num_threads()}  # fmt: skip
     md = markdown(data_out)
     write("train", data_out, md)
 

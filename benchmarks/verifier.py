@@ -14,6 +14,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import PlainRow, block_dicts, read_rows
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
@@ -22,7 +23,10 @@ from draftsmith.targets import default as default_target
 
 def markdown(result: dict) -> str:
     args, m = result["args"], result["machine"]
-    sections = [f"### K = {r['k']}\n\n" + markdown_table(r["drafters"], r["plain"]) for r in result["runs"]]
+    sections = [
+        f"### K = {r['k']}\n\n" + markdown_table(read_rows(r["drafters"]), PlainRow.from_dict(r["plain"]))
+        for r in result["runs"]
+    ]
     return (
         f"# Verifier benchmark\n\nDefault target, {args['num_prompts']} held-out prompts, greedy, "
         f"{args['max_new_tokens']} new tokens; `{m['command']}` on {m['date']} "
@@ -44,7 +48,7 @@ def main() -> None:
     runs = []
     for k in args.ks:
         plain, rows = score_drafters(target, drafters, prompts, k, Sampling(), args.max_new_tokens)
-        runs.append({"k": k, "plain": plain, "drafters": rows})
+        runs.append({"k": k, **block_dicts(plain, rows)})
     data = {"machine": machine(), "target": target.fingerprint, "args": vars(args), "runs": runs}
     md = markdown(data)
     write("verifier", data, md)

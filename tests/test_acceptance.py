@@ -134,16 +134,16 @@ def test_adaptive_k_keeps_greedy_output_exact_and_shortens_drafts(setup):
     }
     prompts = val_prompts(setup)[:12]
     _, rows = score_drafters(target, drafters, prompts, K, Sampling(0.0), 24, progress=False)
-    by = {r["name"]: r for r in rows}
+    by = {r.name: r for r in rows}
     for row in rows:  # the verifier's output is plain greedy decoding, token for token, for every prompt
-        assert row["greedy_exact"] == len(prompts), row["name"]
+        assert row.greedy_exact == len(prompts), row.name
     # threshold 1 never stops early: exactly the base drafter's rounds
     assert by["never-stops"]["mean_drafted"] == by["fixed"]["mean_drafted"]
     assert by["never-stops"]["accept_at"] == by["fixed"]["accept_at"]
     # a low threshold really cuts drafts, and cutting where rejections are predicted raises α
     assert by["adaptive"]["mean_drafted"] < by["fixed"]["mean_drafted"] - 0.5
     assert by["eager"]["mean_drafted"] < by["adaptive"]["mean_drafted"]
-    assert by["adaptive"]["alpha"] > by["fixed"]["alpha"]
+    assert by["adaptive"].alpha > by["fixed"].alpha
 
 
 @pytest.mark.slow
@@ -209,8 +209,8 @@ def test_head_on_a_draft_lm_keeps_greedy_output_exact(setup, tmp_path):
         "adaptive": load_drafter(f"adaptive:0.3:{head}", target),
     }
     rows = score_drafters(target, drafters, val_prompts(setup)[:6], K, Sampling(0.0), 24, progress=False)[1]
-    assert [r["greedy_exact"] for r in rows] == [6, 6]
-    assert rows[1]["mean_drafted"] < rows[0]["mean_drafted"]  # an untrained draft LM is rejected: the head cuts
+    assert [r.greedy_exact for r in rows] == [6, 6]
+    assert rows[1].mean_drafted < rows[0].mean_drafted  # an untrained draft LM is rejected: the head cuts
 
 
 def test_sampling_labels_are_the_probability_the_drafted_token_is_kept(setup):

@@ -16,6 +16,7 @@ from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 from draftsmith.core import trees
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
@@ -139,11 +140,11 @@ class SiblingTree(TreeDrafter):
         return torch.stack(rows)
 
 
-STATIC = TreePolicy("static", paths=((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)))
+STATIC = TreePolicy(TreeKind.STATIC, paths=((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)))
 DRAFTS: dict[str, Callable[[tf.PreTrainedModel], object]] = {
     "chain": lambda m: DraftLM(sibling(m)),
     "static_tree": lambda m: SiblingTree(sibling(m), STATIC),
-    "dynamic_tree": lambda m: SiblingTree(sibling(m), TreePolicy("dynamic", size=8, top_k=3)),
+    "dynamic_tree": lambda m: SiblingTree(sibling(m), TreePolicy(TreeKind.DYNAMIC, size=8, top_k=3)),
 }
 PROMPTS = ([5, 17, 33, 2, 9, 41, 8, 12, 30, 7], [60, 3, 3, 71, 14, 22, 9])
 
@@ -263,7 +264,7 @@ def feature_drafter(family: str, target: Target):
         model = HydraModel(HydraConfig.from_target(c, target.vocab_size, num_heads=3, prefix_attention=True))
         model.init_from_target(target.embed_tokens.weight, target.lm_head.weight)
     drafter = model.as_drafter()
-    drafter.tree = TreePolicy("dynamic", size=8, top_k=3)
+    drafter.tree = TreePolicy(TreeKind.DYNAMIC, size=8, top_k=3)
     return drafter
 
 

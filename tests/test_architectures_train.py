@@ -23,6 +23,7 @@ from test_train import trainer, words
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.generate import generate
 from draftsmith.eval.metrics import drafter_metrics
 from draftsmith.eval.verifier import DecodeResult, SpeculativeDecoder
@@ -84,7 +85,7 @@ def test_trained_feature_drafters_decode_generate_exactly(data, family, tmp_path
     target = Target.from_pretrained(data["target"])
     export = save_native(module.drafter, module.target, tmp_path / "export")
     chain, tree = load_trained(export, target), load_trained(export, target)
-    tree.set_tree(TreePolicy("dynamic", size=8, top_k=3), k=4)
+    tree.set_tree(TreePolicy(TreeKind.DYNAMIC, size=8, top_k=3), k=4)
     rows = datasets.load_from_disk(str(data["val"]))
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
     results: dict[str, list[DecodeResult]] = {"chain": [], "tree": []}

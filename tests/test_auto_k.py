@@ -6,6 +6,7 @@ import pytest
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.auto_k import (
+    Shape,
     chain_tau,
     choose_chain_k,
     choose_tree,
@@ -122,3 +123,13 @@ def test_bad_inputs_are_named():
         choose_chain_k([0.5], {}, 0.1)
     with pytest.raises(DraftsmithError, match=">= 1"):
         choose_chain_k([0.5], FLAT, 0.1, ks=[0, 1])
+
+
+def test_the_shape_auto_k_records_is_its_choice_with_cost_and_source_and_reads_back():
+    choice = choose_chain_k([0.9, 0.8, 0.5], {1: 1.0, 9: 1.5}, 0.05, ks=range(1, 5))
+    shape = Shape.of(choice, cost=0.0512345, source="calibration")
+    assert (shape.k, shape.tree_size, shape.candidates) == (choice.k, None, choice.candidates)
+    saved = shape.to_dict()
+    assert list(saved) == ["k", "tree_size", "predicted_tau", "predicted_speedup", "cost", "source", "candidates"]
+    assert saved["cost"] == 0.05123 and saved["predicted_tau"] == round(choice.predicted_tau, 4)
+    assert Shape.from_dict(saved).to_dict() == saved

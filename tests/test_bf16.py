@@ -290,11 +290,11 @@ def test_score_with_k_auto_chooses_a_k_per_drafter_and_stays_exact(bf16_target):
     prompts = [prompt + prompt[:15], prompt[5:] + prompt[:20]]
     drafters = {"ngram": NGramDrafter(max_ngram=2), "self": DraftLM(bf16_target.model)}
     _, rows = score_drafters(bf16_target, drafters, prompts, "auto", Sampling(), 24, progress=False)
-    by_name = {r["name"]: r for r in rows}
+    by_name = {r.name: r for r in rows}
     for row in rows:
-        assert 1 <= row["k"] <= 8 and row["k"] == row["auto_k"]["k"]
-        assert row["greedy_exact"] == len(prompts)
-        assert row["auto_k"]["source"] == "calibration"
+        assert 1 <= row.k <= 8 and row.k == row.auto_k.k
+        assert row.greedy_exact == len(prompts)
+        assert row.auto_k.source == "calibration"
     # the target drafting for itself is always accepted: its predicted τ(K) is K + 1
-    self_auto = by_name["self"]["auto_k"]
-    assert self_auto["predicted_tau"] == pytest.approx(self_auto["k"] + 1)
+    self_auto = by_name["self"].auto_k
+    assert self_auto.predicted_tau == pytest.approx(self_auto.k + 1)

@@ -18,6 +18,7 @@ from draftsmith.core.draft import Draft
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
@@ -91,8 +92,8 @@ def test_clover_learns_and_its_tau_estimate_is_the_verifiers(trained, setup):  #
     target = Target.from_pretrained(setup["target"])
     drafter = load_trained(trained["export"], target)
     scored = score_drafters(target, {"clover": drafter}, val_prompts(setup), 4, Sampling(0.0), 24, 0)[1][0]
-    assert scored["greedy_exact"] == len(val_prompts(setup))
-    assert scored["tau_full"] == pytest.approx(after["val/tau_est"], rel=1e-6)
+    assert scored.greedy_exact == len(val_prompts(setup))
+    assert scored.tau_full == pytest.approx(after["val/tau_est"], rel=1e-6)
     assert trained["module"].topk_accuracy is not None and len(trained["module"].topk_accuracy) == 3
 
 
@@ -102,9 +103,7 @@ def test_saved_and_loaded_clover_drafts_as_the_trained_one(trained, setup):  # n
     assert loaded.topk_accuracy == trained["module"].topk_accuracy
     drafters = {"trained": trained["module"].drafter.as_drafter(), "loaded": loaded}
     rows = score_drafters(target, drafters, val_prompts(setup), 3, Sampling(0.0), 24, 0)[1]
-    assert rows[0]["tau"] == rows[1]["tau"] and rows[0]["greedy_exact"] == rows[1]["greedy_exact"] == len(
-        val_prompts(setup)
-    )
+    assert rows[0].tau == rows[1].tau and rows[0].greedy_exact == rows[1].greedy_exact == len(val_prompts(setup))
     ids = torch.tensor([val_prompts(setup)[0]])
     out = target(ids)
     drafts = []
@@ -120,11 +119,11 @@ def test_trained_clover_trees_are_exact_and_accept_more_than_a_chain(trained, se
     target = Target.from_pretrained(setup["target"])
     chain = load_trained(trained["export"], target)
     grown = load_trained(trained["export"], target)
-    grown.set_tree(TreePolicy(tree, size=12, top_k=3), k=3)
+    grown.set_tree(TreePolicy(TreeKind(tree), size=12, top_k=3), k=3)
     rows = score_drafters(target, {"chain": chain, tree: grown}, val_prompts(setup), 3, Sampling(0.0), 24, 0)[1]
-    assert all(r["greedy_exact"] == len(val_prompts(setup)) for r in rows)
-    assert rows[1]["mean_drafted"] > rows[0]["mean_drafted"]  # really trees
-    assert rows[1]["tau"] > rows[0]["tau"]
+    assert all(r.greedy_exact == len(val_prompts(setup)) for r in rows)
+    assert rows[1].mean_drafted > rows[0].mean_drafted  # really trees
+    assert rows[1].tau > rows[0].tau
 
 
 def test_training_forward_equals_drafting(setup):  # noqa: F811
@@ -167,7 +166,7 @@ def test_greedy_with_clover_equals_plain_greedy(tokenizer, prompts, tree):
     base = make_llama(seed=0)
     target = Target(base, tokenizer)
     drafter = random_clover(base).as_drafter([[0.5, 0.3, 0.1]] * 4)
-    drafter.set_tree(TreePolicy(tree, size=8, top_k=2), 4)
+    drafter.set_tree(TreePolicy(TreeKind(tree), size=8, top_k=2), 4)
     for k in (1, 4):
         decoder = SpeculativeDecoder(target, drafter, k, Sampling())
         for prompt in prompts:

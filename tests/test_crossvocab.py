@@ -119,7 +119,7 @@ def test_xvocab_spec_scores_and_bad_drafts_fail_in_one_line(target, crossvocab, 
     drafter.lm.model.save_pretrained(good)
     draft_tok.save_pretrained(good)
     rows = score_drafters(target, {"x": load_drafter(f"xvocab:{good}", target)}, prompts, 3, Sampling(), 8, 0, False)[1]
-    assert rows[0]["greedy_exact"] == len(prompts) and "translation_memo_hits" in rows[0]
+    assert rows[0].greedy_exact == len(prompts) and "translation_memo_hits" in rows[0].extra
     bare = tmp_path / "bare"
     drafter.lm.model.save_pretrained(bare)
     with pytest.raises(DraftsmithError, match="no tokenizer in"):

@@ -186,8 +186,8 @@ def test_distillation_lowers_validation_loss_and_raises_tau_estimate_to_the_veri
     rows = datasets.load_from_disk(str(setup["data-val"]))
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
     scored = score_drafters(target, {"dl": model.drafter.as_drafter()}, prompts, 4, Sampling(0.0), 24, 0, False)[1]
-    assert scored[0]["greedy_exact"] == len(prompts)
-    assert scored[0]["tau_full"] == pytest.approx(after["val/tau_est"], rel=1e-6)
+    assert scored[0].greedy_exact == len(prompts)
+    assert scored[0].tau_full == pytest.approx(after["val/tau_est"], rel=1e-6)
 
 
 class CountCalls:

@@ -18,6 +18,7 @@ from draftsmith.core.draft import Draft
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
@@ -95,7 +96,7 @@ def test_greedy_with_falcon_equals_plain_greedy(tokenizer, prompts, block, tree)
     base = make_llama(seed=0)
     target = Target(base, tokenizer, (-1,))
     drafter = build(base, block).as_drafter(ACCURACY)
-    drafter.set_tree(TreePolicy(tree, size=10, top_k=3), 5)
+    drafter.set_tree(TreePolicy(TreeKind(tree), size=10, top_k=3), 5)
     for k in (1, 4, 5):
         decoder = SpeculativeDecoder(target, drafter, k, Sampling())
         for prompt in [[7], *prompts]:  # [7]: a prompt shorter than the block
@@ -116,7 +117,7 @@ def test_one_drafter_forward_per_block_of_tokens(tokenizer, prompts):
     assert len(calls) == sum(-(-d // 2) for d in result.drafted) and max(result.drafted) == 4
     drafter = net.as_drafter(ACCURACY)
     for tree in ("chain", "dynamic"):  # depth 5 in blocks of 2: three forwards, whatever the tree's width
-        drafter.set_tree(TreePolicy(tree, size=12, top_k=3), 5)
+        drafter.set_tree(TreePolicy(TreeKind(tree), size=12, top_k=3), 5)
         calls.clear()
         draft = draft_from(drafter, target, CONTEXT, 5, Sampling())
         assert len(calls) == 3 and len(draft) >= 5
@@ -195,9 +196,9 @@ def test_tau_estimate_is_the_verifiers_and_save_load_keeps_drafts(trained, setup
     loaded = load_trained(trained["export"], target)
     drafters = {"trained": model.drafter.as_drafter(), "loaded": loaded}
     scored = score_drafters(target, drafters, val_prompts(setup), 4, Sampling(0.0), 24, 0)[1]
-    assert [row["greedy_exact"] for row in scored] == [len(val_prompts(setup))] * 2
-    assert scored[0]["tau_full"] == pytest.approx(trained["after"]["val/tau_est"], rel=1e-6)
-    assert scored[0]["tau"] > 1.3 and scored[1]["tau"] == scored[0]["tau"]
+    assert [row.greedy_exact for row in scored] == [len(val_prompts(setup))] * 2
+    assert scored[0].tau_full == pytest.approx(trained["after"]["val/tau_est"], rel=1e-6)
+    assert scored[0].tau > 1.3 and scored[1].tau == scored[0].tau
     context = val_prompts(setup)[0] + [1, 2]
     ours, theirs = (draft_from(d, target, context, 5, Sampling(1.0)) for d in drafters.values())
     assert ours.tokens.tolist() == theirs.tokens.tolist() and torch.equal(ours.q, theirs.q)
@@ -212,10 +213,10 @@ def test_tau_estimate_is_the_verifiers_and_save_load_keeps_drafts(trained, setup
 def test_static_tree_from_measured_accuracies_accepts_more_than_a_chain(trained, setup):  # noqa: F811
     target = Target.from_pretrained(setup["target"])
     chain, tree = (load_trained(trained["export"], target) for _ in range(2))
-    tree.set_tree(TreePolicy("static", size=10), 4)
+    tree.set_tree(TreePolicy(TreeKind.STATIC, size=10), 4)
     rows = score_drafters(target, {"chain": chain, "static": tree}, val_prompts(setup), 4, Sampling(0.0), 24, 0)[1]
-    assert all(r["greedy_exact"] == len(val_prompts(setup)) for r in rows)
-    assert rows[1]["tau"] > rows[0]["tau"]
+    assert all(r.greedy_exact == len(val_prompts(setup)) for r in rows)
+    assert rows[1].tau > rows[0].tau
 
 
 def test_glancing_shows_a_share_of_truth_proportional_to_errors(setup):  # noqa: F811

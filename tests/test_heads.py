@@ -10,6 +10,7 @@ from test_train import setup, trainer  # noqa: F401 - the module-scoped tiny tar
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.generate import generate
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.hydra.module import HydraModule
@@ -88,9 +89,9 @@ def test_heads_train_and_their_tau_estimate_is_the_verifiers(trained, setup, nam
     # 3 heads). Medusa-2 changed its target, so the validation text is no longer that target's greedy
     # continuation and the estimate is only close.
     scored = score_drafters(target, {name: drafter}, val_prompts(setup), 4, Sampling(0.0), 24, 0)[1][0]
-    assert scored["greedy_exact"] == len(val_prompts(setup))
+    assert scored.greedy_exact == len(val_prompts(setup))
     rel = 0.2 if name == "medusa2" else 1e-6
-    assert scored["tau_full"] == pytest.approx(after["val/tau_est"], rel=rel)
+    assert scored.tau_full == pytest.approx(after["val/tau_est"], rel=rel)
     assert model.topk_accuracy is not None and len(model.topk_accuracy) == 3
 
 
@@ -101,11 +102,11 @@ def test_tree_drafting_is_exact_and_accepts_more_than_a_chain(trained, setup, na
     target = Target.from_pretrained(setup["target"])
     chain = load_trained(trained[name]["export"], target)
     grown = load_trained(trained[name]["export"], target)
-    grown.set_tree(TreePolicy(tree, size=12, top_k=3), k=3)
+    grown.set_tree(TreePolicy(TreeKind(tree), size=12, top_k=3), k=3)
     rows = score_drafters(target, {"chain": chain, tree: grown}, val_prompts(setup), 3, Sampling(0.0), 24, 0)[1]
-    assert all(r["greedy_exact"] == len(val_prompts(setup)) for r in rows)
-    assert rows[1]["mean_drafted"] > rows[0]["mean_drafted"]  # really trees
-    assert rows[1]["tau"] > rows[0]["tau"]
+    assert all(r.greedy_exact == len(val_prompts(setup)) for r in rows)
+    assert rows[1].mean_drafted > rows[0].mean_drafted  # really trees
+    assert rows[1].tau > rows[0].tau
 
 
 def test_static_tree_takes_the_most_likely_paths_and_is_prefix_closed():

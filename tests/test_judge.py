@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from draftsmith.core.sampling import Sampling
+from draftsmith.core.trees import TreeKind
 from draftsmith.data.checks import passes
 from draftsmith.data.records import Prompt
 from draftsmith.errors import DraftsmithError
@@ -87,7 +88,7 @@ def test_judged_trees_are_refused(target, draft_lm, prompts):
     from draftsmith.layers.tree_draft import TreePolicy
 
     drafter = draft_lm()
-    drafter.set_tree(TreePolicy("sampled", 16, 4, branching=(2, 1)), 2)
+    drafter.set_tree(TreePolicy(TreeKind.SAMPLED, 16, 4, branching=(2, 1)), 2)
     decoder = SpeculativeDecoder(target, drafter, 2, Sampling(0.8), judge=fixed_judge(target.hidden_size, True))
     with pytest.raises(DraftsmithError, match="judge decoding verifies chains"):
         decoder.generate(prompts[0], 8, torch.Generator().manual_seed(0))

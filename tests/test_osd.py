@@ -30,15 +30,15 @@ def test_online_adaptation_updates_weights_and_raises_acceptance_on_recurring_te
     frozen = DraftLM(make_llama(seed=3, layers=1), tokenizer)
     _, rows = score_drafters(target, {"osd": online, "frozen": frozen}, prompts, 4, Sampling(0.0), 24, progress=False)
     osd, still = rows
-    assert osd["greedy_exact"] == still["greedy_exact"] == len(prompts)  # learning never changes the output
-    report = osd["online"]
+    assert osd.greedy_exact == still.greedy_exact == len(prompts)  # learning never changes the output
+    report = osd.extra["online"]
     assert report["updates"] >= 3 and report["rejections"] >= 3 * cfg.update_every
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     first, last = report["windows"][0], report["windows"][-1]
     assert [first["prompts"], last["prompts"]] == [[0, 3], [9, 12]]
     assert last["alpha"] > first["alpha"] + 0.2 and last["tau"] > first["tau"]
     assert report["kl_last_update"] < report["kl_first_update"]
-    assert osd["alpha"] > still["alpha"] and "online" not in still
+    assert osd.alpha > still.alpha and "online" not in still.extra
 
 
 def test_windows_split_prompts_in_order_and_pool_rounds():

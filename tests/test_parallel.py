@@ -18,6 +18,7 @@ from draftsmith.core.draft import Draft
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
@@ -133,7 +134,7 @@ def test_greedy_with_a_parallel_drafter_equals_plain_greedy(tokenizer, prompts, 
     target = Target(base, tokenizer, getattr(net.cfg, "feature_layers", (-1,)))
     accuracy = [[0.5, 0.3, 0.1]] * 4
     drafter = net.as_drafter(accuracy)
-    drafter.set_tree(TreePolicy(tree, size=8, top_k=2), 4)
+    drafter.set_tree(TreePolicy(TreeKind(tree), size=8, top_k=2), 4)
     for k in (1, 4):
         decoder = SpeculativeDecoder(target, drafter, k, Sampling())
         for prompt in prompts:
@@ -207,9 +208,9 @@ def test_training_raises_tau_estimate_and_scores_as_estimated(setup, tmp_path, f
     saved = save_native(model.drafter, target, tmp_path / "native")
     drafters = {"trained": model.drafter.as_drafter(), "loaded": load_trained(saved, target)}
     scored = score_drafters(target, drafters, prompts, 4, Sampling(0.0), 24, 0)[1]
-    assert [row["greedy_exact"] for row in scored] == [len(prompts)] * 2
-    assert scored[0]["tau_full"] == pytest.approx(after["val/tau_est"], rel=1e-6)
-    assert scored[1]["tau"] == scored[0]["tau"]
+    assert [row.greedy_exact for row in scored] == [len(prompts)] * 2
+    assert scored[0].tau_full == pytest.approx(after["val/tau_est"], rel=1e-6)
+    assert scored[1].tau == scored[0].tau
 
 
 def rarest(data) -> int:

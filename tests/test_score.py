@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -51,11 +52,11 @@ def test_metrics_count_tokens_and_calls_consistently(target, tokenizer, prompts)
     )
     row = rows[0]
     # 13 tokens = 1 from prefill + 3 rounds of 4: tau = 4, alpha = 1
-    assert row["tau"] == pytest.approx(4.0) and row["alpha"] == 1.0
-    assert row["rounds"] == 3 * len(prompts) and row["target_calls"] == 4 * len(prompts)
-    assert row["tokens"] == plain["tokens"] == 13 * len(prompts)
-    assert plain["target_calls"] == 13 * len(prompts)
-    assert row["accept_given_reached"] == [1.0, 1.0, 1.0]
+    assert row.tau == pytest.approx(4.0) and row.alpha == 1.0
+    assert row.rounds == 3 * len(prompts) and row.target_calls == 4 * len(prompts)
+    assert row.tokens == plain.tokens == 13 * len(prompts)
+    assert plain.target_calls == 13 * len(prompts)
+    assert row.accept_given_reached == [1.0, 1.0, 1.0]
 
 
 def test_sampling_scores_report_no_greedy_exactness(target, tokenizer, prompts):
@@ -63,16 +64,16 @@ def test_sampling_scores_report_no_greedy_exactness(target, tokenizer, prompts):
         target, {"self": DraftLM(target.model, tokenizer)}, prompts, 2, Sampling(1.0), 9, progress=False
     )
     # a drafter identical to the target is always accepted under sampling too (p == q)
-    assert rows[0]["greedy_exact"] is None and rows[0]["alpha"] == 1.0
+    assert rows[0].greedy_exact is None and rows[0].alpha == 1.0
 
 
 def test_ideal_speedup_costs_verification_at_the_measured_ratio(target, tokenizer, prompts):
     drafter = DraftLM(target.model, tokenizer)  # drafts what the target says: every token accepted
     _, rows = score_drafters(target, {"self": drafter}, prompts, 3, Sampling(0.0), 8, progress=False)
     row = rows[0]
-    assert row["verify_ratio"] > 0 and row["verify_ratio"] != 1.0  # measured, not assumed
-    expected = row["tau"] / (row["verify_ratio"] + row["mean_drafted"] * row["cost_ratio"])
-    assert row["ideal_speedup"] == pytest.approx(expected)
+    assert row.verify_ratio > 0 and row.verify_ratio != 1.0  # measured, not assumed
+    expected = row.tau / (row.verify_ratio + row.mean_drafted * row.cost_ratio)
+    assert row.ideal_speedup == pytest.approx(expected)
 
 
 def test_verify_ratio_interpolates_between_measured_token_counts():
@@ -82,3 +83,56 @@ def test_verify_ratio_interpolates_between_measured_token_counts():
     assert interpolate_ratio(ratios, 3) == pytest.approx(1.5)
     assert interpolate_ratio(ratios, 11) == pytest.approx(2.3)
     assert interpolate_ratio(ratios, 40) == 2.6 and interpolate_ratio(ratios, 0.5) == 1.0
+
+
+def test_score_rows_serialise_to_the_saved_dicts_and_read_back():
+    """Every score row the benchmarks saved reads back as a ``ScoreRow`` and serialises to the same dict (reports
+    saved before a field existed included), so typed rows leave the saved format as it was."""
+    from draftsmith.eval.rows import ScoreRow
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    saved = []
+
+    def collect(node):
+        if isinstance(node, dict):
+            rows = node.get("drafters")
+            if isinstance(rows, list) and rows and isinstance(rows[0], dict) and "tau" in rows[0]:
+                saved.extend(rows)
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    for path in sorted(root.glob("*.json")):
+        collect(json.loads(path.read_text()))
+    assert len(saved) > 100
+    for d in saved:
+        row = ScoreRow.from_dict(d)
+        assert row.to_dict() == d
+        assert row.name == d["name"] and row.tau == d["tau"]
+        assert row.auto_k is None or row.auto_k.k == d["auto_k"]["k"]
+
+
+def test_a_live_row_serialises_as_before(target, tokenizer, prompts):
+    from draftsmith.eval.rows import ScoreRow
+
+    plain, rows = score_drafters(
+        target, {"self": DraftLM(target.model, tokenizer)}, prompts, 2, Sampling(0.0), 6, progress=False
+    )
+    saved = rows[0].to_dict()
+    assert list(saved)[:3] == ["name", "k", "alpha"] and saved["prompts"] == len(prompts)
+    assert not {"auto_k", "lossy", "verify", "target", "checked", "divergences"} & set(saved)  # only where set
+    assert json.loads(json.dumps(saved)) == saved and ScoreRow.from_dict(saved) == rows[0]
+    assert set(plain.to_dict()) == {"tokens", "seconds", "tokens_per_s", "target_calls"}
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--tree", "bushy"), ("--verify", "spectre")], ids=["tree", "verify"])
+def test_an_unknown_tree_or_rule_stops_in_one_line_naming_its_flag(
+    model_dirs, prompt_file, tmp_path, capsys, flag, value
+):
+    with pytest.raises(SystemExit):
+        main(["score", "--target", str(model_dirs["target"]), "--drafter", "ngram", "--prompts", str(prompt_file),
+              flag, value, "--out", str(tmp_path / "s")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"draftsmith: error: {flag} must be one of") and repr(value) in err[0]

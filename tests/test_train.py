@@ -88,8 +88,8 @@ def test_training_lowers_validation_loss_and_raises_tau_estimate(setup, tmp_path
     rows = datasets.load_from_disk(str(setup["data-val"]))
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
     scored = score_drafters(target, {"eagle": model.drafter.as_drafter()}, prompts, 4, Sampling(0.0), 24, 0)[1]
-    assert scored[0]["greedy_exact"] == len(prompts)
-    assert scored[0]["tau_full"] == pytest.approx(after["val/tau_est"], rel=1e-6)
+    assert scored[0].greedy_exact == len(prompts)
+    assert scored[0].tau_full == pytest.approx(after["val/tau_est"], rel=1e-6)
 
 
 def test_reduced_draft_vocabulary_keeps_the_most_frequent_generated_tokens(setup):
@@ -143,10 +143,10 @@ def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, 
     rows = datasets.load_from_disk(str(setup["data-val"]))
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
     scored = score_drafters(target, {"eagle3": drafter}, prompts, 4, Sampling(0.0), 24, 0)[1][0]
-    assert scored["greedy_exact"] == len(prompts)
+    assert scored.greedy_exact == len(prompts)
     # the checkpoint drafts exactly as the model that logged the last validation did
     logged = [float(r["val/tau_est"]) for r in val_metrics(tmp_path / "csv" / "version_0")]
-    assert scored["tau_full"] == pytest.approx(logged[-1], rel=1e-5)
+    assert scored.tau_full == pytest.approx(logged[-1], rel=1e-5)
 
 
 def test_checkpoint_is_refused_by_another_target(setup, tmp_path):
@@ -323,9 +323,9 @@ def test_gpu_strategy_fits_resumes_and_its_checkpoint_scores_exactly(setup, tmp_
     rows = datasets.load_from_disk(str(setup["data-val"]))
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
     scored = score_drafters(target, {name: drafter}, prompts, 4, Sampling(0.0), 24, 0)[1][0]
-    print(name, "tau", scored["tau_full"], "logged", after[-1]["val/tau_est"])
-    assert scored["greedy_exact"] == len(prompts)
-    assert scored["tau_full"] == pytest.approx(float(after[-1]["val/tau_est"]), abs=0.3)
+    print(name, "tau", scored.tau_full, "logged", after[-1]["val/tau_est"])
+    assert scored.greedy_exact == len(prompts)
+    assert scored.tau_full == pytest.approx(float(after[-1]["val/tau_est"]), abs=0.3)
 
 
 def test_a_deepspeed_zero3_checkpoint_made_on_a_gpu_is_read_scored_and_exported_on_the_cpu(tmp_path):
@@ -340,9 +340,9 @@ def test_a_deepspeed_zero3_checkpoint_made_on_a_gpu_is_read_scored_and_exported_
     drafter = load_drafter(str(data / "last.ckpt"), target)
     prompts = [r["input_ids"][: r["prompt_len"]] for r in datasets.load_from_disk(str(data / "data-val"))]
     scored = score_drafters(target, {"zero3": drafter}, prompts, 4, Sampling(0.0), 24, 0)[1][0]
-    assert scored["greedy_exact"] == len(prompts) == 16
+    assert scored.greedy_exact == len(prompts) == 16
     logged = val_metrics(data)[-1]
-    assert scored["tau_full"] == pytest.approx(float(logged["val/tau_est"]), abs=0.05)  # H100 bf16: 1.751
+    assert scored.tau_full == pytest.approx(float(logged["val/tau_est"]), abs=0.05)  # H100 bf16: 1.751
     main(["export", str(data / "last.ckpt"), "--to", "native", "--out", str(tmp_path / "native")])
     exported, _ = load_network(tmp_path / "native", target)
     read, info = load_network(data / "last.ckpt", target)

@@ -8,6 +8,7 @@ from test_trees import soft_target  # noqa: F401 - module fixture: a soft 8-toke
 from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 
 from draftsmith.core.sampling import Sampling
+from draftsmith.core.trees import TreeKind
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.eagle.network import EagleConfig, EagleModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
@@ -36,7 +37,7 @@ def test_eagle_static_tree_top1_path_is_its_greedy_chain(target, prompts):
     for version in (1, 3):
         drafter = eagle(target, version)
         chain = drafter.propose(begin(target, drafter, prompts[1]), 4, Sampling(), None)
-        drafter.tree = TreePolicy("static", size=len(PATHS), paths=PATHS)
+        drafter.tree = TreePolicy(TreeKind.STATIC, size=len(PATHS), paths=PATHS)
         tree = drafter.propose(begin(target, drafter, prompts[1]), 4, Sampling(), None)
         assert len(tree) == len(PATHS) and not tree.is_chain
         top1 = [tree.tokens[PATHS.index(p)].item() for p in ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))]
@@ -46,7 +47,7 @@ def test_eagle_static_tree_top1_path_is_its_greedy_chain(target, prompts):
 
 def test_eagle_dynamic_trees_decode_exactly_as_plain_greedy(target, prompts):
     drafter = eagle(target, 3)
-    drafter.tree = TreePolicy("dynamic", size=10, top_k=3)
+    drafter.tree = TreePolicy(TreeKind.DYNAMIC, size=10, top_k=3)
     decoder = SpeculativeDecoder(target, drafter, 4, Sampling())
     for prompt in prompts:
         result = decoder.generate(prompt, 20)
@@ -59,7 +60,7 @@ def test_medusa_dynamic_tree_sampling_is_distributed_as_the_target(soft_target):
     model = MedusaModel(cfg)
     model.init_from_target(soft_target.lm_head.weight)
     drafter = model.as_drafter()
-    drafter.tree = TreePolicy("dynamic", size=5, top_k=2)
+    drafter.tree = TreePolicy(TreeKind.DYNAMIC, size=5, top_k=2)
     sampling = Sampling(temperature=1.0)
     decoder = SpeculativeDecoder(soft_target, drafter, 2, sampling)
     counts, g, trees_seen = torch.zeros(SMALL_V * SMALL_V), torch.Generator().manual_seed(7), 0

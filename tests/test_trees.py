@@ -127,3 +127,29 @@ def test_chi_square_catches_a_tree_rule_that_forgets_the_residual(soft_target, m
     sampling = Sampling(temperature=1.0)
     counts = tree_pairs(soft_target, sampling, 1500)
     assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
+
+
+def test_tree_kinds_and_verify_rules_are_parsed_once_into_typed_records():
+    """``--tree`` / ``--verify`` strings become a ``TreeKind`` / ``VerifyRule`` at the command line, each record saying
+    what the modules used to work out from the string; an unknown value is one line naming its flag."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.layers.tree_draft import TreePolicy
+
+    assert trees.TreeKind.parse("sampled") is trees.TreeKind.SAMPLED
+    assert [k for k in trees.TreeKind if k.draws] == [trees.TreeKind.SAMPLED, trees.TreeKind.BEAM]
+    assert [k for k in trees.TreeKind if k.sized] == [trees.TreeKind.STATIC, trees.TreeKind.DYNAMIC]
+    rules = trees.VerifyRule
+    assert rules.parse("rsd") is rules.RSD and not rules.RSD.replacement and rules.SPECTR.replacement
+    assert rules.SPECTR.verify_tree is trees.verify_tree_spectr
+    assert rules.RSD.verify_tree is rules.SPECINFER.verify_tree is trees.verify_tree_sampling
+    assert str(rules.SPECTR) == f"{rules.SPECTR}" == "spectr"  # reports and messages keep the flag's spelling
+    with pytest.raises(
+        DraftsmithError, match=r"^--tree must be one of chain, static, dynamic, sampled, beam, got 'x'$"
+    ):
+        trees.TreeKind.parse("x")
+    with pytest.raises(DraftsmithError, match=r"^--verify must be one of specinfer, spectr, rsd, got 'beam'$"):
+        rules.parse("beam")
+    with pytest.raises(TypeError, match="TreeKind"):  # past the command line, only the typed record is accepted
+        TreePolicy("static")
+    with pytest.raises(TypeError, match="VerifyRule"):
+        SpeculativeDecoder(None, NGramDrafter(), 2, Sampling(1.0), "spectr")

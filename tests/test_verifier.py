@@ -9,6 +9,7 @@ from scipy import stats
 
 from draftsmith.core.sampling import Sampling, probs, residual, verify_chain_sampling
 from draftsmith.core.target import Target, rollback
+from draftsmith.core.trees import VerifyRule
 from draftsmith.eval import verifier as verifier_module
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
@@ -130,7 +131,13 @@ def exact_pair_distribution(target: Target, prompt: list[int], sampling: Samplin
 
 
 def sampled_pairs(
-    target: Target, drafter, prompt: list[int], sampling: Sampling, n: int, seed: int = 123, verify: str = "specinfer"
+    target: Target,
+    drafter,
+    prompt: list[int],
+    sampling: Sampling,
+    n: int,
+    seed: int = 123,
+    verify: VerifyRule = VerifyRule.SPECINFER,
 ) -> torch.Tensor:
     """Counts of (x1, x2): x1 comes from the prefill, x2 from a verified draft token (``verify``: the tree rule)."""
     decoder = SpeculativeDecoder(target, drafter, 2, sampling, verify)

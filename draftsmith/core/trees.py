@@ -15,6 +15,9 @@ token path alone, so together they are i.i.d. draws given it, whichever trial ac
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from enum import StrEnum
+
 import torch
 
 from draftsmith.core.sampling import one_hot, residual, sample, verify_kseq
@@ -178,12 +181,61 @@ def verify_tree_spectr(
         walk.accept(token, below)
 
 
-VERIFY_RULES = {"specinfer": verify_tree_sampling, "spectr": verify_tree_spectr, "rsd": verify_tree_sampling}
-"""Multi-candidate rules for sampling (greedy verification follows the argmax whatever the rule). RSD (Jeon et al.
-2024) verifies with the same recursive rejection as SpecInfer: what makes it RSD is its candidates, drawn without
-replacement with each sibling's row the renormalised remainder (``sampling.draw_candidates``; RSD-C), or as the
-first draws of such a sampling that won a place in a stochastic beam search (``tree_draft``'s beam trees; RSD-S),
-which that rule needs to stay lossless; SpecInfer and SpecTr draw siblings i.i.d."""
+class VerifyRule(StrEnum):
+    """A multi-candidate rule for sampling (greedy verification follows the argmax whatever the rule), read from
+    ``--verify`` once (``parse``). RSD (Jeon et al. 2024) verifies with the same recursive rejection as SpecInfer:
+    what makes it RSD is its candidates, drawn without replacement with each sibling's row the renormalised remainder
+    (``sampling.draw_candidates``; RSD-C), or as the first draws of such a sampling that won a place in a stochastic
+    beam search (``tree_draft``'s beam trees; RSD-S), which that rule needs to stay lossless; SpecInfer and SpecTr
+    draw siblings i.i.d."""
 
-REPLACEMENT = {"specinfer": True, "spectr": True, "rsd": False}
-"""Whether each rule's sampled trees draw siblings with replacement."""
+    SPECINFER = "specinfer"
+    SPECTR = "spectr"
+    RSD = "rsd"
+
+    @classmethod
+    def parse(cls, value: str) -> VerifyRule:
+        """``--verify``'s value as a rule, or one line naming the flag and the rules."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise DraftsmithError(f"--verify must be one of {', '.join(cls)}, got {value!r}") from None
+
+    @property
+    def replacement(self) -> bool:
+        """Whether the rule's sampled trees draw siblings with replacement (i.i.d.)."""
+        return self is not VerifyRule.RSD
+
+    @property
+    def verify_tree(self) -> Callable[..., tuple[list[int], int]]:
+        """The rule down a tree: ``verify_tree_spectr`` or ``verify_tree_sampling`` (SpecInfer's and RSD's)."""
+        return verify_tree_spectr if self is VerifyRule.SPECTR else verify_tree_sampling
+
+
+class TreeKind(StrEnum):
+    """The shape a tree drafter drafts (``layers.tree_draft``), read from ``--tree`` once (``parse``)."""
+
+    CHAIN = "chain"
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+    SAMPLED = "sampled"
+    BEAM = "beam"
+
+    @classmethod
+    def parse(cls, value: str) -> TreeKind:
+        """``--tree``'s value as a kind, or one line naming the flag and the kinds."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise DraftsmithError(f"--tree must be one of {', '.join(cls)}, got {value!r}") from None
+
+    @property
+    def draws(self) -> bool:
+        """Whether each node's several candidates are drawn from the drafter's distribution (sampled and beam
+        trees, which need sampling); a chain has one per node, static and dynamic trees take the top ranks."""
+        return self in (TreeKind.SAMPLED, TreeKind.BEAM)
+
+    @property
+    def sized(self) -> bool:
+        """Whether ``--tree_size`` shapes it (static and dynamic trees)."""
+        return self in (TreeKind.STATIC, TreeKind.DYNAMIC)

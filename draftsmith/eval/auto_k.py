@@ -46,6 +46,40 @@ class KChoice:
     candidates: list[dict]
 
 
+@dataclass(frozen=True)
+class Shape(KChoice):
+    """The draft shape ``score --k auto`` chose for one drafter (a ``KChoice``), and what it was chosen from (a score
+    row's ``auto_k``)."""
+
+    cost: float
+    """c measured in the calibration decode (per drafted token; per drafter forward for static trees)."""
+    source: str
+    """Where the acceptance profile came from: ``validation`` (the drafter's recorded held-out top-1 accuracy per
+    depth) or ``calibration`` (an untimed decode of the first prompt at K = 8)."""
+
+    @classmethod
+    def of(cls, choice: KChoice, cost: float, source: str) -> Shape:
+        return cls(**vars(choice), cost=cost, source=source)
+
+    def to_dict(self) -> dict:
+        """As a report saves it (rounded)."""
+        return {
+            "k": self.k,
+            "tree_size": self.tree_size,
+            "predicted_tau": round(self.predicted_tau, 4),
+            "predicted_speedup": round(self.predicted_speedup, 4),
+            "cost": round(self.cost, 5),
+            "source": self.source,
+            "candidates": self.candidates,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Shape:
+        """A saved report's ``auto_k``."""
+        fields = ("k", "tree_size", "predicted_tau", "predicted_speedup", "candidates", "cost", "source")
+        return cls(**{f: d[f] for f in fields})
+
+
 def chain_tau(accept: Sequence[float], k: int) -> float:
     """Expected tokens committed by a chain of ``k`` draft tokens: 1 + Σ_{i≤k} Π_{j≤i} a_j.
 

@@ -7,11 +7,13 @@ and optionally ``fit/<drafter>/csv/version_*/metrics.csv`` (from ``draftsmith fi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
+from draftsmith.eval.rows import PlainRow, ScoreRow, read_rows, to_dicts
 
 
 def _scores(run: Path) -> dict[int, dict]:
@@ -41,8 +43,8 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
         k: the draft length of the main table, acceptance curves and speedup bars.
     """
     runs = [Path(r) for r in runs]
-    by_k: dict[int, list[dict]] = {}
-    plains: dict[int, dict] = {}
+    by_k: dict[int, list[ScoreRow]] = {}
+    plains: dict[int, PlainRow] = {}
     logs: dict[str, list[dict]] = {}
     sources, exported = {}, []
     for run in runs:
@@ -53,8 +55,8 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
             )
         prefix = f"{run.name}/" if len(runs) > 1 else ""
         for kk, data in scores.items():
-            by_k.setdefault(kk, []).extend({**r, "name": prefix + r["name"]} for r in data["drafters"])
-            plains.setdefault(kk, data["plain"])
+            by_k.setdefault(kk, []).extend(replace(r, name=prefix + r.name) for r in read_rows(data["drafters"]))
+            plains.setdefault(kk, PlainRow.from_dict(data["plain"]))
             sources.setdefault(str(run), {})[kk] = data["config"]
         logs.update({prefix + name: rows for name, rows in _fit_logs(run).items()})
         if (run / "export" / "best.json").is_file():
@@ -70,7 +72,14 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
     }
     if logs:
         figures["training.png"] = plots.training_curves(logs, out / "training.png")
-    summary = {"runs": sources, "k": k, "plain": plains[k], "drafters": by_k[k], "by_k": by_k, "exported": exported}
+    summary = {
+        "runs": sources,
+        "k": k,
+        "plain": plains[k].to_dict(),
+        "drafters": to_dicts(by_k[k]),
+        "by_k": {kk: to_dicts(rows) for kk, rows in by_k.items()},
+        "exported": exported,
+    }
     (out / "report.json").write_text(json.dumps(summary, indent=2))
     config = next(iter(sources.values()))[k]
     md = [
@@ -91,11 +100,10 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
         "| drafter | " + " | ".join(f"K={kk}" for kk in sorted(by_k)) + " |",
         "|---|" + "---|" * len(by_k),
     ]
-    names = list(dict.fromkeys(r["name"] for rows in by_k.values() for r in rows))
+    names = list(dict.fromkeys(r.name for rows in by_k.values() for r in rows))
     for name in names:
         cells = [
-            next((f"{r['tau']:.2f} ({r['speedup']:.2f}×)" for r in by_k[kk] if r["name"] == name), "–")
-            for kk in sorted(by_k)
+            next((f"{r.tau:.2f} ({r.speedup:.2f}×)" for r in by_k[kk] if r.name == name), "–") for kk in sorted(by_k)
         ]
         md.append(f"| {name} | " + " | ".join(cells) + " |")
     for run in runs:
@@ -103,7 +111,8 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
         if auto.is_file():
             data = json.loads(auto.read_text())
             md += ["", f"## K chosen per drafter (--k auto){f': {run.name}' if len(runs) > 1 else ''}", ""]
-            md += [markdown_table(data["drafters"], data["plain"]), "", auto_k_table(data["drafters"])]
+            rows = read_rows(data["drafters"])
+            md += [markdown_table(rows, PlainRow.from_dict(data["plain"])), "", auto_k_table(rows)]
     for e in exported:
         md += ["", "## Exported for serving", ""]
         if e.get("beats_plain", True):

@@ -15,7 +15,8 @@ class DrafterMetrics:
         alpha: accepted draft tokens / drafted tokens.
         tau: mean tokens committed per verification call (accepted + 1).
         tau_full: tau over the rounds that drafted to full depth (min(K, the drafter's deepest);
-            the end of a generation drafts less); what ``val/tau_est`` estimates.
+            the end of a generation drafts less); what ``val/tau_est`` estimates. None in reports saved before it
+            was measured.
         accept_at: per draft position i (1-based, index i-1): fraction of rounds
             whose i-th draft token was accepted (unconditional).
         accept_given_reached: per position: accepted / rounds that drafted to depth i
@@ -29,7 +30,8 @@ class DrafterMetrics:
         cost_ratio: c, the drafter's time per drafted token / the target's time per plain decoding step.
         mean_drafted: mean tokens drafted per round.
         verify_ratio: r, the target's time to verify one round's tokens (mean_drafted + 1 of them) / its time for
-            one decode step, measured in the same run (``score_drafters``); 1.0 where it was not measured.
+            one decode step, measured in the same run (``score_drafters``); 1.0 where it was not measured; None in
+            reports saved before it was.
         ideal_speedup: tau / (r + mean_drafted * c): the speedup this τ and drafter cost allow on this machine,
             with the verification forward costed as measured.
         greedy_exact: prompts whose output equals plain greedy decoding (greedy only; else None).
@@ -39,7 +41,7 @@ class DrafterMetrics:
     k: int
     alpha: float
     tau: float
-    tau_full: float
+    tau_full: float | None
     accept_at: list[float]
     accept_given_reached: list[float]
     rounds: int
@@ -50,7 +52,7 @@ class DrafterMetrics:
     speedup: float
     cost_ratio: float
     mean_drafted: float
-    verify_ratio: float
+    verify_ratio: float | None
     ideal_speedup: float
     greedy_exact: int | None
 

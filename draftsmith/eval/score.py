@@ -11,16 +11,18 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.core import trees
 from draftsmith.core.draft import DecodeResult, Drafter
 from draftsmith.core.machine import machine_record
 from draftsmith.core.manifest import write_manifest
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, rollback
+from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval import auto_k
 from draftsmith.eval.metrics import by_category, drafter_metrics, plain_metrics
 from draftsmith.eval.report import markdown_table, write_report
+from draftsmith.eval.rows import PlainRow, ScoreRow, to_dicts
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
 from draftsmith.families.specs import Named, build_drafter, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
@@ -37,33 +39,34 @@ def score_drafters(
     seed: int = 0,
     progress: bool = True,
     categories: list[str | None] | None = None,
-    verify: str | dict[str, str] = "specinfer",
+    verify: VerifyRule | dict[str, VerifyRule] = VerifyRule.SPECINFER,
     judges: dict | None = None,
     checks: list[dict | None] | None = None,
-) -> tuple[dict, list[dict]]:
+) -> tuple[PlainRow, list[ScoreRow]]:
     """Decode every prompt plainly and with each drafter, interleaved so all see the same machine state.
 
     A drafter that fine-tuned its target (``own_target``, Medusa-2) decodes with that target and is
     compared with plain decoding of it, in the same interleaved loop. ``k="auto"`` picks each drafter's K (and
     static tree size) of highest predicted speed before the scored pass (``choose_shapes``). ``categories``
     (one per prompt, e.g. MT-bench's) adds each row's τ and speedup per category. ``verify``: the sampled trees'
-    multi-candidate rule, one for all drafters or one per drafter name (``trees.VERIFY_RULES``). ``judges``: drafter
-    name -> judge head: that drafter is verified by Judge decoding (lossy: its row says so). ``checks`` (one per
-    prompt, ``data/checks.py``): every row, plain decoding's too, counts the answers that pass.
+    multi-candidate rule, one for all drafters or one per drafter name (SpecInfer for those it does not name).
+    ``judges``: drafter name -> judge head: that drafter is verified by Judge decoding (lossy: its row says so).
+    ``checks`` (one per prompt, ``data/checks.py``): every row, plain decoding's too, counts the answers that pass.
 
     Returns:
-        (plain metrics of ``target``, per-drafter metrics) as dicts.
+        (plain decoding of ``target``, one row per drafter); ``to_dict`` gives what a report saves.
     """
     targets = {name: d.own_target or target for name, d in drafters.items()}
-    rules = verify if isinstance(verify, dict) else dict.fromkeys(drafters, verify)
+    given = verify if isinstance(verify, dict) else dict.fromkeys(drafters, verify)
+    rules = {name: given.get(name, VerifyRule.SPECINFER) for name in drafters}
     for name, drafter in drafters.items():
         check_compatible(targets[name], drafter, name)
-        check_rule(drafter, rules.get(name, "specinfer"), sampling, name)
+        check_rule(drafter, rules[name], sampling, name)
     shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(k) for name in drafters}
     judges = judges or {}
     decoders = {
-        name: SpeculativeDecoder(targets[name], d, ks[name], sampling, rules.get(name, "specinfer"), judges.get(name))
+        name: SpeculativeDecoder(targets[name], d, ks[name], sampling, rules[name], judges.get(name))
         for name, d in drafters.items()
     }
     baselines = {id(t): t for t in [target, *targets.values()]}
@@ -89,52 +92,48 @@ def score_drafters(
             spec[name].append(dec.generate(prompt, max_new_tokens, torch.Generator().manual_seed(seed + i)))
     rows = []
     for name in drafters:
-        m = drafter_metrics(name, ks[name], spec[name], plain[id(targets[name])], sampling.greedy, ratios).to_dict()
-        m["prompts"] = len(prompts)
-        if name in shapes:
-            m["auto_k"] = shapes[name].record()
+        own_plain = plain[id(targets[name])]
+        metrics = drafter_metrics(name, ks[name], spec[name], own_plain, sampling.greedy, ratios)
+        row = ScoreRow(**vars(metrics), prompts=len(prompts), auto_k=shapes.get(name))
         if name in judges:  # lossy: output leaves the target's wherever the judge keeps a rejected token
-            m["lossy"] = True
-            m["judged"] = sum(sum(r.judged) for r in spec[name])
-            m["judged_share"] = round(m["judged"] / max(1, sum(sum(r.accepted) for r in spec[name])), 4)
-        elif sampling.greedy and m["greedy_exact"] < len(prompts):
-            m["divergences"] = divergences(targets[name], prompts, spec[name], plain[id(targets[name])])
+            row.lossy = True
+            row.judged = sum(sum(r.judged) for r in spec[name])
+            row.judged_share = round(row.judged / max(1, sum(sum(r.accepted) for r in spec[name])), 4)
+        elif sampling.greedy and row.greedy_exact < len(prompts):
+            row.divergences = divergences(targets[name], prompts, spec[name], own_plain)
         if categories is not None:
-            by = by_category(categories, {name: spec[name]}, plain[id(targets[name])], ks[name], sampling.greedy)
-            m["categories"] = {c: rows_[name] for c, rows_ in by.items()}
-        m |= drafters[name].extra_metrics(spec[name])  # --online-adapt: α and τ over time
+            by = by_category(categories, {name: spec[name]}, own_plain, ks[name], sampling.greedy)
+            row.categories = {c: rows_[name] for c, rows_ in by.items()}
+        row.extra = drafters[name].extra_metrics(spec[name])  # --online-adapt: α and τ over time
         if targets[name] is not target:
-            m["target"] = targets[name].name
-        if rules.get(name, "specinfer") != "specinfer":
-            m["verify"] = rules[name]
+            row.target = targets[name].name
+        if rules[name] is not VerifyRule.SPECINFER:
+            row.verify = rules[name]
         if checks is not None:
-            m |= checked(targets[name], spec[name], checks)
-        rows.append(m)
-    plain_row = plain_metrics(plain[id(target)]).to_dict()
+            row.checked, row.checks_passed = checked(targets[name], spec[name], checks)
+        rows.append(row)
+    plain_row = PlainRow(**vars(plain_metrics(plain[id(target)])))
     if checks is not None:
-        plain_row |= checked(target, plain[id(target)], checks)
+        plain_row.checked, plain_row.checks_passed = checked(target, plain[id(target)], checks)
     return plain_row, rows
 
 
-def checked(target: Target, results: list[DecodeResult], checks: list[dict | None]) -> dict:
-    """How many decoded answers pass their prompt's check (prompts without one are not counted)."""
+def checked(target: Target, results: list[DecodeResult], checks: list[dict | None]) -> tuple[int, int]:
+    """(answers whose prompt has a check, of those the answers that pass it)."""
     from draftsmith.data.checks import passes
 
     pairs = [(r, c) for r, c in zip(results, checks, strict=True) if c is not None]
     text = target.tokenizer.decode
-    return {
-        "checked": len(pairs),
-        "checks_passed": sum(passes(c, text(r.tokens, skip_special_tokens=True)) for r, c in pairs),
-    }
+    return len(pairs), sum(passes(c, text(r.tokens, skip_special_tokens=True)) for r, c in pairs)
 
 
 def most_verified(drafter: Drafter, k: int) -> int:
     """The most tokens one verification forward of ``drafter``'s rounds holds (its drafts + 1)."""
     from draftsmith.families.ngram.drafter import NGramDrafter
 
-    if isinstance(drafter, TreeDrafter) and drafter.tree.kind == "sampled":
+    if isinstance(drafter, TreeDrafter) and drafter.tree.kind is TreeKind.SAMPLED:
         return drafter.tree.sampled_nodes(k) + 1
-    if isinstance(drafter, TreeDrafter) and drafter.tree.kind != "chain":
+    if isinstance(drafter, TreeDrafter) and drafter.tree.kind is not TreeKind.CHAIN:
         return drafter.tree.size + 1
     if isinstance(drafter, NGramDrafter):
         return k * drafter.width + 1
@@ -146,44 +145,15 @@ AUTO_MAX_K = 8
 """``--k auto`` searches chains of 1..8 tokens (and static trees of up to 64 nodes)."""
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The draft shape ``--k auto`` chose for one drafter, and why."""
-
-    k: int
-    tree_size: int | None
-    predicted_tau: float
-    predicted_speedup: float
-    cost: float
-    """c measured in the calibration decode (per drafted token; per drafter forward for static trees)."""
-    source: str
-    """Where the acceptance profile came from: ``validation`` (the drafter's recorded held-out top-1 accuracy per
-    depth) or ``calibration`` (an untimed decode of the first prompt at K = 8)."""
-    candidates: list[dict]
-
-    def record(self) -> dict:
-        return {
-            "k": self.k,
-            "tree_size": self.tree_size,
-            "predicted_tau": round(self.predicted_tau, 4),
-            "predicted_speedup": round(self.predicted_speedup, 4),
-            "cost": round(self.cost, 5),
-            "source": self.source,
-            "candidates": self.candidates,
-        }
-
-
 def choose_shapes(
     targets: dict[str, Target], drafters: dict[str, Drafter], prompt: list[int], sampling: Sampling, seed: int
-) -> dict[str, Shape]:
+) -> dict[str, auto_k.Shape]:
     """Each drafter's K (and static tree size) of highest predicted speed τ(K) / (r(K+1) + K·c) on this machine.
 
     One untimed decode of ``prompt`` per drafter at K = 8 measures its cost c (and, for a drafter with no
     recorded validation profile, its per-position acceptance); r(m) is measured on the same prompt. The choice
     itself is ``eval.auto_k``'s.
     """
-    from draftsmith.eval import auto_k
-
     shapes = {}
     counts = [*range(2, AUTO_MAX_K + 2), *(n + 1 for n in auto_k.TREE_SIZES)]
     for name, drafter in drafters.items():
@@ -191,7 +161,7 @@ def choose_shapes(
         ratios, _ = verify_ratios(target, prompt, counts, 3)
         tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
         if tree is not None:  # calibrate as a chain: one drafter forward per drafted token
-            drafter.set_tree(replace(tree, kind="chain"), AUTO_MAX_K)
+            drafter.set_tree(replace(tree, kind=TreeKind.CHAIN), AUTO_MAX_K)
         decoder = SpeculativeDecoder(target, drafter, AUTO_MAX_K, sampling)
         result = decoder.generate(prompt, 64, torch.Generator().manual_seed(seed))
         plain = plain_decode(target, prompt, 16, sampling, torch.Generator().manual_seed(seed))
@@ -202,17 +172,14 @@ def choose_shapes(
         else:
             metrics = drafter_metrics(name, AUTO_MAX_K, [result], [plain], sampling.greedy)
             accept, source = metrics.accept_given_reached, "calibration"
-        if tree is not None and tree.kind == "static" and accuracy:
+        if tree is not None and tree.kind is TreeKind.STATIC and accuracy:
             choice = auto_k.choose_tree(accuracy, ratios, cost, max_depth=AUTO_MAX_K)
             drafter.set_tree(replace(tree, size=choice.tree_size, paths=()), choice.k)
         else:
             choice = auto_k.choose_chain_k(accept, ratios, cost, ks=range(1, AUTO_MAX_K + 1))
             if tree is not None:
                 drafter.set_tree(replace(tree, paths=()), choice.k)
-        shapes[name] = Shape(
-            choice.k, choice.tree_size, choice.predicted_tau, choice.predicted_speedup, cost, source,
-            choice.candidates,
-        )  # fmt: skip
+        shapes[name] = auto_k.Shape.of(choice, cost, source)
     return shapes
 
 
@@ -291,7 +258,7 @@ class ScoreConfig:
     """Seed of the per-prompt random generators."""
     online_adapt: bool = False
     """Online speculative decoding: each draft LM learns from its rejected positions while it decodes."""
-    tree: TreePolicy = TreePolicy("chain", 16, 4)
+    tree: TreePolicy = TreePolicy(TreeKind.CHAIN, 16, 4)
     """How EAGLE, Medusa and Hydra drafters draft (chain, static, dynamic or sampled tree)."""
     compile: bool = False
     """``torch.compile`` the target's and the draft LMs' forwards (``Target.compile``), for plain and speculative
@@ -299,8 +266,8 @@ class ScoreConfig:
     batch_invariant: bool | None = None
     """Compute the target's rows as they would be computed alone (``core.numerics``): greedy speculative output
     then equals plain greedy output bit for bit in bf16 too, at a cost to plain decoding. None: on for bf16/fp16."""
-    verify: str = "specinfer"
-    """The multi-candidate rule of sampled trees: ``specinfer``, ``spectr`` or ``rsd`` (``trees.VERIFY_RULES``)."""
+    verify: VerifyRule = VerifyRule.SPECINFER
+    """The multi-candidate rule of sampled trees: SpecInfer, SpecTr or RSD."""
     judge: str | None = None
     """A judge dir (``draftsmith judge``): each drafter is also scored under Judge decoding (lossy), as NAME+judge."""
     judge_threshold: float | None = None
@@ -400,13 +367,14 @@ def score(
         raise DraftsmithError(
             f"--tree_branching must be comma-separated integers such as 2,2,1,1, got {tree_branching!r}"
         ) from None
-    replacement = trees.REPLACEMENT.get(verify, True)
+    rule = VerifyRule.parse(verify)
     policy = TreePolicy(
-        tree, tree_size, tree_top_k, branching=branching, replacement=replacement, beam_width=tree_beam_width
-    )
+        TreeKind.parse(tree), tree_size, tree_top_k, branching=branching, replacement=rule.replacement,
+        beam_width=tree_beam_width,
+    )  # fmt: skip
     config = ScoreConfig(
         prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
-        policy, compile, batch_invariant, verify, judge, judge_threshold, device,
+        policy, compile, batch_invariant, rule, judge, judge_threshold, device,
     )  # fmt: skip
     return score_specs(parse_target(target, dtype), [parse_spec(d) for d in drafter], config, Path(out))
 
@@ -460,11 +428,11 @@ def score_specs(
             "max_new_tokens": cfg.max_new_tokens,
             "seed": cfg.seed,
             "online_adapt": cfg.online_adapt,
-            "tree": cfg.tree.kind,
-            "tree_size": cfg.tree.size if cfg.tree.kind in ("static", "dynamic") else None,
-            "tree_branching": list(cfg.tree.branching) if cfg.tree.kind == "sampled" else None,
-            "tree_beam_width": cfg.tree.beam_width if cfg.tree.kind == "beam" else None,
-            "verify": cfg.verify,
+            "tree": str(cfg.tree.kind),
+            "tree_size": cfg.tree.size if cfg.tree.kind.sized else None,
+            "tree_branching": list(cfg.tree.branching) if cfg.tree.kind is TreeKind.SAMPLED else None,
+            "tree_beam_width": cfg.tree.beam_width if cfg.tree.kind is TreeKind.BEAM else None,
+            "verify": str(cfg.verify),
             "judge": cfg.judge,
             "judge_threshold": next(iter(judges.values())).threshold if judges else None,
             "compile": cfg.compile,
@@ -475,8 +443,8 @@ def score_specs(
         },
         "machine": machine_record(),
         "target": t.fingerprint,
-        "plain": plain,
-        "drafters": rows,
+        "plain": plain.to_dict(),
+        "drafters": to_dicts(rows),
     }
     write_report(out, report)
     write_manifest(out, target=t.fingerprint, seed=cfg.seed, stage=stage)

@@ -18,6 +18,7 @@ from draftsmith.core.sampling import (
     verify_chain_sampling,
 )
 from draftsmith.core.target import Target, TargetOutput, keep_positions, rollback
+from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.errors import DraftsmithError
 
 
@@ -36,36 +37,37 @@ def check_compatible(target: Target, drafter: Drafter, drafter_name: str) -> Non
         )
 
 
-def check_rule(drafter: Drafter, verify: str, sampling: Sampling, drafter_name: str = "drafter") -> None:
+def check_rule(drafter: Drafter, verify: trees.VerifyRule, sampling: Sampling, drafter_name: str = "drafter") -> None:
     """Refuse a verification rule the drafter cannot feed, in one line naming both."""
     from draftsmith.layers.tree_draft import TreeDrafter
 
-    if verify not in trees.VERIFY_RULES:
-        raise DraftsmithError(f"--verify must be one of {', '.join(trees.VERIFY_RULES)}, got {verify!r}")
+    if not isinstance(verify, trees.VerifyRule):
+        raise TypeError(f"verify is a trees.VerifyRule (VerifyRule.parse reads --verify), got {verify!r}")
     tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
-    if tree is not None and tree.kind == "beam" and verify != "rsd":
+    kind = tree.kind if tree is not None else None
+    if kind is TreeKind.BEAM and verify is not VerifyRule.RSD:
         raise DraftsmithError(
             f"{drafter_name!r} drafts a beam tree (RSD-S: siblings drawn without replacement by stochastic beam "
             f"search): verify it with --verify rsd, not {verify}"
         )
-    if verify == "specinfer":
+    if verify is VerifyRule.SPECINFER:
         return
     if sampling.greedy:
         raise DraftsmithError(
             f"--verify {verify} is a rule for sampling: it needs --temperature > 0 (greedy verification follows the "
             "target's argmax whatever the rule)"
         )
-    if tree is not None and tree.kind == "beam":
+    if kind is TreeKind.BEAM:
         return
-    if tree is None or tree.kind != "sampled":
+    if kind is not TreeKind.SAMPLED:
         raise DraftsmithError(
             f"--verify {verify} needs several candidates drawn per node, and {drafter_name!r} drafts "
-            f"{'one chain' if tree is None else f'a {tree.kind} tree'}: use --tree sampled"
-            f"{' or --tree beam (RSD-S)' if verify == 'rsd' else ''} with a tree drafter "
+            f"{'one chain' if tree is None else f'a {kind} tree'}: use --tree sampled"
+            f"{' or --tree beam (RSD-S)' if verify is VerifyRule.RSD else ''} with a tree drafter "
             "(EAGLE, Medusa, Hydra, Clover, Falcon, the parallel drafters, draft LMs)"
         )
-    if tree.replacement != trees.REPLACEMENT[verify]:
-        how = "with" if trees.REPLACEMENT[verify] else "without"
+    if tree.replacement != verify.replacement:
+        how = "with" if verify.replacement else "without"
         raise DraftsmithError(
             f"--verify {verify} needs siblings drawn {how} replacement; {drafter_name!r} draws "
             "them the other way (set its tree policy's replacement)"
@@ -93,15 +95,21 @@ class SpeculativeDecoder:
         drafter: any ``Drafter``.
         k: tokens drafted per round.
         sampling: greedy (temperature 0) or sampling settings of the target.
-        verify: the multi-candidate rule for sampled trees (``trees.VERIFY_RULES``): ``specinfer`` (also every
-            deterministic tree's), ``spectr`` or ``rsd``; these two need a drafter drawing several candidates per
-            node the rule's way (``--tree sampled``) and sampling.
+        verify: the multi-candidate rule for sampled trees (``VerifyRule``): SpecInfer (also every deterministic
+            tree's), SpecTr or RSD; these two need a drafter drawing several candidates per node the rule's way
+            (``--tree sampled``) and sampling.
         judge: Judge decoding (LOSSY): a draft token the rule rejects is kept when this head, reading the target's
             final hidden state at the token's position, judges it correct (``families.judge``; chains only).
     """
 
     def __init__(
-        self, target: Target, drafter: Drafter, k: int, sampling: Sampling, verify: str = "specinfer", judge=None
+        self,
+        target: Target,
+        drafter: Drafter,
+        k: int,
+        sampling: Sampling,
+        verify: VerifyRule = VerifyRule.SPECINFER,
+        judge=None,
     ) -> None:
         if k <= 0:
             raise DraftsmithError(f"k (draft length) must be a positive integer, got {k}")
@@ -159,9 +167,10 @@ class SpeculativeDecoder:
         if self.sampling.greedy:
             path, nxt = trees.verify_tree_greedy(logits.argmax(-1)[rows_of].tolist(), tokens, draft.parents)
         else:
-            rule = trees.VERIFY_RULES[self.verify]
             q = draft.q.cpu() if draft.q is not None else None
-            path, nxt = rule(probs(logits.cpu(), self.sampling)[rows_of], q, tokens, draft.parents, generator)
+            path, nxt = self.verify.verify_tree(
+                probs(logits.cpu(), self.sampling)[rows_of], q, tokens, draft.parents, generator
+            )
         keep_positions(cache, list(range(committed + 1)) + [committed + 1 + index[i] for i in path])
         return [tokens[i] for i in path] + [nxt], out.positions(rows_of[[0] + [1 + i for i in path]]), len(nodes)
 

@@ -37,10 +37,8 @@ import torch
 
 from draftsmith.core.draft import Draft, Drafter
 from draftsmith.core.sampling import Sampling, draw_candidates, probs, remainder, sample
-from draftsmith.core.trees import representatives
+from draftsmith.core.trees import TreeKind, representatives
 from draftsmith.errors import DraftsmithError
-
-TREE_KINDS = ("chain", "static", "dynamic", "sampled", "beam")
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class TreePolicy:
     """How a ``TreeDrafter`` shapes its drafts.
 
     Attributes:
-        kind: ``chain``, ``static`` or ``dynamic``.
+        kind: chain, static, dynamic, sampled or beam tree (``TreeKind``; ``TreeKind.parse`` reads ``--tree``).
         size: tree nodes (drafted tokens) per round, for trees.
         top_k: dynamic trees: nodes expanded per depth and children per expanded node.
         paths: static trees: rank paths, parents before children (see ``static_tree``).
@@ -57,7 +55,7 @@ class TreePolicy:
         beam_width: beam trees (RSD-S): paths kept per depth (at most ``beam_width`` nodes per depth).
     """
 
-    kind: str = "chain"
+    kind: TreeKind = TreeKind.CHAIN
     size: int = 16
     top_k: int = 4
     paths: tuple[tuple[int, ...], ...] = ()
@@ -66,8 +64,8 @@ class TreePolicy:
     beam_width: int = 4
 
     def __post_init__(self) -> None:
-        if self.kind not in TREE_KINDS:
-            raise DraftsmithError(f"--tree must be one of {', '.join(TREE_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.kind, TreeKind):
+            raise TypeError(f"TreePolicy.kind is a TreeKind (TreeKind.parse reads --tree), got {self.kind!r}")
         if self.size <= 0 or self.top_k <= 0 or self.beam_width <= 0:
             raise DraftsmithError(
                 f"--tree_size, --tree_top_k and --tree_beam_width must be positive, got {self.size}, {self.top_k} "
@@ -155,7 +153,7 @@ class TreeDrafter(Drafter):
 
     def set_tree(self, policy: TreePolicy, k: int) -> None:
         """Use ``policy`` for drafts of depth <= k; a static tree is built from ``topk_accuracy``."""
-        if policy.kind == "static" and not policy.paths:
+        if policy.kind is TreeKind.STATIC and not policy.paths:
             if not self.topk_accuracy:
                 raise DraftsmithError(
                     "--tree static needs the drafter's measured top-k accuracies (recorded by `draftsmith fit` "
@@ -163,7 +161,7 @@ class TreeDrafter(Drafter):
                 )
             depth = min(k, self.max_depth or k)
             paths = static_tree(self.topk_accuracy, policy.size, depth)
-            policy = TreePolicy("static", len(paths), policy.top_k, paths)
+            policy = TreePolicy(TreeKind.STATIC, len(paths), policy.top_k, paths)
         self.tree = policy
 
     def _depth(self, k: int) -> int:
@@ -174,13 +172,13 @@ class TreeDrafter(Drafter):
         k = self._depth(k)
         if k <= 0:
             return Draft.empty()
-        if self.tree.kind == "chain":
+        if self.tree.kind is TreeKind.CHAIN:
             return self._chain(state, k, sampling, generator)
-        if self.tree.kind == "static":
+        if self.tree.kind is TreeKind.STATIC:
             return self._static(state, k)
-        if self.tree.kind == "sampled":
+        if self.tree.kind is TreeKind.SAMPLED:
             return self._sampled(state, k, sampling, generator)
-        if self.tree.kind == "beam":
+        if self.tree.kind is TreeKind.BEAM:
             return self._beam(state, k, sampling, generator)
         return self._dynamic(state, k)
 
@@ -197,7 +195,7 @@ class TreeDrafter(Drafter):
         return Draft.chain(tokens, torch.stack(qs))
 
     def _sampled(self, state, k: int, sampling: Sampling, generator) -> Draft:
-        _needs_sampling(sampling, "sampled")
+        _needs_sampling(sampling, TreeKind.SAMPLED)
         scratch, logits = self.root(state)
         tokens, parents, rows = [], [], []
         frontier = [(-1, logits)]
@@ -226,7 +224,7 @@ class TreeDrafter(Drafter):
         of the whole path); the ``beam_width`` highest are kept. A node's kept children are its highest-perturbed
         ones, i.e. the first draws of a sampling without replacement (Gumbel-top-k), listed in that order, each with
         its distribution minus its earlier siblings, renormalised (the rows of ``draw_candidates``)."""
-        _needs_sampling(sampling, "beam")
+        _needs_sampling(sampling, TreeKind.BEAM)
         width = self.tree.beam_width
         scratch, logits = self.root(state)
         tokens, parents, rows = [], [], []
@@ -310,7 +308,7 @@ def draw_order(kept: list[tuple]) -> list[tuple]:
     return sorted(kept, key=lambda c: (c[1], -c[0]))
 
 
-def _needs_sampling(sampling: Sampling, kind: str) -> None:
+def _needs_sampling(sampling: Sampling, kind: TreeKind) -> None:
     if sampling.greedy:
         raise DraftsmithError(
             f"--tree {kind} draws candidates from the drafter's distribution: it needs --temperature > 0 "

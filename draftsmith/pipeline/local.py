@@ -33,6 +33,7 @@ from draftsmith.core.target import check_fingerprint
 from draftsmith.data.prompts import BUILTIN, BUILTIN_CHAT, load_prompts
 from draftsmith.errors import DraftsmithError, user_error
 from draftsmith.eval.compare import report
+from draftsmith.eval.rows import read_rows
 from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs, verify_ratios
 from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
 from draftsmith.pipeline.stages import STAGES
@@ -255,10 +256,10 @@ def export_best(out: Path, trained: dict[str, Path], target_dir: Path) -> dict:
     if not block.is_file():
         block = max(out.glob("score/k*/report.json"), key=lambda p: int(p.parent.name[1:]))
     scores = json.loads(block.read_text())
-    rows = scores["drafters"]
-    best = max((r for r in rows if r["name"] in trained), key=lambda r: (r["speedup"], r["tau"]))
-    k = best.get("auto_k", {}).get("k") or scores["config"]["k"]
-    name = best["name"]
+    rows = read_rows(scores["drafters"])
+    best = max((r for r in rows if r.name in trained), key=lambda r: (r.speedup, r.tau))
+    k = best.auto_k.k if best.auto_k else scores["config"]["k"]
+    name = best.name
     fmt = serving_format(json.loads((trained[name] / "config.json").read_text())["method"])
     dest = out / "export" / name
     shutil.rmtree(out / "export", ignore_errors=True)
@@ -268,32 +269,32 @@ def export_best(out: Path, trained: dict[str, Path], target_dir: Path) -> dict:
     except DraftsmithError as e:  # e.g. an EAGLE-3 on a target too shallow for engines to feed it
         record["refused"] = f"--to {fmt}: {e}"
         fmt, command = "native", write_export(trained[name], "native", dest, overwrite=True)
-    others = [r for r in rows if r["name"] not in trained and r["speedup"] > 1.0]
-    faster = max(others, key=lambda r: r["speedup"], default=None)
+    others = [r for r in rows if r.name not in trained and r.speedup > 1.0]
+    faster = max(others, key=lambda r: r.speedup, default=None)
     record |= {
         "format": fmt,
         "dir": str(dest.absolute()),
         "k": k,
-        "speedup": best["speedup"],
-        "tau": best["tau"],
+        "speedup": best.speedup,
+        "tau": best.tau,
         "command": command,
-        "beats_plain": best["speedup"] > 1.0,
+        "beats_plain": best.speedup > 1.0,
     }
     if not record["beats_plain"]:
         record["advice"] = (
-            f"no trained drafter beats plain decoding here: the fastest, {name}, ran at {best['speedup']:.2f}x "
+            f"no trained drafter beats plain decoding here: the fastest, {name}, ran at {best.speedup:.2f}x "
             f"(exported to {dest} for inspection, not for serving)"
         )
         if faster:
-            serve = _ngram_command(target_dir, k) if faster["name"] == "ngram" else ""
-            record["advice"] += f"; {faster['name']} ran at {faster['speedup']:.2f}x" + (f": {serve}" if serve else "")
+            serve = _ngram_command(target_dir, k) if faster.name == "ngram" else ""
+            record["advice"] += f"; {faster.name} ran at {faster.speedup:.2f}x" + (f": {serve}" if serve else "")
         else:
             record["advice"] += "; nothing scored beat plain decoding: serve the target without speculation"
     (out / "export" / "best.json").write_text(json.dumps(record, indent=2))
     if "refused" in record:
         print(f"  {record['refused']}")
     if record["beats_plain"]:
-        print(f"  {name} ({best['speedup']:.2f}x at K={k}) -> {record['dir']} ({fmt})\n  {command}")
+        print(f"  {name} ({best.speedup:.2f}x at K={k}) -> {record['dir']} ({fmt})\n  {command}")
     else:
         print(f"  {record['advice']}")
     return record

@@ -21,6 +21,7 @@ from draftsmith.core.target import (
     rollback,
     tokenizer_hash,
 )
+from draftsmith.core.trees import TreeKind
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
 from draftsmith.layers.tree_draft import TreeDrafter
@@ -97,7 +98,7 @@ class DraftLM(TreeDrafter):
         return out.logits[:, -1].float()
 
     def propose(self, state: DraftLMState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
-        if self.tree.kind != "chain":
+        if self.tree.kind is not TreeKind.CHAIN:
             draft = super().propose(state, k, sampling, generator)
             state.cache.batch_select_indices(torch.tensor([0]))  # every row shares the committed prefix
             rollback(state.cache, len(state.cached))
