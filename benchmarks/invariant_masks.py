@@ -31,7 +31,7 @@ PER_LAYER = "invariant_masks_per_layer"
 
 def per_layer_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """``invariant_attention`` building its masks in every call, as it did before 31c15d2."""
-    numerics.forget_masks()
+    numerics.forget_masks(module)
     return numerics.invariant_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
 

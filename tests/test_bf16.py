@@ -130,28 +130,41 @@ def test_invariant_attention_gives_a_block_query_the_value_of_its_one_token_step
             assert torch.equal(block, alone), (kv, n, masked)
 
 
-def test_invariant_attention_builds_a_forwards_masks_once_and_never_reuses_another_masks():
-    """Every layer of one forward passes the same mask tensor: its groups are built once. A new mask of the same
-    shape (the next round's tree) gets its own, whatever the last call built."""
+def test_invariant_attention_builds_a_forwards_masks_once_per_model_and_never_reuses_another_masks():
+    """Every layer of one forward passes the same mask tensor (one per layer type): its groups are built once, kept
+    in the model's own ``MaskCache`` while the mask lives, the masks of both layer types of a mixed model at once. A
+    new mask of the same shape (the next round's tree) gets its own, whatever the last call built; another model
+    shares nothing."""
     from draftsmith.core import numerics
 
     g = torch.Generator().manual_seed(0)
     kv, n = 70, 5
     q = torch.randn(1, 9, n, 64, generator=g).to(torch.bfloat16)
     k, v = (torch.randn(1, 3, kv, 64, generator=g).to(torch.bfloat16) for _ in range(2))
-    module = torch.nn.Module()
-    module.num_key_value_groups, module.training = 3, False
+    model, twin = (torch.nn.Sequential(torch.nn.Module(), torch.nn.Module()) for _ in range(2))  # two layers each
+    for m in (model, twin):
+        make_batch_invariant(m)
+        for layer in m:
+            layer.num_key_value_groups, layer.training = 3, False
+    cache = getattr(model[0], numerics.MASK_CACHE)
+    assert getattr(model[1], numerics.MASK_CACHE) is cache and getattr(twin[0], numerics.MASK_CACHE) is not cache
     seen = torch.arange(kv) <= torch.arange(kv - n, kv)[:, None]
     lowest = torch.finfo(torch.bfloat16).min
     causal = torch.where(seen, 0.0, lowest).to(torch.bfloat16)[None, None]
     other = causal.clone()
     other[..., kv - n - 1] = lowest  # the same shape, one more key hidden from every query
-    first = numerics._group_masks(causal, 1, n, kv, torch.bfloat16, torch.device("cpu"))
-    assert numerics._group_masks(causal, 1, n, kv, torch.bfloat16, torch.device("cpu")) is first
-    with_causal = invariant_attention(module, q, k, v, causal, 0.125)[0]
-    with_other = invariant_attention(module, q, k, v, other, 0.125)[0]
-    numerics.forget_masks()
-    assert torch.equal(with_other, invariant_attention(module, q, k, v, other, 0.125)[0])
+
+    def groups(mask, cache):
+        return numerics._group_masks(mask, 1, n, kv, torch.bfloat16, torch.device("cpu"), cache=cache)
+
+    first = groups(causal, cache)
+    with_causal = invariant_attention(model[0], q, k, v, causal, 0.125)[0]
+    with_other = invariant_attention(model[1], q, k, v, other, 0.125)[0]
+    assert groups(causal, cache) is first  # kept beside the other mask, for every layer of its type
+    assert groups(causal, getattr(twin[0], numerics.MASK_CACHE)) is not first
+    numerics.forget_masks(model)
+    assert groups(causal, cache) is not first
+    assert torch.equal(with_other, invariant_attention(model[0], q, k, v, other, 0.125)[0])
     assert not torch.equal(with_causal, with_other)
 
 

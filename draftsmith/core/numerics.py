@@ -25,6 +25,7 @@ batch-invariant mode.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from types import MethodType
 
@@ -59,13 +60,59 @@ def _two_row_conv1d(self: Conv1D, x: torch.Tensor) -> torch.Tensor:
     return torch.addmm(self.bias, rows, self.weight).reshape(*x.shape[:-1], self.nf)
 
 
+class MaskCache:
+    """The query groups (``_group_masks``) ``invariant_attention`` built for each attention mask of a model that is
+    still alive. Every layer of one forward passes the same mask tensor (one per layer type) over the same cache, so
+    its groups are built once a forward, not in every layer; a new mask, even of the same shape (the next round's
+    tree), gets its own. One per model (``make_batch_invariant``); nothing is shared between models."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[weakref.ref, tuple, list]] = {}  # id(mask) -> (mask, shapes, groups)
+
+    def groups(self, attention_mask: torch.Tensor, shapes: tuple, build) -> list:
+        """The groups of ``attention_mask`` at ``shapes``: kept ones, or ``build()`` kept (masks dead by now
+        dropped)."""
+        kept = self._kept.get(id(attention_mask))
+        if kept is not None and kept[0]() is attention_mask and kept[1] == shapes:
+            return kept[2]
+        groups = build()
+        self._kept = {i: k for i, k in self._kept.items() if k[0]() is not None}
+        self._kept[id(attention_mask)] = (weakref.ref(attention_mask), shapes, groups)
+        return groups
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+    def __getstate__(self) -> dict:  # a pickled or copied model keeps none (weak references do not pickle)
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self._kept = {}
+
+
+MASK_CACHE = "_draftsmith_masks"
+"""The attribute under which each module of a batch-invariant model holds the model's ``MaskCache``: HF passes
+``invariant_attention`` the calling attention module, and which of a model's modules that is, is the
+architecture's business."""
+
+
+def forget_masks(model: torch.nn.Module) -> None:
+    """Drop the masks kept for ``model`` (or any of its modules): the next ``invariant_attention`` call builds its
+    own (what ``benchmarks/invariant_masks.py`` does before every call to measure building them in every layer)."""
+    cache = getattr(model, MASK_CACHE, None)
+    if cache is not None:
+        cache.clear()
+
+
 def make_batch_invariant(model: torch.nn.Module) -> None:
     """Make ``model``'s rows independent of how many rows share a forward (in place): ``invariant_attention``
-    and two-row Linear (and ``Conv1D``) calls. Weights are untouched; only how its Linears and attention compute
-    changes."""
+    (with a ``MaskCache`` of its own) and two-row Linear (and ``Conv1D``) calls. Weights are untouched; only how its
+    Linears and attention compute changes."""
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(INVARIANT_ATTENTION)
+    masks = MaskCache()
     for module in model.modules():
+        setattr(module, MASK_CACHE, masks)
         if isinstance(module, torch.nn.Linear):
             module.forward = MethodType(_two_row_linear, module)
         elif isinstance(module, Conv1D):
@@ -140,7 +187,8 @@ def invariant_attention(module, query, key, value, attention_mask, scaling, drop
     kv = key.shape[2]
     window = kwargs.get("sliding_window")
     out = query.new_empty(b, h, n, value.shape[-1])
-    for start, end, width, mask in _group_masks(attention_mask, b, n, kv, query.dtype, query.device, window):
+    cache = getattr(module, MASK_CACHE, None)
+    for start, end, width, mask in _group_masks(attention_mask, b, n, kv, query.dtype, query.device, window, cache):
         m = end - start
         q = torch.nn.functional.pad(query[:, :, start:end], (0, 0, 0, QUERY_ROWS - m))
         k = torch.nn.functional.pad(key[:, :, :width], (0, 0, 0, max(0, width - kv)))
@@ -153,31 +201,17 @@ def invariant_attention(module, query, key, value, attention_mask, scaling, drop
     return out.transpose(1, 2).contiguous(), None
 
 
-_last_masks: tuple | None = None
-"""The last call's groups: (its shapes, a weak reference to its attention mask, the groups). Every layer of one
-forward passes the same mask tensor over the same cache length, so the groups are built once per forward."""
-
-
-def forget_masks() -> None:
-    """Drop the masks kept from the last forward: the next ``invariant_attention`` call builds its own (what
-    ``benchmarks/invariant_masks.py`` does before every call to measure the cost of building them per layer)."""
-    global _last_masks
-    _last_masks = None
-
-
 def _group_masks(
-    attention_mask, b: int, n: int, kv: int, dtype, device, window: int | None = None
+    attention_mask, b: int, n: int, kv: int, dtype, device, window: int | None = None, cache: MaskCache | None = None
 ) -> list[tuple[int, int, int, torch.Tensor]]:
     """``invariant_attention``'s query groups, ``(start, end, key width, additive mask)``: runs of queries with the
     same key block, ``QUERY_ROWS`` at a time; each mask ``(b, 1, QUERY_ROWS, width)``, padded keys and queries
     masked and seeing every key respectively. Without ``attention_mask``: causal, within ``window`` keys if given
-    (a given mask already carries the layer's window, as in eager attention)."""
-    global _last_masks
-    shapes = (b, n, kv, dtype, device, window)
-    if _last_masks is not None and _last_masks[0] == shapes:
-        ref = _last_masks[1]
-        if (attention_mask is None and ref is None) or (ref is not None and ref() is attention_mask):
-            return _last_masks[2]
+    (a given mask already carries the layer's window, as in eager attention). A given mask's groups are kept in
+    ``cache`` (a model's ``MaskCache``), if any."""
+    if attention_mask is not None and cache is not None:
+        build = functools.partial(_group_masks, attention_mask, b, n, kv, dtype, device, window)
+        return cache.groups(attention_mask, (b, n, kv, dtype, device), build)
     lowest = torch.finfo(dtype).min
     blocks = [-(-(kv - n + j + 1) // KEY_BLOCK) * KEY_BLOCK for j in range(n)]
     groups, start = [], 0
@@ -198,7 +232,6 @@ def _group_masks(
         mask = torch.nn.functional.pad(mask, (0, 0, 0, QUERY_ROWS - m))  # the padded queries see every key
         groups.append((start, end, width, mask))
         start = end
-    _last_masks = (shapes, None if attention_mask is None else weakref.ref(attention_mask), groups)
     return groups
 
 
