@@ -1,26 +1,24 @@
 """Batch-invariant numerics: a target whose every row comes out bit for bit the same whether it is computed alone
 (a plain decode step) or beside others (the verification forward of a draft).
 
-In float32 the kernels' results hardly depend on the number of rows. In bfloat16 they do, by a rounding step: on
-an AVX-512-BF16 CPU (torch 2.13, oneDNN), a Linear of 1,536 inputs computes one row on another path than two or
-more (two to 32 rows agree bit for bit), and ``scaled_dot_product_attention`` splits keys differently for one
-query than for several. On an AMX CPU (Intel Xeon with ``amx_bf16``) even HF's eager attention does: its matmuls
-round a row differently with the number of queries and of keys (measured on SmolLM2: a verification of 5 or 8
-tokens differed from one-token steps at 9 of 39 cache lengths, by up to 0.69 in the logits). Each difference is
-one bf16 rounding, but it grows through 30 layers into logit changes of up to one nat, and SmolLM2's 49k-token
-vocabulary has enough near-ties that greedy speculative decoding then leaves plain greedy decoding on most prompts
-(``benchmarks/results/bf16_target.md``).
+In float32 the kernels' results hardly depend on the number of rows. In bfloat16 they do, by a rounding step: a
+CPU's bf16 matmul kernels (oneDNN) may compute one row on another path than several, and split a row's sums
+differently with the number of queries and of keys, in a Linear, in ``scaled_dot_product_attention``, even in HF's
+eager attention. Each difference is one bf16 rounding, but it grows through the layers into logit changes that a
+large vocabulary's near-ties turn into other greedy tokens: greedy speculative decoding then leaves plain greedy
+decoding. Which kernels differ on which CPU, by how much, and what the fix costs: docs/results.md, "Batch-invariant
+numerics".
 
-``make_batch_invariant`` removes these sources: every one-row Linear call runs as two rows (the row twice; the
-first result is kept), and attention runs as ``invariant_attention``: HF's eager attention (matmuls and a float32
-softmax) with every matmul of the same shape whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys
-padded to the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is
-computed exactly as the one-token step at its position computes it. Plain decoding pays for it (measured on
-SmolLM2 bf16: the two-row Linears made a decode step 25.5 ms against 24.0 on the EPYC; this attention adds ~5 ms
-to a ~48 ms step and to a 5-token verification on the AMX Xeon; its masks are built once a forward, not in every
-layer: ``benchmarks/invariant_masks.py``); the report of ``benchmarks/bf16_target.py`` gives both. Serving
-engines make the same trade: vLLM and SGLang are not batch-invariant in bf16 by default and offer a slower
-batch-invariant mode.
+``make_batch_invariant`` removes these sources: every one-row Linear (and GPT-2 ``Conv1D``) call runs as two rows
+(the row twice; the first result is kept), and attention runs as ``invariant_attention``: HF's eager attention
+with every matmul of the same shape whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys padded to
+the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is computed
+exactly as the one-token step at its position computes it. It stays the architecture's own eager attention: each
+keyword a model passes its attention (Gemma-2's ``softcap``, ``sliding_window``, ...) is applied as HF's eager
+attention applies it, or refused in one line (``check_attention_kwargs``). Plain decoding pays for it (a one-token
+step computes two rows; attention runs in small padded groups whose masks each model's ``MaskCache`` builds once a
+forward, not in every layer). Serving engines make the same trade: vLLM and SGLang are not batch-invariant in bf16
+by default and offer a slower batch-invariant mode.
 """
 
 from __future__ import annotations
@@ -165,8 +163,7 @@ def check_attention_kwargs(module: torch.nn.Module, dropout: float, kwargs: dict
         why = "has reorder_and_upcast_attn (float32 attention scores), which batch-invariant attention omits"
     if why:
         raise DraftsmithError(
-            f"target: {arch} {why}; use the target with --batch_invariant false (its own attention, greedy "
-            f"output exact up to rounding) or in float32"
+            f"target: {arch} {why}; use the target with --batch_invariant false (its own kernels) or in float32"
         )
 
 
