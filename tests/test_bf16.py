@@ -191,23 +191,43 @@ def test_fast_bf16_kernels_round_rows_differently_here():
     assert (steps - block).abs().max() > 0
 
 
-@pytest.mark.parametrize("drafter_kind", ["ngram", "noisy_lm", "self"])
-@pytest.mark.parametrize("k", [2, 5])
-def test_bf16_greedy_speculative_output_equals_plain_greedy(bf16_target, drafter_kind, k):
+def greedy_runs(target: Target, drafter_kind: str, k: int):
+    """Greedy speculative decoding (``drafter_kind``, ``k``) and plain greedy decoding of three prompts of 6, 40 and
+    120 tokens (each with a repeat), 40 new tokens: ``(prompt length, speculative result, plain tokens)`` each."""
     drafter = {
         "ngram": lambda: NGramDrafter(max_ngram=2),
         "noisy_lm": lambda: DraftLM(make_llama(seed=5, layers=1, hidden=32, vocab=WIDE_V)),
-        "self": lambda: DraftLM(bf16_target.model),
+        "self": lambda: DraftLM(target.model),
     }[drafter_kind]()
-    decoder = SpeculativeDecoder(bf16_target, drafter, k, Sampling())
+    decoder = SpeculativeDecoder(target, drafter, k, Sampling())
     g = torch.Generator().manual_seed(1)
     for n in (6, 40, 120):
         prompt = torch.randint(0, WIDE_V, (n,), generator=g).tolist()
         prompt = prompt + prompt[: n // 2]  # repeats give the n-gram drafter something to propose
-        spec = decoder.generate(prompt, 40)
-        assert spec.tokens == plain_decode(bf16_target, prompt, 40, Sampling()).tokens
+        yield n, decoder.generate(prompt, 40), plain_decode(target, prompt, 40, Sampling()).tokens
+
+
+@pytest.mark.parametrize("drafter_kind", ["ngram", "noisy_lm", "self"])
+@pytest.mark.parametrize("k", [2, 5])
+def test_bf16_greedy_speculative_output_equals_plain_greedy(bf16_target, drafter_kind, k):
+    for n, spec, plain in greedy_runs(bf16_target, drafter_kind, k):
+        assert spec.tokens == plain, f"the {n}-token prompt"
         if drafter_kind == "self":
             assert all(a == d for a, d in zip(spec.accepted, spec.drafted, strict=True))
+
+
+def test_without_batch_invariance_bf16_greedy_speculative_output_leaves_plain_greedy():
+    """The negative control of the test above: the same model, drafter and prompts with the fast kernels (SDPA, a
+    one-row Linear) find a prompt where greedy speculative decoding leaves plain greedy decoding (on the AMD EPYC:
+    the 40-token prompt, at its 18th new token), so that test fails on the bug it targets. Skipped on a machine
+    whose bf16 kernels round a row alone as among others."""
+    fast = Target(wide_bf16_llama(), name="wide-bf16", batch_invariant=False)
+    assert not fast.batch_invariant
+    diverged = [n for n, spec, plain in greedy_runs(fast, "ngram", 2) if spec.tokens != plain]
+    ids = torch.randint(0, WIDE_V, (1, 160), generator=torch.Generator().manual_seed(0))
+    if not diverged and torch.equal(*step_and_block_logits(fast, ids, 140, 8)):
+        pytest.skip("this machine's bf16 kernels are row-invariant without help")
+    assert diverged
 
 
 @pytest.fixture(scope="module")
