@@ -29,10 +29,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ULPS = {torch.float32: 16, torch.bfloat16: 4}
 """Rounding scale of the logits: this many units in the last place (eps times the value) of the largest logit. In
 float32 the target's attention (SDPA) sums in other orders than eager attention at every step and nothing rounds
-the differences away (measured here: up to 4.4 units). In bfloat16 every op rounds its output to 8 bits, and
+the differences away (a few units, measured here). In bfloat16 every op rounds its output to 8 bits, and
 batch-invariant attention, eager attention padded to other shapes, may round a value once differently per kernel;
-a few such roundings through two layers stay within 4 units (0.09 for these models' logits of ~3; Gemma-2's
-attention with its soft-cap of 1 ignored moves them by more)."""
+a few such roundings through two layers stay within 4 units (0.75 for bf16 Gemma-2's logits of up to 24; with its
+soft-cap of 1 ignored they were off by 3.4)."""
 
 
 def rounding(logits: torch.Tensor, dtype: torch.dtype) -> float:
