@@ -127,6 +127,58 @@ def distillation_loss(
     return masked_mean(values, mask)
 
 
+# -- acceptance-rate losses (LK losses: Samarin et al. 2026, "LK Losses: Direct Acceptance Rate Optimization for
+# Speculative Decoding", arXiv:2602.23881, as vllm-project/speculators implements them in losses/eager.py:
+# ``neg_log_acceptance_loss`` (``nla``) and ``lk_hybrid_loss``). Each takes the student's logits and the teacher's
+# probabilities p, both (..., V), and returns per-position values (...). The acceptance probability of speculative
+# sampling is alpha = sum_v min(p, q) = 1 - TV(p, q) (Leviathan et al. 2023).
+
+NLA_EPS = 1e-5
+"""Floor of alpha in -log alpha (speculators' ``_NLA_EPS``): a position the draft misses entirely costs
+-log(1e-5) ~ 11.5 and no gradient, instead of infinity."""
+
+
+def acceptance(student_logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
+    """alpha = sum_v min(p(v), q(v)), q = softmax(student_logits): (..., V) -> (...), differentiable in the logits."""
+    q = torch.softmax(student_logits.float(), dim=-1)
+    return torch.minimum(q, teacher_probs.float()).sum(-1)
+
+
+def neg_log_acceptance(student_logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
+    """-log alpha (speculators' ``nla``; the LK paper's acceptance loss): TV's optimum with its gradient scaled by
+    1 / alpha, so it does not vanish while alpha is small. A one-hot p makes it the cross-entropy. (...)."""
+    return -torch.log(acceptance(student_logits, teacher_probs).clamp_min(NLA_EPS))
+
+
+def lk_hybrid(student_logits: torch.Tensor, teacher_probs: torch.Tensor, eta: float = 3.0) -> torch.Tensor:
+    """lambda KL(p || q) + (1 - lambda) TV(p, q) with lambda = exp(-eta sg[alpha]) (speculators' ``lk_hybrid``; the
+    LK paper's hybrid): KL's strong gradient while the draft is far from p, TV (= 1 - alpha, acceptance itself) as it
+    gets close. The weight is detached: it chooses the blend, its gradient is not followed. (...)."""
+    p = teacher_probs.float()
+    log_q = F.log_softmax(student_logits.float(), dim=-1)
+    alpha = torch.minimum(log_q.exp(), p).sum(-1)
+    kl = (torch.xlogy(p, p) - p * log_q).sum(-1)  # 0 log 0 = 0: p is exactly 0 off the loss vocabulary's support
+    weight = torch.exp(-eta * alpha.detach())
+    return weight * kl + (1 - weight) * (1 - alpha)
+
+
+TOKEN_LOSSES = ("kl", "nla", "lk_hybrid")
+"""Names ``token_loss`` accepts."""
+
+
+def token_loss(name: str, student_logits: torch.Tensor, teacher_probs: torch.Tensor, eta: float = 3.0) -> torch.Tensor:
+    """Per-position token loss ``name`` (one of ``TOKEN_LOSSES``) of a drafter's logits against the target's
+    probabilities p, both (..., V) -> (...): ``kl`` the soft cross-entropy (forward KL plus p's entropy, the same
+    gradient), ``nla`` -log alpha, ``lk_hybrid`` the blend with temperature ``eta``."""
+    if name == "kl":
+        return soft_cross_entropy(student_logits, teacher_probs)
+    if name == "nla":
+        return neg_log_acceptance(student_logits, teacher_probs)
+    if name == "lk_hybrid":
+        return lk_hybrid(student_logits, teacher_probs, eta)
+    raise ValueError(f"unknown token loss {name!r} (known: {', '.join(TOKEN_LOSSES)})")
+
+
 def topk_teacher_logprobs(ids: torch.Tensor, logprobs: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Full (..., V) teacher log-probabilities from stored top-k ones: (..., K) ids and log-probs.
 
