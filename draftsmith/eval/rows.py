@@ -29,8 +29,8 @@ class PlainRow(PlainMetrics):
 
     @classmethod
     def from_dict(cls, d: dict) -> PlainRow:
-        return cls(**{f.name: d[f.name] for f in fields(PlainMetrics)}, checked=d.get("checked"),
-                   checks_passed=d.get("checks_passed"))  # fmt: skip
+        metrics = {f.name: d[f.name] for f in fields(PlainMetrics)}
+        return cls(**metrics, checked=d.get("checked"), checks_passed=d.get("checks_passed"))
 
 
 OPTIONAL_METRICS = ("tau_full", "verify_ratio")
