@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftsmith.data.dataset_dir import features, load_dir, quiet_datasets, read_metadata, write_metadata
 from draftsmith.errors import DraftsmithError
 
 SUFFIX = ".tar.xz"
@@ -82,12 +83,10 @@ def pack(data: str | Path, out: str | Path, prompts: str | Path | None = None) -
         out: the file to write (replaced atomically).
         prompts: the prompts file it was generated from, kept in the pack as text (optional).
     """
-    from draftsmith.data.shards import load_generated
-
     data, out = Path(data), Path(out)
     if not str(out).endswith(SUFFIX):
         raise DraftsmithError(f"pack: --out {out} must end in {SUFFIX}")
-    ds, metadata = load_generated(data)
+    ds, metadata = load_dir(data)
     if "topk_ids" in ds.column_names:
         raise DraftsmithError(
             f"pack: {data} stores top-k logprobs; pack a corpus generated without them (store_topk 0)"
@@ -170,8 +169,6 @@ def unpack(path: str | Path, dest: str | Path | None = None) -> Path:
     """The packed corpus ``path`` as a complete generated dir (``dest``, default under
     ``$DRAFTSMITH_HOME/corpora/``); a dir that already holds this file's unpacking is reused as it is."""
     from datasets import Dataset
-
-    from draftsmith.data.shards import features, quiet_datasets, read_metadata, write_metadata
 
     path = Path(path)
     if not path.is_file():

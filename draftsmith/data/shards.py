@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 from draftsmith.core.target import Target, check_fingerprint
+from draftsmith.data.dataset_dir import META, features, load_dir, quiet_datasets, read_metadata, write_metadata
+from draftsmith.data.packed import is_packed, unpack
 from draftsmith.errors import DraftsmithError
 
-META = "draftsmith.json"
-"""Metadata file beside the dataset."""
+__all__ = ["META", "features", "load_generated", "quiet_datasets", "read_metadata", "write_metadata"]
+
 SHARDS = "shards"
 """Sub-directory holding completed shards while a run is in progress."""
 RANKS = "ranks"
@@ -31,44 +32,6 @@ RANKS = "ranks"
 SHARD_STATS = "draftsmith-shard.json"
 """Per-shard counts (rows, tokens, seconds) saved inside each shard dir."""
 _DATASET_FILES = ("state.json", "dataset_info.json")
-
-
-def features(store_topk: int):
-    """The dataset's column types (``topk_*`` only when ``store_topk > 0``)."""
-    from datasets import Features, List, Value
-
-    cols = {
-        "input_ids": List(Value("int32")),
-        "loss_mask": List(Value("int8")),
-        "prompt_len": Value("int32"),
-        "prompt_index": Value("int64"),
-        "sample_index": Value("int32"),
-    }
-    if store_topk:
-        cols["topk_ids"] = List(List(Value("int32")))
-        cols["topk_logprobs"] = List(List(Value("float32")))
-    return Features(cols)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def read_metadata(out: Path) -> dict | None:
-    """``out/draftsmith.json``, or None when there is none."""
-    path = Path(out) / META
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DraftsmithError(f"{path}: malformed JSON ({e.msg})") from None
-
-
-def write_metadata(out: Path, metadata: dict) -> None:
-    _write_json(Path(out) / META, metadata)
 
 
 def prepare_out(out: Path, resume: bool, overwrite: bool) -> dict | None:
@@ -137,20 +100,6 @@ def completed_shards(out: Path) -> set[int]:
         elif path.name.startswith("shard-") and (path / SHARD_STATS).is_file():
             done.add(int(path.name.removeprefix("shard-")))
     return done
-
-
-@contextmanager
-def quiet_datasets():
-    """No ``datasets`` progress bars while saving: ``generate`` has its own."""
-    import datasets
-
-    was_disabled = datasets.are_progress_bars_disabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if not was_disabled:
-            datasets.enable_progress_bars()
 
 
 def write_shard(out: Path, index: int, columns: dict, stats: dict, store_topk: int) -> None:
@@ -275,8 +224,6 @@ def remove_shards(out: Path) -> None:
 
 def generated_dir(path: str | Path) -> Path:
     """The generated dir ``path`` names: itself, or for a packed corpus file its unpacked dir (made once)."""
-    from draftsmith.data.packed import is_packed, unpack
-
     return unpack(path) if is_packed(path) else Path(path)
 
 
@@ -290,17 +237,7 @@ def load_generated(path: str | Path):
     Returns:
         (the ``datasets.Dataset``, its ``draftsmith.json`` metadata as a dict).
     """
-    from datasets import load_from_disk
-
-    path = generated_dir(path)
-    metadata = read_metadata(path)
-    if metadata is None:
-        raise DraftsmithError(f"{path} is not a generated dataset (no {META}); make one with draftsmith generate")
-    if metadata.get("status") != "complete":
-        raise DraftsmithError(
-            f"{path} is an unfinished generation run; finish it with draftsmith generate ... --out {path} --resume"
-        )
-    return load_from_disk(str(path)), metadata
+    return load_dir(generated_dir(path))
 
 
 def check_dataset_target(metadata: dict, target: Target | dict, what: str = "generated dataset") -> None:
