@@ -87,7 +87,26 @@ class CrossVocab:
     path: str
 
 
-DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers | CrossVocab
+@dataclass(frozen=True)
+class Rasd:
+    """RASD: retrieval candidates (the context's, a datastore's) fused into a tree drafter's tree
+    (``families/rasd``)."""
+
+    drafter: str
+    """The tree drafter (a trained drafter, a HF draft-model dir, or ``target``)."""
+    datastore: str | None = None
+    """A datastore dir (``draftsmith datastore``), or None."""
+    context: bool = True
+    """Retrieve from the prompt and the generated text."""
+    nodes: int = 16
+    """Retrieval nodes added per round at most."""
+    ngram: int = 4
+    """Longest context suffix matched."""
+    prune: int = 8
+    """Keep retrieval paths whose first token is among the drafter's this many most likely (0: all)."""
+
+
+DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers | CrossVocab | Rasd
 
 
 @dataclass(frozen=True)
@@ -102,10 +121,11 @@ def parse_spec(text: str) -> Named:
     """Shorthand -> spec: ``[NAME=]SPEC`` with SPEC ``ngram``, ``ngram:N``, ``ngram:N:W``, ``target``,
     ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), ``confidence:THRESHOLD:DRAFT_LM`` (or
     ``confidence:DRAFT_LM``), ``skip``, ``skip:RATIO`` or ``skip:RATIO:THRESHOLD``, ``xvocab:DIR`` (a HF draft
-    model with another tokenizer), a trained drafter (``.ckpt`` or native dir) or a HF draft-model dir. A bare SPEC
-    names itself."""
+    model with another tokenizer), ``rasd:DRAFTER`` or ``rasd:KEY=VALUE,...:DRAFTER`` (retrieval fused into a tree
+    drafter's tree; keys: ``datastore``, ``context`` (0/1), ``nodes``, ``ngram``, ``prune``), a trained drafter
+    (``.ckpt`` or native dir) or a HF draft-model dir. A bare SPEC names itself."""
     name, eq, rest = text.partition("=")
-    name, body = (name, rest) if eq and name and "/" not in name else (text, text)
+    name, body = (name, rest) if eq and name and "/" not in name and ":" not in name else (text, text)
     return Named(name, _parse(body))
 
 
@@ -127,6 +147,8 @@ def _parse(text: str) -> DrafterSpec:
         return NGram(*[int(x) for x in parts])
     if text == "target":
         return SelfDraft()
+    if text.startswith("rasd:"):
+        return _rasd(text)
     if text.startswith("xvocab:"):
         return CrossVocab(text.removeprefix("xvocab:"))
     if text == "skip" or text.startswith("skip:"):
@@ -146,6 +168,28 @@ def _skip(text: str) -> SkipLayers:
     if len(values) > 2 or (values and not 0 <= values[0] < 1) or (len(values) == 2 and not 0 <= values[1] <= 1):
         raise DraftsmithError(form)
     return SkipLayers(*values)
+
+
+def _rasd(text: str) -> Rasd:
+    form = (
+        f"drafter {text!r}: expected rasd:DRAFTER or rasd:KEY=VALUE,...:DRAFTER with keys datastore, context (0/1), "
+        "nodes, ngram (positive) and prune (>= 0)"
+    )
+    first, _, rest = text.removeprefix("rasd:").partition(":")
+    if "=" not in first or not rest:
+        return Rasd(text.removeprefix("rasd:"))
+    options: dict = {}
+    for item in first.split(","):
+        key, _, value = item.partition("=")
+        if key == "datastore" and value:
+            options[key] = value
+        elif key == "context" and value in ("0", "1"):
+            options[key] = value == "1"
+        elif key in ("nodes", "ngram", "prune") and value.isdigit() and (int(value) > 0 or key == "prune"):
+            options[key] = int(value)
+        else:
+            raise DraftsmithError(form)
+    return Rasd(rest, **options)
 
 
 def _thresholded(text: str, form: str) -> tuple[float | None, str]:
@@ -190,6 +234,13 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
             if not Path(path).exists():
                 raise DraftsmithError(f"drafter {path!r}: no such checkpoint")
             return load_trained(path, target)
+        case Rasd():
+            from draftsmith.families.rasd.drafter import RasdDrafter
+            from draftsmith.layers.retrieval import SuffixIndex
+
+            store = None if spec.datastore is None else SuffixIndex.load(spec.datastore, target.fingerprint)[0]
+            inner = build_drafter(_parse(spec.drafter), target)
+            return RasdDrafter(inner, store, spec.context, spec.nodes, spec.ngram, spec.prune)
         case CrossVocab(path):
             from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
 

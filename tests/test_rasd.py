@@ -1,0 +1,204 @@
+"""RASD: the retrieval indexes, and retrieval fused with a model drafter's tree (exact and lossless)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_llama
+from test_architectures import ARCHITECTURES, build, hf_generate, sibling
+from test_tree_drafting import eagle
+from test_verifier import SMALL_V, depth_pvalues, sampled_triples
+
+from draftsmith.core import trees
+from draftsmith.core.draft import Draft
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.core.trees import TreeKind
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.rasd import drafter as rasd
+from draftsmith.families.rasd.drafter import RasdDrafter, fuse
+from draftsmith.families.specs import Named, Rasd, load_drafter, parse_spec
+from draftsmith.layers.retrieval import SEPARATOR, ContextIndex, SuffixIndex, select
+from draftsmith.layers.tree_draft import TreePolicy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_select_keeps_the_most_frequent_trie_nodes_as_paths():
+    conts = [[1, 2, 3], [1, 2, 4], [1, 5], [6]]  # counts: (1) 3, (1, 2) 2, every other node 1
+    assert select(conts, 2) == [[1, 2]]
+    assert select(conts, 3) == [[1, 2, 3]]  # ties go to the earlier-listed continuation
+    assert select(conts, 5) == [[1, 2, 3], [1, 2, 4], [1, 5]]
+    assert select(conts, 100) == [[1, 2, 3], [1, 2, 4], [1, 5], [6]]
+
+
+def test_context_index_returns_every_continuation_of_the_longest_matching_suffix():
+    index = ContextIndex(max_ngram=3)
+    index.extend([1, 2, 3, 9, 1, 2, 4, 8, 1, 2, 3, 7, 1, 2])
+    assert index.lookup(1, 4) == [[3], [4]]  # (1, 2) continued with 3 twice, 4 once: most frequent first
+    assert index.lookup(2, 5) == [[3, 7], [4, 8], [3, 9]]  # latest first on ties
+    assert index.lookup(2, 4) == [[3, 7], [4, 8]]  # (3), then count-1 nodes latest first: (3, 7), (4), (4, 8)
+    index.extend([5, 7, 1, 2])  # now (7, 1, 2) occurred before, followed by 5: the longer suffix wins
+    assert index.lookup(2, 4) == [[5, 7]]
+    runs = ContextIndex(max_ngram=2)
+    runs.extend([4, 4, 4])
+    assert runs.lookup(3, 3) == [[4, 4, 4]]  # a match at the end runs on into what it drafts
+
+
+def brute_force(docs: list[list[int]], context: list[int], length: int, max_ngram: int, order: int) -> set:
+    """Every distinct continuation of the longest suffix (<= ``order``) of ``context`` found in ``docs``."""
+    for n in range(min(max_ngram, order, len(context)), 0, -1):
+        suffix = context[-n:]
+        conts = {
+            tuple(d[i + n : i + n + length]) for d in docs for i in range(len(d) - n + 1) if d[i : i + n] == suffix
+        }
+        conts.discard(())
+        if conts:
+            return {c for c in conts if not any(o != c and o[: len(c)] == c for o in conts)}  # the trie's leaves
+    return set()
+
+
+@pytest.mark.parametrize("order", [2, 3, 16])
+def test_suffix_index_finds_every_continuation_a_scan_finds(order):
+    g = torch.Generator().manual_seed(0)
+    docs = [torch.randint(0, 5, (int(n),), generator=g).tolist() for n in torch.randint(1, 40, (12,), generator=g)]
+    index = SuffixIndex.build(docs, order=order)
+    assert len(index) == sum(len(d) + 1 for d in docs) and (index.tokens == SEPARATOR).sum() == len(docs)
+    for _ in range(60):
+        context = torch.randint(0, 5, (int(torch.randint(1, 6, (), generator=g)),), generator=g).tolist()
+        found = index.lookup(context, 3, 1000, max_ngram=4)
+        assert {tuple(p) for p in found} == brute_force(docs, context, 3, 4, order), context
+    # the most frequent continuation comes first
+    index = SuffixIndex.build([[1, 2, 3], [1, 2, 3], [1, 2, 4], [0, 1, 2, 5]])
+    assert index.lookup([9, 1, 2], 1, 4, max_ngram=4) == [[3], [4], [5]]
+    assert index.lookup([7, 7], 2, 4, max_ngram=4) == []
+
+
+def test_fuse_merges_by_longest_prefix_with_distinct_siblings_and_point_masses():
+    # the drafter's tree: root -> 5 -> 6, root -> 7; q rows for each node
+    q = torch.softmax(torch.randn(3, SMALL_V), -1)
+    draft = Draft(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, -1]), q)
+    fused, retrieved = fuse(draft, [[5, 6, 1], [5, 2], [7], [3, 4]], budget=3)
+    assert fused.tokens.tolist() == [5, 6, 7, 1, 2, 3] and fused.parents.tolist() == [-1, 0, -1, 1, 0, -1]
+    assert retrieved == [False, False, False, True, True, True]  # budget 3: [3, 4] stops after 3
+    assert torch.equal(fused.q[:3], q) and fused.q[3:].argmax(-1).tolist() == [1, 2, 3]
+    assert torch.equal(fused.q[3:].sum(-1), torch.ones(3))
+    # a deterministic tree stays q-less; repeated candidates count as one node
+    fused, _ = fuse(Draft(torch.tensor([5, 5, 6]), torch.tensor([-1, -1, 1])), [[5, 6, 2]], budget=4)
+    assert fused.q is None and fused.tokens.tolist() == [5, 5, 6, 2] and fused.parents.tolist() == [-1, -1, 1, 2]
+    fused, _ = fuse(Draft(torch.tensor([5, 5, 6]), torch.tensor([-1, -1, 0])), [[5, 6, 2]], budget=4)
+    assert fused.tokens.tolist() == [5, 5, 6, 2] and fused.parents.tolist() == [-1, -1, 0, 2]
+
+
+def repetitive(seed: int, vocab: int = 90) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    motifs = [torch.randint(0, vocab, (5,), generator=g).tolist() for _ in range(3)]
+    return [sum((motifs[(i + j) % 3] for j in range(4)), []) + motifs[i][:2] for i in range(2)]
+
+
+def decode_all(target, drafter, k, prompts, budget, reference):
+    decoder = SpeculativeDecoder(target, drafter, k, Sampling())
+    retrieved = accepted = 0
+    for prompt in prompts:
+        result = decoder.generate(prompt, budget)
+        assert result.tokens == reference(prompt), prompt
+        retrieved += drafter.stats["retrieved"]
+        accepted += drafter.stats["accepted_retrieved"]
+        assert drafter.stats["accepted"] == sum(result.accepted)
+        drafter.extra_metrics([result])  # resets the counts
+    return retrieved, accepted
+
+
+@pytest.mark.parametrize("policy", [TreePolicy(), TreePolicy(TreeKind.DYNAMIC, size=6, top_k=2)])
+def test_greedy_rasd_over_eagle_equals_plain_greedy(target, policy):
+    prompts = repetitive(0)
+    known = [p + plain_decode(target, p, 10, Sampling()).tokens for p in prompts]  # how the first rounds go on
+    drafter = RasdDrafter(eagle(target, 3), datastore=SuffixIndex.build(known), nodes=6)
+    drafter.tree = policy
+    retrieved, accepted = decode_all(
+        target, drafter, 4, prompts, 23, lambda p: plain_decode(target, p, 23, Sampling()).tokens
+    )
+    assert retrieved > 0 and accepted > 0  # retrieval nodes were verified beside the model's, and accepted
+
+
+@pytest.mark.parametrize("name", ["qwen2_mixed", "gpt2"])
+@pytest.mark.parametrize("kind", ["chain", "dynamic"])
+def test_greedy_rasd_over_a_draft_lm_equals_generate(name, kind):
+    model = build(ARCHITECTURES[name], seed=1)
+    inner = DraftLM(sibling(model))
+    inner.tree = TreePolicy(TreeKind.parse(kind), size=6, top_k=2)
+    prompts = [p[:7] for p in repetitive(1)]
+    datastore = SuffixIndex.build([p + hf_generate(model, p, 10) for p in prompts])  # how the first rounds go on
+    drafter = RasdDrafter(inner, datastore=datastore, nodes=8, prune_top_k=0)
+    retrieved, accepted = decode_all(
+        Target(model, name=name), drafter, 4, prompts, 21, lambda p: hf_generate(model, p, 21)
+    )
+    assert retrieved > 0 and accepted > 0
+
+
+SOFT_PROMPT = [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 5, 4, 7, 6, 0]  # every token seen before: retrieval always proposes
+
+
+@pytest.fixture(scope="module")
+def soft_pair():
+    """A soft 8-token target (every pair of tokens gets real mass) and a draft LM that disagrees with it."""
+    target = Target(make_llama(seed=11, layers=1, hidden=32, vocab=SMALL_V))
+    target.model.lm_head.weight.data.mul_(0.15)
+    return target, make_llama(seed=12, layers=1, hidden=32, vocab=SMALL_V)
+
+
+def rasd_triples(soft_pair, kind: str, n: int = 600) -> torch.Tensor:
+    target, draft = soft_pair
+    inner = DraftLM(draft)
+    inner.tree = TreePolicy(TreeKind.parse(kind), size=4, top_k=2, branching=(2, 1))
+    drafter = RasdDrafter(inner, nodes=4, prune_top_k=0)
+    counts = sampled_triples(target, drafter, SOFT_PROMPT, Sampling(temperature=1.0), n, seed=5)
+    assert drafter.stats["retrieved"] > n  # retrieval added nodes in most rounds
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["chain", "sampled", "dynamic"])
+def test_rasd_sampling_is_distributed_as_the_target(soft_pair, kind):
+    """Model nodes with their q rows (chain, sampled tree) or deterministic (dynamic tree), retrieval nodes as point
+    masses, in one tree: the first two verified depths are distributed as plain sampling."""
+    triples = rasd_triples(soft_pair, kind)
+    depth1, depth2 = depth_pvalues(soft_pair[0], SOFT_PROMPT, Sampling(temperature=1.0), triples)
+    assert depth1 > 1e-3 and depth2 > 1e-3, (depth1, depth2)
+
+
+def test_chi_square_catches_a_merge_that_gives_retrieval_nodes_the_drafters_q(soft_pair, monkeypatch):
+    """A merge that treats the fused tree as the drafter's, giving each retrieval node the q row of the drafter's first
+    node at its depth, accepts retrieved tokens with min(1, p/q) instead of p: biased, and the test must see it."""
+
+    def broken(draft, paths, budget):
+        fused, retrieved = fuse(draft, paths, budget)
+        if fused.q is not None:
+            depth = trees.depths(fused.parents)
+            for i in (i for i, r in enumerate(retrieved) if r):
+                model = [j for j in range(len(draft)) if depth[j] == depth[i]]
+                if model:
+                    fused.q[i] = fused.q[model[0]]
+        return fused, retrieved
+
+    monkeypatch.setattr(rasd, "fuse", broken)
+    triples = rasd_triples(soft_pair, "chain", 400)
+    depth1, depth2 = depth_pvalues(soft_pair[0], SOFT_PROMPT, Sampling(temperature=1.0), triples)
+    assert min(depth1, depth2) < 1e-3, (depth1, depth2)
+
+
+def test_rasd_specs_parse_and_build_in_one_line(target):
+    assert parse_spec("rasd:runs/x/eagle3") == Named("rasd:runs/x/eagle3", Rasd("runs/x/eagle3"))
+    named = parse_spec("fused=rasd:datastore=/data/store,nodes=8,prune=0,context=0:target")
+    assert named == Named("fused", Rasd("target", "/data/store", False, 8, 4, 0))
+    for bad in ("rasd:nodes=0:target", "rasd:bogus=1:target", "rasd:context=yes:target", "rasd:datastore=:target"):
+        with pytest.raises(DraftsmithError, match="expected rasd:DRAFTER") as e:
+            parse_spec(bad)
+        assert "\n" not in str(e.value)
+    drafter = load_drafter("rasd:nodes=3:target", target)
+    assert isinstance(drafter, RasdDrafter) and isinstance(drafter.inner, DraftLM) and drafter.nodes == 3
+    with pytest.raises(DraftsmithError, match="tree drafter"):
+        load_drafter("rasd:ngram", target)
+    with pytest.raises(DraftsmithError, match="no retrieval source"):
+        load_drafter("rasd:context=0:target", target)
