@@ -9,7 +9,6 @@ from scipy import stats
 
 from draftsmith.core.sampling import Sampling, probs, residual, verify_chain_sampling
 from draftsmith.core.target import Target, rollback
-from draftsmith.core.trees import VerifyRule
 from draftsmith.eval import verifier as verifier_module
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
@@ -131,13 +130,7 @@ def exact_pair_distribution(target: Target, prompt: list[int], sampling: Samplin
 
 
 def sampled_pairs(
-    target: Target,
-    drafter,
-    prompt: list[int],
-    sampling: Sampling,
-    n: int,
-    seed: int = 123,
-    verify: VerifyRule = VerifyRule.SPECINFER,
+    target: Target, drafter, prompt: list[int], sampling: Sampling, n: int, seed: int = 123, verify: str = "specinfer"
 ) -> torch.Tensor:
     """Counts of (x1, x2): x1 comes from the prefill, x2 from a verified draft token (``verify``: the tree rule)."""
     decoder = SpeculativeDecoder(target, drafter, 2, sampling, verify)
@@ -147,6 +140,38 @@ def sampled_pairs(
         tokens = decoder.generate(prompt, 3, g).tokens
         counts[tokens[0] * SMALL_V + tokens[1]] += 1
     return counts
+
+
+def later_pair_distribution(target: Target, prompt: list[int], sampling: Sampling) -> torch.Tensor:
+    """P(x2, x3) under plain sampling of the target (x1 summed out): (V*V,)."""
+    p1 = probs(target(torch.tensor([prompt])).logits[0, -1], sampling)
+    return sum(p1[c] * exact_pair_distribution(target, prompt + [c], sampling) for c in range(SMALL_V))
+
+
+def sampled_triples(
+    target: Target, drafter, prompt: list[int], sampling: Sampling, n: int, seed: int = 123, verify: str = "specinfer"
+) -> torch.Tensor:
+    """Counts of (x1, x2, x3), (V, V, V): x1 comes from the prefill, then a round drafted to depth 2 (K = 2 with three
+    tokens left to generate): its depth 1 decides x2, its depth 2 x3 (``sampled_pairs`` leaves one token after x1, so
+    the verifier drafts depth 1 only)."""
+    decoder = SpeculativeDecoder(target, drafter, 2, sampling, verify)
+    counts = torch.zeros(SMALL_V, SMALL_V, SMALL_V)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        x1, x2, x3 = decoder.generate(prompt, 4, g).tokens[:3]
+        counts[x1, x2, x3] += 1
+    return counts
+
+
+def depth_pvalues(target: Target, prompt: list[int], sampling: Sampling, triples: torch.Tensor) -> tuple[float, float]:
+    """Chi-square p-values of ``sampled_triples``' counts against plain sampling of the target: (x1, x2), what depth 1
+    decides given x1, and (x2, x3), what depth 2 decides given x2 (x1 summed out)."""
+    with torch.no_grad():
+        first, later = (
+            exact_pair_distribution(target, prompt, sampling),
+            later_pair_distribution(target, prompt, sampling),
+        )
+    return chi_square_pvalue(triples.sum(2).flatten(), first), chi_square_pvalue(triples.sum(0).flatten(), later)
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +189,8 @@ def small_pair():
 def test_speculative_sampling_is_distributed_as_the_target(small_pair, sampling):
     target, drafter = small_pair
     prompt = [1, 2, 3]
-    counts = sampled_pairs(target, drafter, prompt, sampling, 1500)
-    assert chi_square_pvalue(counts, exact_pair_distribution(target, prompt, sampling)) > 1e-3
+    depth1, depth2 = depth_pvalues(target, prompt, sampling, sampled_triples(target, drafter, prompt, sampling, 1500))
+    assert depth1 > 1e-3 and depth2 > 1e-3, (depth1, depth2)
 
 
 def test_chi_square_test_catches_a_wrong_acceptance_rule(small_pair, monkeypatch):
@@ -221,8 +246,8 @@ def test_speculative_sampling_with_confidence_stopping_is_distributed_as_the_tar
         state = stopping.begin(torch.tensor(prompt), None)
         lengths.add(len(stopping.propose(state, 2, sampling, torch.Generator().manual_seed(seed))))
     assert lengths == {1, 2}  # the threshold really cuts some drafts short
-    counts = sampled_pairs(target, stopping, prompt, sampling, 1500)
-    assert chi_square_pvalue(counts, exact_pair_distribution(target, prompt, sampling)) > 1e-3
+    depth1, depth2 = depth_pvalues(target, prompt, sampling, sampled_triples(target, stopping, prompt, sampling, 1500))
+    assert depth1 > 1e-3 and depth2 > 1e-3, (depth1, depth2)
 
 
 @pytest.mark.slow
