@@ -26,6 +26,7 @@ def target_build(out: Path | None = None, fast: bool = False, force: bool = Fals
 
 
 def _commands() -> dict:
+    from draftsmith.data.datastore import build_datastore
     from draftsmith.data.feature_cache import cache_features
     from draftsmith.data.generate import generate
     from draftsmith.data.packed import pack_corpus
@@ -46,6 +47,7 @@ def _commands() -> dict:
         "generate": generate,
         "features": cache_features,
         "pack": pack_corpus,
+        "datastore": build_datastore,
         "score": score,
         "judge": judge,
         "xvocab": xvocab,
@@ -71,7 +73,14 @@ LIST_FLAGS = (
     "--families",
 )
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
-POSITIONAL = {"pack": "--data", "report": "--runs", "slurm status": "--run_dir", "export": "--src", "import": "--src"}
+POSITIONAL = {
+    "pack": "--data",
+    "datastore": "--data",
+    "report": "--runs",
+    "slurm status": "--run_dir",
+    "export": "--src",
+    "import": "--src",
+}
 """Subcommands whose leading bare arguments fill a flag: ``draftsmith report RUN_DIR...``."""
 ALIASES = {"slurm": {"--config": "--recipes", "--set": "--fit_set"}}
 """Flags spelled as the user knows them from ``fit`` (jsonargparse reserves a parameter named ``config``)."""

@@ -9,11 +9,14 @@ from test_architectures import ARCHITECTURES, build, hf_generate, sibling
 from test_tree_drafting import eagle
 from test_verifier import SMALL_V, depth_pvalues, sampled_triples
 
+from draftsmith.cli import main
 from draftsmith.core import trees
 from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
+from draftsmith.data.generate import generate
+from draftsmith.data.shards import load_generated
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
@@ -202,3 +205,51 @@ def test_rasd_specs_parse_and_build_in_one_line(target):
         load_drafter("rasd:ngram", target)
     with pytest.raises(DraftsmithError, match="no retrieval source"):
         load_drafter("rasd:context=0:target", target)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, model_dirs):
+    """Greedy answers of the tiny target (``model_dirs``) to a few prompts, as ``draftsmith generate`` writes them."""
+    root = tmp_path_factory.mktemp("rasd")
+    (root / "prompts.jsonl").write_text("".join(f'{{"prompt": "w{i} w{i + 1} w{i + 2}"}}\n' for i in range(0, 30, 5)))
+    generate(
+        str(model_dirs["target"]),
+        str(root / "prompts.jsonl"),
+        root / "gen",
+        temperature=0.0,
+        max_new_tokens=16,
+        device="cpu",
+    )
+    return root
+
+
+def test_datastore_command_indexes_the_corpus_beside_it_and_rasd_retrieves_its_answers(corpus, model_dirs, capsys):
+    main(["datastore", str(corpus / "gen"), "--order", "8"])
+    printed = capsys.readouterr().out
+    store = corpus / "gen.datastore"
+    assert f"{store}: 6 rows" in printed and "built in" in printed
+    dataset, meta = load_generated(corpus / "gen")
+    index, info = SuffixIndex.load(store)
+    assert info["fingerprint"] == meta["target"] and info["rows"] == 6 and info["build_seconds"] >= 0
+    assert index.tokens.tolist() == sum(([*row, SEPARATOR] for row in dataset["input_ids"]), [])
+    # the target's greedy answer to a corpus prompt is in the datastore: retrieval drafts it
+    target = Target.from_pretrained(model_dirs["target"])
+    drafter = load_drafter(f"rasd:datastore={store},context=0:target", target)
+    drafter.inner = DraftLM(make_llama(seed=5, layers=1))  # a draft LM that mostly disagrees with the target
+    prompt, answer = (
+        dataset[0]["input_ids"][: dataset[0]["prompt_len"]],
+        dataset[0]["input_ids"][dataset[0]["prompt_len"] :],
+    )
+    result = SpeculativeDecoder(target, drafter, 4, Sampling()).generate(prompt, len(answer))
+    assert result.tokens == answer == plain_decode(target, prompt, len(answer), Sampling()).tokens
+    assert drafter.extra_metrics([result])["accepted_from_retrieval"] > 0.5
+
+
+def test_a_datastore_of_another_target_is_refused_in_one_line(corpus, model_dirs):
+    main(["datastore", str(corpus / "gen"), "--out", str(corpus / "store")])
+    other = Target.from_pretrained(model_dirs["drafter"])  # same tokenizer, another model
+    with pytest.raises(DraftsmithError, match="datastore .* was made for target") as e:
+        load_drafter(f"rasd:datastore={corpus / 'store'}:target", other)
+    assert "\n" not in str(e.value)
+    with pytest.raises(DraftsmithError, match="no datastore.json"):
+        load_drafter(f"rasd:datastore={corpus}:target", other)
