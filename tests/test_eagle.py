@@ -1,32 +1,49 @@
-"""EAGLE drafters: training-time test computes exactly what drafting computes; verifier stays exact."""
+"""EAGLE drafters: training-time test computes exactly what drafting computes; verifier stays exact; EAGLE-3.1's
+norms are used, trained, saved and drafted with."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_llama
+from conftest import make_llama, make_tokenizer
 
+from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleModel, ttt_mask
+from draftsmith.families.registry import load_network
+from draftsmith.layers.losses import TOKEN_LOSSES, lk_hybrid, masked_mean, neg_log_acceptance, soft_cross_entropy
+from draftsmith.layers.module import shift
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 VERSIONS = [(1, (-1,), 0), (3, (1, 1, 2), 40)]
+EAGLE31 = [{"fc_norm": True, "norm_output": True}, {"norm_before_fc": True, "norm_output": True}]
+"""EAGLE-3.1's norms: the paper's per-layer fc norm, and speculators' default (one norm on the concatenation)."""
 
 
-def build(target_model, version, layers, vd, seed=0):
+def build(target_model, version, layers, vd, seed=0, **norms):
     torch.manual_seed(seed)
-    model = EagleModel(EagleConfig.from_target(target_model.config, version, layers, vd))
+    model = EagleModel(EagleConfig.from_target(target_model.config, version, layers, vd, **norms))
     if version == 3:
         model.set_draft_vocab(torch.arange(target_model.config.vocab_size).flip(0).float())
     model.init_from_target(target_model.model.embed_tokens.weight, target_model.lm_head.weight)
+    with torch.no_grad():  # norms away from 1, so a norm dropped from one path shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.5 * torch.randn_like(p))
     return model
 
 
-@pytest.mark.parametrize(("version", "layers", "vd"), VERSIONS)
-def test_training_time_test_unroll_equals_drafting(tokenizer, version, layers, vd):
+@pytest.mark.parametrize(
+    ("version", "layers", "vd", "norms"), [(*v, {}) for v in VERSIONS] + [(3, (1, 1, 2), 40, n) for n in EAGLE31]
+)
+def test_training_time_test_unroll_equals_drafting(tokenizer, version, layers, vd, norms):
     base = make_llama(seed=0)
-    model = build(base, version, layers, vd)
+    model = build(base, version, layers, vd, **norms)
     target = Target(base, tokenizer, model.cfg.feature_layers)
     drafter = EagleDrafter(model)
     context = [3, 14, 15, 9, 26, 5]  # x_0..x_5: anchors 0..4 have features
@@ -64,12 +81,115 @@ def test_draft_vocab_maps_round_trip():
     assert torch.equal(torch.nonzero(model.t2d).flatten(), ids)
 
 
-@pytest.mark.parametrize(("version", "layers", "vd"), VERSIONS)
+@pytest.mark.parametrize(
+    ("version", "layers", "vd", "norms"), [(*v, {}) for v in VERSIONS] + [(3, (1, 1, 2), 40, n) for n in EAGLE31]
+)
 @pytest.mark.parametrize("k", [1, 4])
-def test_greedy_with_eagle_equals_plain_greedy(tokenizer, prompts, version, layers, vd, k):
+def test_greedy_with_eagle_equals_plain_greedy(tokenizer, prompts, version, layers, vd, norms, k):
     base = make_llama(seed=0)
-    model = build(base, version, layers, vd)
+    model = build(base, version, layers, vd, **norms)
     target = Target(base, tokenizer, model.cfg.feature_layers)
     decoder = SpeculativeDecoder(target, EagleDrafter(model), k, Sampling())
     for prompt in prompts:
         assert decoder.generate(prompt, 25).tokens == plain_decode(target, prompt, 25, Sampling()).tokens
+
+
+def draft_logits(model, seq, features, steps=2):
+    """Per TTT step, the (T, Vd) draft logits of ``seq`` (1, T) given the target's ``features``."""
+    with torch.no_grad():
+        return [model.logits(hidden[0]) for hidden in model(seq, features, steps, None)]
+
+
+@pytest.mark.parametrize("norms", EAGLE31)
+def test_every_eagle31_norm_weight_changes_the_draft_logits(tokenizer, norms):
+    base = make_llama(seed=0)
+    model = build(base, 3, (1, 1, 2), 40, **norms)
+    seq = torch.randint(0, 94, (1, 12), generator=torch.Generator().manual_seed(2))
+    features = Target(base, tokenizer, model.cfg.feature_layers)(seq).features
+    before = draft_logits(model, seq, features)
+    fused = [n for n in dict(model.named_parameters()) if n.startswith(("fc_norm.", "input_norm."))]
+    assert fused == (
+        ["fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"] if "fc_norm" in norms else ["input_norm.weight"]
+    )
+    for name in fused:
+        weight = model.get_parameter(name)
+        with torch.no_grad():
+            weight.mul_(torch.linspace(0.5, 1.5, len(weight)))
+        after = draft_logits(model, seq, features)
+        assert (after[0] - before[0]).abs().max() > 1e-3, name
+        before = after
+
+
+def test_norm_output_feeds_the_normed_output_to_the_next_step_and_the_head_reads_it_once(tokenizer):
+    base = make_llama(seed=0)
+    plain = build(base, 3, (1, 1, 2), 40)
+    post = build(base, 3, (1, 1, 2), 40, norm_output=True)
+    post.load_state_dict(plain.state_dict())  # the same weights: norm_output has none of its own
+    seq = torch.randint(0, 94, (1, 12), generator=torch.Generator().manual_seed(2))
+    features = Target(base, tokenizer, plain.cfg.feature_layers)(seq).features
+    with torch.no_grad():
+        raw, normed = plain(seq, features, 2, None), post(seq, features, 2, None)
+    torch.testing.assert_close(normed[0], plain.norm(raw[0]))  # step 0's output is normed before step 1 reads it
+    first_plain, second_plain = draft_logits(plain, seq, features)
+    first_post, second_post = draft_logits(post, seq, features)
+    torch.testing.assert_close(first_post, first_plain)  # the LM head reads norm(output) once either way
+    assert (second_post - second_plain).abs().max() > 1e-3  # step 1 read another feature
+
+
+def test_eagle31_norms_need_eagle3_and_fc_norms_are_exclusive():
+    config = make_llama(seed=0).config
+    with pytest.raises(DraftsmithError, match="EAGLE-1 has no EAGLE-3.1 norms; fc_norm"):
+        EagleConfig.from_target(config, 1, (-1,), fc_norm=True)
+    with pytest.raises(DraftsmithError, match="exclusive"):
+        EagleConfig.from_target(config, 3, (1, 1, 2), fc_norm=True, norm_before_fc=True)
+    with pytest.raises(DraftsmithError, match="model.loss must be one of kl, nla, lk_hybrid, got 'tv'"):
+        EagleModule("unused", loss="tv")
+
+
+@pytest.mark.parametrize("loss", TOKEN_LOSSES)
+def test_drafter_with_eagle31_norms_trained_by_the_module_saves_loads_and_decodes_identically(tmp_path, loss):
+    """A few optimiser steps of ``EagleModule``'s own loss (each token loss), native save, registry load: the same
+    network, the same flags, the same sampled speculative decoding round by round."""
+    root = tmp_path / "target"
+    make_llama(seed=0, layers=4).save_pretrained(root)
+    make_tokenizer().save_pretrained(root)
+    torch.manual_seed(0)
+    module = EagleModule(str(root), 3, [1, 2, 3], draft_vocab_size=48, loss=loss, fc_norm=True, norm_output=True)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 94, (4, 24), generator=g)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    # the loss option picks that function of layers/losses.py for every TTT step (step 0 recomputed here)
+    out = module.target_forward(batch)
+    with torch.no_grad():
+        q_logits = module.drafter.logits(module.drafter(ids, out.features, 1, batch["attention_mask"])[0])
+        p = torch.softmax(out.logits_over(module.drafter.draft_ids), -1)
+        fn = {"kl": soft_cross_entropy, "nla": neg_log_acceptance, "lk_hybrid": lk_hybrid}[loss]
+        expected = masked_mean(fn(q_logits, shift(p, 1)), shift(batch["loss_mask"], 2).bool())
+        name = "ce" if loss == "kl" else loss
+        torch.testing.assert_close(module.losses(batch, out)[f"{name}_0"], expected)
+    opt = torch.optim.AdamW(module.trainable_parameters(), lr=3e-3)
+    losses = []
+    for _ in range(6):
+        logs = module.losses(batch, module.target_forward(batch))
+        opt.zero_grad()
+        logs["loss"].backward()
+        opt.step()
+        losses.append(float(logs["loss"]))
+    assert set(logs) == {f"{name}_{j}" for j in range(3)} | {"loss"}
+    assert losses[-1] < losses[0]
+    network = module.drafter.eval()
+    assert not torch.allclose(network.fc_norm[0].weight, torch.ones(64))  # the norms were trained
+
+    save_native(network, module.target, tmp_path / "native")
+    loaded, info = load_network(tmp_path / "native", module.target)
+    assert info["config"]["fc_norm"] and info["config"]["norm_output"] and not info["config"]["norm_before_fc"]
+    assert loaded.cfg == network.cfg
+    state = loaded.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in network.state_dict().items())
+    target = Target.from_pretrained(root)
+    runs = []
+    for drafter in (network, loaded):
+        decoder = SpeculativeDecoder(target, EagleDrafter(drafter), 4, Sampling(temperature=1.0))
+        runs.append([decoder.generate([3, 14, 15, 9], 20, torch.Generator().manual_seed(s)) for s in range(3)])
+    for a, b in zip(*runs, strict=True):
+        assert (a.tokens, a.accepted) == (b.tokens, b.accepted)

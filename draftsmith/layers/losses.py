@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -162,7 +163,8 @@ def lk_hybrid(student_logits: torch.Tensor, teacher_probs: torch.Tensor, eta: fl
     return weight * kl + (1 - weight) * (1 - alpha)
 
 
-TOKEN_LOSSES = ("kl", "nla", "lk_hybrid")
+TokenLoss = Literal["kl", "nla", "lk_hybrid"]
+TOKEN_LOSSES: tuple[str, ...] = get_args(TokenLoss)
 """Names ``token_loss`` accepts."""
 
 

@@ -7,9 +7,10 @@ from transformers import AutoConfig
 
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import TargetOutput, check_fingerprint
+from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
 from draftsmith.layers.estimate import acceptance_prob
-from draftsmith.layers.losses import feature_regression, masked_mean, soft_cross_entropy
+from draftsmith.layers.losses import TOKEN_LOSSES, TokenLoss, feature_regression, masked_mean, token_loss
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init, shift
 
 
@@ -30,6 +31,14 @@ class EagleModule(DrafterModule):
         step_decay: weight of TTT step j is step_decay**j.
         reg_weight: EAGLE-1 feature-regression weight.
         cls_weight: EAGLE-1 token-loss weight (0.1 in the EAGLE paper).
+        loss: the token loss of each step against the target's distribution p (``layers/losses.py``, ``TOKEN_LOSSES``):
+            ``kl`` the soft cross-entropy (forward KL plus p's entropy; EAGLE's), ``nla`` -log sum_v min(p, q) and
+            ``lk_hybrid`` lambda KL + (1 - lambda) TV with lambda = exp(-lk_eta sum_v min(p, q)): the LK losses
+            (arXiv 2602.23881), named as speculators names them.
+        lk_eta: ``lk_hybrid``'s blend temperature (3.0 in speculators and, it says, the paper's best).
+        fc_norm: EAGLE-3.1: an RMSNorm on each target feature before fc (``Eagle3Config.fc_norm``).
+        norm_before_fc: one RMSNorm on the concatenated features before fc (``Eagle3Config.norm_before_fc``).
+        norm_output: EAGLE-3.1: the normed layer output is the next step's feature (``Eagle3Config.norm_output``).
         init: a drafter of the same version to fine-tune (a checkpoint or native dir, e.g. one ``draftsmith
             import`` made of an EAGLE-3 trained elsewhere): its network, feature layers and draft vocabulary; None:
             a fresh network.
@@ -47,16 +56,28 @@ class EagleModule(DrafterModule):
         step_decay: float = 0.8,
         reg_weight: float = 1.0,
         cls_weight: float = 0.1,
+        loss: TokenLoss = "kl",
+        lk_eta: float = 3.0,
+        fc_norm: bool = False,
+        norm_before_fc: bool = False,
+        norm_output: bool = False,
         init: str | None = None,
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
     ) -> None:
+        if loss not in TOKEN_LOSSES:
+            raise DraftsmithError(f"model.loss must be one of {', '.join(TOKEN_LOSSES)}, got {loss!r}")
         self.version, self.requested_layers, self.draft_vocab_size = version, feature_layers, draft_vocab_size
+        self.loss, self.lk_eta = loss, lk_eta
+        self.norms = {"fc_norm": fc_norm, "norm_before_fc": norm_before_fc, "norm_output": norm_output}
         self.init, self._start = init, None
         if init is not None:  # its record decides the feature layers and vocabulary before the target loads
             self._start = read_init(init, f"eagle{version}")
             self.requested_layers = list(self._start[0]["config"]["feature_layers"])
             self.draft_vocab_size = self._start[0]["config"]["draft_vocab_size"]
+            for name, value in self.norms.items():  # its network has the norms it was trained with
+                if value and not self._start[0]["config"].get(name, False):
+                    raise DraftsmithError(f"model.{name}: model.init {init} was trained without it")
         super().__init__(target, optim, estimate)
         self.save_hyperparameters()
         self.ttt_steps = ttt_steps if config_class(version).ttt else 1
@@ -75,7 +96,7 @@ class EagleModule(DrafterModule):
             check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
             return build(*self._start, f"model.init {self.init!r}").train()
         cfg = EagleConfig.from_target(
-            self.target.config, self.version, self.target.feature_layers, self.draft_vocab_size
+            self.target.config, self.version, self.target.feature_layers, self.draft_vocab_size, **self.norms
         )
         model = EagleModel(cfg)
         model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
@@ -104,15 +125,17 @@ class EagleModule(DrafterModule):
         logits = out.logits if vocab is None else out.logits_over(vocab)
         p_draft = torch.softmax(logits, -1)  # (B, T, Vd); row t predicts x_{t+1}
         total, logs = 0.0, {}
+        name = "ce" if self.loss == "kl" else self.loss  # "ce": the name its logs have always had
         for j, hidden, mask in self._unroll(batch, out, self.ttt_steps):
-            ce = masked_mean(soft_cross_entropy(self.drafter.logits(hidden), shift(p_draft, j + 1)), mask)
-            logs[f"ce_{j}"] = ce
+            values = token_loss(self.loss, self.drafter.logits(hidden), shift(p_draft, j + 1), self.lk_eta)  # (B, T)
+            token = masked_mean(values, mask)
+            logs[f"{name}_{j}"] = token
             if not self.drafter.cfg.own_head:  # EAGLE-1: the target's head reads the output: regress the feature
                 reg = masked_mean(feature_regression(hidden, shift(out.features[0], 1)), mask)
                 logs["reg"] = reg
-                total = total + self.reg_weight * reg + self.cls_weight * ce
+                total = total + self.reg_weight * reg + self.cls_weight * token
             else:
-                total = total + self.step_decay**j * ce
+                total = total + self.step_decay**j * token
         logs["loss"] = total
         return logs
 

@@ -14,6 +14,12 @@ it drafts.
 
 Positions: anchor i pairs token x_{i+1} with feature f_i and predicts x_{i+2};
 TTT step j at anchor i predicts x_{i+j+2} at RoPE position i+j.
+
+EAGLE-3.1 (arXiv 2605.09992; speculators PRs 610 / 670, vLLM PRs 42764 / 46488) adds norms as options of EAGLE-3,
+named as speculators' ``Eagle3SpeculatorConfig`` and vLLM's ``llama_eagle3.py`` name them: ``fc_norm`` (an RMSNorm
+on each target feature before fc: fc(concat(norm_a(f_a), norm_b(f_b), ...))), ``norm_before_fc`` (one RMSNorm on the
+concatenation, gpt-oss style; exclusive with ``fc_norm``) and ``norm_output`` (the layer output after the final
+``norm``, the LM head's input, is also the next step's feature, in training-time test and in drafting).
 """
 
 from __future__ import annotations
@@ -109,13 +115,28 @@ class EagleConfig:
     extra: dict = field(default_factory=dict)
 
     @staticmethod
-    def from_target(target_config, version: int, feature_layers: tuple[int, ...], draft_vocab_size: int = 0):
-        """The EAGLE-``version`` drafter's config for a target with this HF config (any family: ``borrowed_shape``)."""
+    def from_target(
+        target_config,
+        version: int,
+        feature_layers: tuple[int, ...],
+        draft_vocab_size: int = 0,
+        fc_norm: bool = False,
+        norm_before_fc: bool = False,
+        norm_output: bool = False,
+    ):
+        """The EAGLE-``version`` drafter's config for a target with this HF config (any family: ``borrowed_shape``);
+        ``fc_norm``, ``norm_before_fc``, ``norm_output``: EAGLE-3.1's norms (``Eagle3Config``; EAGLE-1 has none)."""
         cls = config_class(version)
         if cls.max_feature_layers and len(feature_layers) > cls.max_feature_layers:
             raise DraftsmithError(
                 f"EAGLE-{version} takes {cls.max_feature_layers} feature layer, got feature_layers={list(feature_layers)}"
             )
+        norms = {"fc_norm": fc_norm, "norm_before_fc": norm_before_fc, "norm_output": norm_output}
+        if not cls.own_head:
+            if any(norms.values()):
+                on = [name for name, value in norms.items() if value]
+                raise DraftsmithError(f"EAGLE-{version} has no EAGLE-3.1 norms; {', '.join(on)} need version 3")
+            norms = {}
         shape = borrowed_shape(target_config, f"EAGLE-{version}")
         vocab = target_config.vocab_size
         return cls(
@@ -125,6 +146,7 @@ class EagleConfig:
             draft_vocab_size=(draft_vocab_size or vocab) if cls.own_head else vocab,
             target_hidden_size=shape["hidden_size"],
             **shape,
+            **norms,
         )
 
     @classmethod
@@ -173,6 +195,10 @@ class Eagle1Config(EagleConfig):
     """Trained with training-time test (its own earlier outputs as later steps' inputs)."""
     max_feature_layers: ClassVar[int] = 1
     """Most target layers it reads (0: any number)."""
+    fc_norm: ClassVar[bool] = False
+    norm_before_fc: ClassVar[bool] = False
+    norm_output: ClassVar[bool] = False
+    """EAGLE-1 has none of EAGLE-3.1's norms (``Eagle3Config``)."""
 
     @staticmethod
     def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -190,6 +216,24 @@ class Eagle3Config(EagleConfig):
     own_head: ClassVar[bool] = True
     ttt: ClassVar[bool] = True
     max_feature_layers: ClassVar[int] = 0
+    fc_norm: bool = False
+    """EAGLE-3.1: an RMSNorm on each target feature before fc, fc(concat(norm_a(f_a), norm_b(f_b), ...))
+    (weights ``fc_norm.{i}.weight``, one per feature layer; speculators' and vLLM's ``fc_norm``)."""
+    norm_before_fc: bool = False
+    """One RMSNorm on the concatenated features before fc, fc(norm(concat(f_a, f_b, ...))) (weight
+    ``input_norm.weight``; speculators' and vLLM's ``norm_before_fc``, the variant speculators' 3.1 defaults use).
+    Exclusive with ``fc_norm``."""
+    norm_output: bool = False
+    """EAGLE-3.1: the layer output after the final ``norm`` (what the LM head reads) is also what the next step
+    reads as its feature, in training-time test and in drafting, instead of the un-normed output (no weights of its
+    own; speculators' and vLLM's ``norm_output``)."""
+
+    def __post_init__(self) -> None:
+        if self.fc_norm and self.norm_before_fc:
+            raise DraftsmithError(
+                "EAGLE-3: fc_norm (a norm per feature layer) and norm_before_fc (one norm on their concatenation) "
+                "are exclusive; set one"
+            )
 
     @staticmethod
     def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -294,7 +338,14 @@ class EagleModel(DrafterNetwork):
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h).requires_grad_(False)
         if cfg.separate_inputs:
-            self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden_size, h, bias=False)
+            width = len(cfg.feature_layers) * cfg.target_hidden_size
+            if cfg.fc_norm:  # EAGLE-3.1: one norm per feature layer
+                self.fc_norm = nn.ModuleList(
+                    LlamaRMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in cfg.feature_layers
+                )
+            if cfg.norm_before_fc:
+                self.input_norm = LlamaRMSNorm(width, cfg.rms_norm_eps)
+            self.fc = nn.Linear(width, h, bias=False)
         else:
             self.fc = nn.Linear(2 * h, h, bias=True)
         if cfg.own_head:
@@ -346,23 +397,33 @@ class EagleModel(DrafterNetwork):
     def fuse(self, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Target features -> the drafter's feature input: (.., H). EAGLE-1 keeps f; EAGLE-3 applies fc."""
         dtype = self.fc.weight.dtype  # the target may run in another precision than the drafter
-        if self.cfg.separate_inputs:
-            return self.fc(torch.cat(features, dim=-1).to(dtype))
-        return features[0].to(dtype)
+        if not self.cfg.separate_inputs:
+            return features[0].to(dtype)
+        if self.cfg.fc_norm:
+            features = tuple(norm(f.to(dtype)) for norm, f in zip(self.fc_norm, features, strict=True))
+        fused = torch.cat(features, dim=-1).to(dtype)  # (.., n * Ht)
+        if self.cfg.norm_before_fc:
+            fused = self.input_norm(fused)
+        return self.fc(fused)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(.., H) -> (.., Vd) draft-vocabulary logits."""
-        return self.lm_head(self.norm(hidden) if self.cfg.own_head else hidden)
+        """(.., H) ``step`` outputs -> (.., Vd) draft-vocabulary logits (EAGLE-3 norms them first, unless
+        ``norm_output`` already did)."""
+        if not self.cfg.own_head or self.cfg.norm_output:
+            return self.lm_head(hidden)
+        return self.lm_head(self.norm(hidden))
 
     def step(self, tokens, hidden, positions, past_k, past_v, mask):
-        """One layer application: tokens (B,T) paired with hidden (B,T,H) at positions (B,T)."""
+        """One layer application: tokens (B,T) paired with hidden (B,T,H) at positions (B,T) -> (output (B,T,H),
+        k, v); the output is the next step's feature (``norm``-ed first with ``norm_output``)."""
         embeds = self.embed_tokens(tokens)
         if not self.cfg.separate_inputs:
             x, embeds = self.fc(torch.cat([embeds, hidden], dim=-1)), None
         else:
             x = hidden
         cos, sin = self.rotary(x, positions)
-        return self.layer(embeds, x, cos, sin, past_k, past_v, mask)
+        out, k, v = self.layer(embeds, x, cos, sin, past_k, past_v, mask)
+        return (self.norm(out) if self.cfg.norm_output else out), k, v
 
     def forward(
         self, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], steps: int, valid: torch.Tensor | None
