@@ -228,3 +228,23 @@ def test_export_of_a_truncated_or_empty_checkpoint_is_one_line_naming_it(tmp_pat
     err = run_cli(capsys, "export", str(ckpt), "--to", "native", "--out", str(tmp_path / "out"))
     assert err.count("\n") == 1 and f"{ckpt}: cannot read the checkpoint (truncated or corrupt" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["import", "{tmp}/no-such-checkpoint", "--target", "default", "--out", "{tmp}/imported"],
+        ["generate", "--target", "default", "--prompts", "{tmp}/no-such-prompts.jsonl", "--out", "{tmp}/data"],
+    ],
+    ids=["import", "generate"],
+)
+def test_a_wrong_path_is_named_before_the_default_target_is_built(tmp_path, monkeypatch, capsys, args):
+    """The cheap inputs are checked first: building the default target takes minutes on 2 cores."""
+    from draftsmith.targets import default
+
+    def build(*_, **__):
+        raise AssertionError("the default target was built before the wrong path was named")
+
+    monkeypatch.setattr(default, "build", build)
+    err = run_cli(capsys, *[a.format(tmp=tmp_path) for a in args])
+    assert err.count("\n") == 1 and str(tmp_path / "no-such") in err

@@ -222,6 +222,9 @@ def generate(
     Returns:
         ``out`` (the rank's directory when ``world_size`` > 1).
     """
+    load_prompts(
+        str(prompts), prompt_field, num_prompts
+    )  # the cheap input first: a built-in target may build for minutes
     settings = GenerateSettings(
         prompts=str(prompts),
         prompt_field=prompt_field,

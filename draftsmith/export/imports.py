@@ -382,9 +382,9 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | N
     from draftsmith.targets import parse_target, resolve, target_dtype
 
     spec = parse_target(target, dtype)
-    path = resolve(spec)
-    ckpt, out = read_checkpoint(Path(src)), Path(out)
+    ckpt, out = read_checkpoint(Path(src)), Path(out)  # the cheap checks first: a built-in target may build for minutes
     found = detect(ckpt)
+    path = resolve(spec)
     return IMPORTERS[found.family](ckpt, found.layout, ImportTarget(path, target_dtype(spec, path), spec.source), out)
 
 
