@@ -373,3 +373,13 @@ def test_vllm_engine_without_its_venv_or_an_unknown_engine_is_one_line(target_di
     assert "--tensor-parallel-size must be a positive integer, got 0" in cli_error(
         capsys, *common, "--tensor-parallel-size", "0"
     )
+
+
+def test_the_vllm_worker_gets_a_step_timeout_that_a_shared_cpu_survives_unless_the_user_set_one(monkeypatch):
+    """vLLM's default (300 s for one model step) stopped a 1M-token generation on 2 cores shared with other work."""
+    from draftsmith.data.engines import STEP_TIMEOUT, worker_env
+
+    monkeypatch.delenv(STEP_TIMEOUT, raising=False)
+    assert int(worker_env()[STEP_TIMEOUT]) >= 3600
+    monkeypatch.setenv(STEP_TIMEOUT, "42")
+    assert worker_env()[STEP_TIMEOUT] == "42"

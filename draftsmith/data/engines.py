@@ -86,6 +86,17 @@ def vllm_python(python: str | Path | None) -> Path:
     return path
 
 
+STEP_TIMEOUT = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+STEP_TIMEOUT_S = 3600
+"""vLLM's limit on one model step (its default 300 s). A step of 256 sequences on 2 CPU cores that other work shares
+took longer (the whole run then stopped: "RPC call to execute_model timed out"); a user's own setting is kept."""
+
+
+def worker_env() -> dict[str, str]:
+    """The vLLM worker's environment: this one, with ``STEP_TIMEOUT`` raised to ``STEP_TIMEOUT_S`` unless set."""
+    return {STEP_TIMEOUT: str(STEP_TIMEOUT_S), **os.environ}
+
+
 class VLLMEngine:
     """vLLM in its own venv, driven through ``vllm_worker.py`` (one process for the whole run).
 
@@ -125,6 +136,7 @@ class VLLMEngine:
             stderr=self._log,
             text=True,
             cwd=log.parent,
+            env=worker_env(),
         )
         engine = {
             "target": str(Path(target_dir).resolve()),
