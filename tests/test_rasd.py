@@ -18,6 +18,8 @@ from draftsmith.core.trees import TreeKind
 from draftsmith.data.generate import generate
 from draftsmith.data.shards import load_generated
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.metrics import interpolate_ratio
+from draftsmith.eval.rasd import choose_nodes
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.rasd import drafter as rasd
@@ -253,3 +255,21 @@ def test_a_datastore_of_another_target_is_refused_in_one_line(corpus, model_dirs
     assert "\n" not in str(e.value)
     with pytest.raises(DraftsmithError, match="no datastore.json"):
         load_drafter(f"rasd:datastore={corpus}:target", other)
+
+
+def test_retrieval_budget_is_chosen_from_the_cost_of_verifying_wider_trees(target):
+    """Where verifying is free (r = 1 for any m) retrieval nodes that raise τ pay; where verifying more than the
+    drafter's chain costs 100 decode steps they do not. A step of 1000 s makes the drafter's own time negligible."""
+    prompt = repetitive(0)[0]
+    known = SuffixIndex.build([prompt + plain_decode(target, prompt, 12, Sampling()).tokens])
+    drafter = RasdDrafter(DraftLM(make_llama(seed=5, layers=1)), datastore=known)
+    free, dear = {1: 1.0, 64: 1.0}, {1: 1.0, 5: 1.0, 6: 100.0, 64: 100.0}  # dear: free up to a chain's 5 tokens
+    cheap = choose_nodes(target, drafter, prompt, 4, Sampling(), free, 1e3, budgets=(0, 4, 16), max_new_tokens=16)
+    assert cheap.nodes > 0 and drafter.nodes == cheap.nodes
+    by_nodes = {c["nodes"]: c for c in cheap.candidates}
+    assert by_nodes[cheap.nodes]["tau"] > by_nodes[0]["tau"]
+    assert by_nodes[0]["verified"] <= 5 < by_nodes[16]["verified"]  # the drafter alone: at most K = 4 + the root
+    costly = choose_nodes(target, drafter, prompt, 4, Sampling(), dear, 1e3, budgets=(0, 4, 16), max_new_tokens=16)
+    assert costly.nodes < cheap.nodes
+    for c in costly.candidates:
+        assert c["speedup"] == pytest.approx(c["tau"] / (interpolate_ratio(dear, c["verified"]) + c["cost"]))

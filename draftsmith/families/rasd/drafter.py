@@ -106,7 +106,8 @@ class RasdDrafter(TreeDrafter):
         inner: the model drafter; its tree policy is this drafter's (``set_tree`` sets it).
         datastore: a corpus index (``draftsmith datastore``), or None.
         context: whether to retrieve from the prompt and the generated text.
-        nodes: retrieval nodes added per round at most (the fused tree holds the drafter's nodes + these).
+        nodes: retrieval nodes added per round at most (the fused tree holds the drafter's nodes + these; 0: the
+            drafter alone, as ``eval.rasd.choose_nodes`` measures it).
         max_ngram: longest context suffix matched (shorter ones are tried next, down to one token).
         prune_top_k: keep a retrieval path only when its first token is among the drafter's this many most likely
             first tokens (0: keep every path).
@@ -130,9 +131,9 @@ class RasdDrafter(TreeDrafter):
             )
         if datastore is None and not context:
             raise DraftsmithError("rasd: no retrieval source: give a datastore or keep context retrieval on")
-        if nodes < 1 or max_ngram < 1 or prune_top_k < 0 or (length is not None and length < 1):
+        if nodes < 0 or max_ngram < 1 or prune_top_k < 0 or (length is not None and length < 1):
             raise DraftsmithError(
-                f"rasd: nodes, ngram and length must be positive and prune >= 0, got nodes={nodes}, "
+                f"rasd: ngram and length must be positive, nodes and prune >= 0, got nodes={nodes}, "
                 f"ngram={max_ngram}, prune={prune_top_k}, length={length}"
             )
         self.inner, self.datastore, self.context = inner, datastore, context

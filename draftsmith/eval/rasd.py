@@ -1,0 +1,92 @@
+"""How many retrieval nodes a fused RASD tree should add, from this machine's r(m) and the drafter's cost.
+
+Unlike a chain's τ(K), which ``auto_k`` predicts from a per-position acceptance profile, what retrieval adds to a
+round depends on the text (what repeats), so it is measured: one calibration decode of a prompt per candidate budget
+n (0: the drafter alone) gives τ(n), the tokens verified per round m(n) and the drafter's time per round, retrieval
+included, as C(n) decode steps. The predicted speedup is S(n) = τ(n) / (r(m(n)) + C(n)), r read from the measured
+verification ratios (``eval.metrics.interpolate_ratio``), and the n of highest S wins (ties: the smaller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
+from draftsmith.eval.metrics import interpolate_ratio
+from draftsmith.eval.verifier import SpeculativeDecoder
+from draftsmith.families.rasd.drafter import RasdDrafter
+
+BUDGETS = (0, 2, 4, 8, 16, 32)
+_TIE = 1e-9
+
+
+@dataclass(frozen=True)
+class NodesChoice:
+    """The retrieval budget chosen and what each considered budget measured.
+
+    Attributes:
+        nodes: retrieval nodes per round chosen (the drafter is left set to it).
+        predicted_speedup: S of the chosen budget.
+        candidates: per budget: ``nodes``, ``tau``, ``verified`` (m, root included), ``cost`` (C, decode steps per
+            round) and ``speedup``.
+    """
+
+    nodes: int
+    predicted_speedup: float
+    candidates: list[dict]
+
+
+def choose_nodes(
+    target: Target,
+    drafter: RasdDrafter,
+    prompt: list[int],
+    k: int,
+    sampling: Sampling,
+    ratios: dict[int, float],
+    step_seconds: float,
+    budgets: Iterable[int] = BUDGETS,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+) -> NodesChoice:
+    """Measure each retrieval budget on ``prompt`` and set ``drafter.nodes`` to the one of highest predicted speedup.
+
+    Args:
+        target: the target the drafter drafts for.
+        drafter: the fused drafter (its tree policy and K as they will be scored).
+        prompt: the calibration prompt.
+        k: draft depth per round.
+        sampling: as scored.
+        ratios: r(m), the target's time to verify m tokens over one decode step, measured on this machine
+            (``eval.score.verify_ratios``); measure it up to the largest fused tree + 1.
+        step_seconds: the target's time per decode step, measured with ``ratios``.
+        budgets: retrieval nodes per round to consider.
+        max_new_tokens: tokens each calibration decode generates.
+        seed: the calibration decodes' generator seed (sampling).
+    """
+    budgets = sorted(set(budgets))
+    if not budgets or budgets[0] < 0 or step_seconds <= 0 or not ratios:
+        raise DraftsmithError(
+            f"rasd nodes: budgets must be >= 0 and r(m) and the step time measured, got {budgets}, {step_seconds}"
+        )
+    candidates = []
+    for nodes in budgets:
+        drafter.nodes = nodes
+        result = SpeculativeDecoder(target, drafter, k, sampling).generate(
+            prompt, max_new_tokens, torch.Generator().manual_seed(seed)
+        )
+        drafter.extra_metrics([result])  # the calibration's counts are not the scored run's
+        rounds = max(1, len(result.accepted))
+        tau = (sum(result.accepted) + len(result.accepted)) / rounds
+        verified = sum(result.drafted) / rounds + 1
+        cost = result.draft_seconds / rounds / step_seconds
+        speedup = tau / (interpolate_ratio(ratios, verified) + cost)
+        candidates.append({"nodes": nodes, "tau": tau, "verified": verified, "cost": cost, "speedup": speedup})
+    top = max(c["speedup"] for c in candidates)
+    best = next(c for c in candidates if c["speedup"] >= top * (1 - _TIE))
+    drafter.nodes = best["nodes"]
+    return NodesChoice(best["nodes"], best["speedup"], candidates)
