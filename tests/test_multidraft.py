@@ -24,6 +24,7 @@ from test_verifier import (  # noqa: F401
 from draftsmith.core import sampling as sampling_module
 from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling, draw_candidates, spectr_rho, verify_kseq
+from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder
@@ -56,18 +57,16 @@ class BigramTree(TreeDrafter):
 
 
 def sampled_tree(rule: str, branching=(3, 2)) -> BigramTree:
-    from draftsmith.core.trees import REPLACEMENT
-
-    return BigramTree(7, TreePolicy("sampled", branching=branching, replacement=REPLACEMENT[rule]))
+    return BigramTree(7, TreePolicy(TreeKind.SAMPLED, branching=branching, replacement=VerifyRule(rule).replacement))
 
 
 def pairs(target, drafter, rule: str, sampling: Sampling, n: int) -> torch.Tensor:
-    return sampled_pairs(target, drafter, [1, 2, 3], sampling, n, seed=99, verify=rule)
+    return sampled_pairs(target, drafter, [1, 2, 3], sampling, n, seed=99, verify=VerifyRule(rule))
 
 
 def both_depths(target, drafter, rule: str, sampling: Sampling, n: int = 1500) -> tuple[float, float]:
     """(depth 1, depth 2) chi-square p-values of decoding with ``drafter``'s trees verified by ``rule``."""
-    triples = sampled_triples(target, drafter, [1, 2, 3], sampling, n, seed=99, verify=rule)
+    triples = sampled_triples(target, drafter, [1, 2, 3], sampling, n, seed=99, verify=VerifyRule(rule))
     return depth_pvalues(target, [1, 2, 3], sampling, triples)
 
 
@@ -111,7 +110,7 @@ def test_repeated_candidates_are_verified_once_and_drawn_from_one_row(soft_targe
     drafter.grow = lambda state, scratch, tokens, parents, new: (
         calls.append(len(new)) or grow(state, scratch, tokens, parents, new)
     )
-    decoder = SpeculativeDecoder(soft_target, drafter, 2, Sampling(1.0), "spectr")
+    decoder = SpeculativeDecoder(soft_target, drafter, 2, Sampling(1.0), VerifyRule.SPECTR)
     result = decoder.generate([1, 2, 3], 40, torch.Generator().manual_seed(0))
     assert min(result.drafted) < 12 and max(result.drafted) <= 12  # 4 + 8 nodes drafted, repeats verified once
     assert min(calls) < 4  # repeated root children grown once
@@ -154,7 +153,7 @@ def test_chi_square_at_depth_2_catches_merged_repeats_children_verified_against_
 
 
 def beam_tree(width: int = 3) -> BigramTree:
-    return BigramTree(7, TreePolicy("beam", beam_width=width))
+    return BigramTree(7, TreePolicy(TreeKind.BEAM, beam_width=width))
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
@@ -259,7 +258,12 @@ def test_rules_a_drafter_cannot_feed_fail_in_one_line(soft_target):  # noqa: F81
             hot,
             "needs several candidates drawn per node, and 'ngram' drafts one chain",
         ),
-        ({"tree": BigramTree(1, TreePolicy("dynamic"))}, "spectr", hot, "drafts a dynamic tree: use --tree sampled"),
+        (
+            {"tree": BigramTree(1, TreePolicy(TreeKind.DYNAMIC))},
+            "spectr",
+            hot,
+            "drafts a dynamic tree: use --tree sampled",
+        ),
         ({"tree": sampled_tree("rsd")}, "rsd", Sampling(0.0), "needs --temperature > 0"),
         ({"tree": sampled_tree("rsd")}, "spectr", hot, "needs siblings drawn with replacement"),
         ({"tree": sampled_tree("rsd")}, "beam", hot, "--verify must be one of specinfer, spectr, rsd"),
@@ -268,30 +272,32 @@ def test_rules_a_drafter_cannot_feed_fail_in_one_line(soft_target):  # noqa: F81
     ]
     for drafters, rule, sampling, message in cases:
         with pytest.raises(DraftsmithError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            score_drafters(soft_target, drafters, prompts, 2, sampling, 4, progress=False, verify=rule)
+            score_drafters(
+                soft_target, drafters, prompts, 2, sampling, 4, progress=False, verify=VerifyRule.parse(rule)
+            )
     with pytest.raises(DraftsmithError, match="--tree sampled draws candidates"):
         sampled_tree("specinfer").propose([1], 2, Sampling(0.0), None)
     with pytest.raises(DraftsmithError, match="--tree_branching must be positive"):
-        TreePolicy("sampled", branching=(2, 0))
+        TreePolicy(TreeKind.SAMPLED, branching=(2, 0))
     with pytest.raises(DraftsmithError, match="--tree beam draws candidates"):
         beam_tree().propose([1], 2, Sampling(0.0), None)
     with pytest.raises(DraftsmithError, match="--tree_beam_width must be positive"):
-        TreePolicy("beam", beam_width=0)
+        TreePolicy(TreeKind.BEAM, beam_width=0)
 
 
 def test_score_reports_each_rule_on_one_interleaved_run(soft_target):  # noqa: F811
     drafters = {rule: sampled_tree(rule) for rule in ("specinfer", "spectr", "rsd")}
-    rules = {rule: rule for rule in drafters}
+    rules = {rule: VerifyRule(rule) for rule in drafters}
     _, rows = score_drafters(soft_target, drafters, [[1, 2, 3], [4, 5]], 2, Sampling(1.0), 12, 0, False, verify=rules)
-    assert [r.get("verify", "specinfer") for r in rows] == ["specinfer", "spectr", "rsd"]
-    assert all(r["tau"] >= 1 for r in rows)
+    assert [r.verify or VerifyRule.SPECINFER for r in rows] == ["specinfer", "spectr", "rsd"]
+    assert all(r.tau >= 1 for r in rows)
 
 
 def test_draft_lm_grows_sampled_trees_whose_rows_are_its_own_distributions(small_pair):  # noqa: F811
     """A draft LM drafts trees one depth per forward, its frontier as a batch over its cache: each node's q row is
     what the draft model gives after that node's own path, and its cache holds the committed context afterwards."""
     target, drafter = small_pair
-    drafter.tree = TreePolicy("sampled", branching=(2, 2, 1), replacement=False)
+    drafter.tree = TreePolicy(TreeKind.SAMPLED, branching=(2, 2, 1), replacement=False)
     prompt = [1, 2, 3]
     state = drafter.begin(torch.tensor(prompt), None)
     draft = drafter.propose(state, 3, Sampling(1.0), torch.Generator().manual_seed(2))
@@ -315,12 +321,10 @@ def test_draft_lm_grows_sampled_trees_whose_rows_are_its_own_distributions(small
 @pytest.mark.parametrize("rule", ["spectr", "rsd", "rsd-s"])
 def test_draft_lm_multi_draft_sampling_is_distributed_as_the_target(small_pair, rule):  # noqa: F811
     target, drafter = small_pair
-    from draftsmith.core.trees import REPLACEMENT
-
     if rule == "rsd-s":  # a beam of 3 paths grown through the draft model's batched frontier
-        drafter.tree, rule = TreePolicy("beam", beam_width=3), "rsd"
+        drafter.tree, rule = TreePolicy(TreeKind.BEAM, beam_width=3), "rsd"
     else:
-        drafter.tree = TreePolicy("sampled", branching=(3, 1), replacement=REPLACEMENT[rule])
+        drafter.tree = TreePolicy(TreeKind.SAMPLED, branching=(3, 1), replacement=VerifyRule(rule).replacement)
     try:
         depth1, depth2 = both_depths(target, drafter, rule, Sampling(temperature=1.0))
     finally:
@@ -333,7 +337,7 @@ def test_draft_lm_dynamic_trees_keep_greedy_exact(target, tokenizer, prompts):
     from draftsmith.families.draft_lm.network import DraftLM
 
     drafter = DraftLM(target.model, tokenizer)  # the target drafting for itself: its argmax is always a root child
-    drafter.set_tree(TreePolicy("dynamic", size=32, top_k=2), 4)
+    drafter.set_tree(TreePolicy(TreeKind.DYNAMIC, size=32, top_k=2), 4)
     decoder = SpeculativeDecoder(target, drafter, 4, Sampling())
     for prompt in prompts:
         result = decoder.generate(prompt, 20)

@@ -9,6 +9,7 @@ from scipy import stats
 
 from draftsmith.core.sampling import Sampling, probs, residual, verify_chain_sampling
 from draftsmith.core.target import Target, rollback
+from draftsmith.core.trees import VerifyRule
 from draftsmith.eval import verifier as verifier_module
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
@@ -130,7 +131,13 @@ def exact_pair_distribution(target: Target, prompt: list[int], sampling: Samplin
 
 
 def sampled_pairs(
-    target: Target, drafter, prompt: list[int], sampling: Sampling, n: int, seed: int = 123, verify: str = "specinfer"
+    target: Target,
+    drafter,
+    prompt: list[int],
+    sampling: Sampling,
+    n: int,
+    seed: int = 123,
+    verify: VerifyRule = VerifyRule.SPECINFER,
 ) -> torch.Tensor:
     """Counts of (x1, x2): x1 comes from the prefill, x2 from a verified draft token (``verify``: the tree rule)."""
     decoder = SpeculativeDecoder(target, drafter, 2, sampling, verify)
@@ -149,7 +156,13 @@ def later_pair_distribution(target: Target, prompt: list[int], sampling: Samplin
 
 
 def sampled_triples(
-    target: Target, drafter, prompt: list[int], sampling: Sampling, n: int, seed: int = 123, verify: str = "specinfer"
+    target: Target,
+    drafter,
+    prompt: list[int],
+    sampling: Sampling,
+    n: int,
+    seed: int = 123,
+    verify: VerifyRule = VerifyRule.SPECINFER,
 ) -> torch.Tensor:
     """Counts of (x1, x2, x3), (V, V, V): x1 comes from the prefill, then a round drafted to depth 2 (K = 2 with three
     tokens left to generate): its depth 1 decides x2, its depth 2 x3 (``sampled_pairs`` leaves one token after x1, so
