@@ -7,7 +7,7 @@ import torch
 from conftest import make_llama
 from test_architectures import ARCHITECTURES, build, hf_generate, sibling
 from test_tree_drafting import eagle
-from test_verifier import SMALL_V, depth_pvalues, sampled_triples
+from test_verifier import SMALL_V, depth_pvalues
 
 from draftsmith.cli import main
 from draftsmith.core import trees
@@ -159,7 +159,11 @@ def rasd_triples(soft_pair, kind: str, n: int = 600) -> torch.Tensor:
     inner = DraftLM(draft)
     inner.tree = TreePolicy(TreeKind.parse(kind), size=4, top_k=2, branching=(2, 1))
     drafter = RasdDrafter(inner, nodes=4, prune_top_k=0)
-    counts = sampled_triples(target, drafter, SOFT_PROMPT, Sampling(temperature=1.0), n, seed=5)
+    decoder, g = SpeculativeDecoder(target, drafter, 2, Sampling(temperature=1.0)), torch.Generator().manual_seed(5)
+    counts = torch.zeros(SMALL_V, SMALL_V, SMALL_V)  # (x1, x2, x3): x1 from the prefill, x2 and x3 one depth-2 round
+    for _ in range(n):
+        x1, x2, x3 = decoder.generate(SOFT_PROMPT, 4, g).tokens[:3]
+        counts[x1, x2, x3] += 1
     assert drafter.stats["retrieved"] > n  # retrieval added nodes in most rounds
     return counts
 
