@@ -14,7 +14,7 @@ from draftsmith.core import trees
 from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.core.trees import TreeKind
+from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.generate import generate
 from draftsmith.data.shards import load_generated
 from draftsmith.errors import DraftsmithError
@@ -277,3 +277,16 @@ def test_retrieval_budget_is_chosen_from_the_cost_of_verifying_wider_trees(targe
     assert costly.nodes < cheap.nodes
     for c in costly.candidates:
         assert c["speedup"] == pytest.approx(c["tau"] / (interpolate_ratio(dear, c["verified"]) + c["cost"]))
+
+
+def test_spectr_refuses_a_round_with_retrieval_siblings_in_one_line(soft_pair):
+    """K-SEQ needs a node's candidates i.i.d. from one distribution; a retrieved sibling is not one of them."""
+    target, draft = soft_pair
+    inner = DraftLM(draft)
+    inner.tree = TreePolicy(TreeKind.SAMPLED, branching=(2, 1))
+    decoder = SpeculativeDecoder(target, RasdDrafter(inner, prune_top_k=0), 2, Sampling(1.0), VerifyRule.SPECTR)
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(DraftsmithError, match="--verify spectr needs each node's candidates drawn i.i.d.") as e:
+        for _ in range(50):
+            decoder.generate(SOFT_PROMPT, 4, g)
+    assert "\n" not in str(e.value)
