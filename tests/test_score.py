@@ -136,3 +136,22 @@ def test_an_unknown_tree_or_rule_stops_in_one_line_naming_its_flag(
               flag, value, "--out", str(tmp_path / "s")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"draftsmith: error: {flag} must be one of") and repr(value) in err[0]
+
+
+def test_report_regenerates_tables_and_plots_from_saved_score_reports(tmp_path):
+    """``draftsmith report`` reads saved reports' rows back as typed rows (the quickstart's committed blocks, at every
+    K and ``--k auto``), and its report.json saves them as they were."""
+    from draftsmith.eval.compare import report
+
+    saved = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/quickstart.json").read_text())
+    run = tmp_path / "run"
+    for name, block in saved["blocks"].items():
+        (run / "score" / name).mkdir(parents=True)
+        (run / "score" / name / "report.json").write_text(json.dumps(block))
+    out = report([run], k=4)
+    summary = json.loads((out / "report.json").read_text())
+    assert summary["drafters"] == saved["blocks"]["k4"]["drafters"]
+    assert summary["plain"] == saved["blocks"]["k4"]["plain"]
+    md = (out / "report.md").read_text()
+    assert "## K chosen per drafter (--k auto)" in md and "| plain decoding |" in md
+    assert all((out / png).is_file() for png in ("acceptance.png", "speedup.png", "tau_vs_k.png"))
