@@ -22,6 +22,7 @@ from draftsmith.eval.metrics import interpolate_ratio
 from draftsmith.eval.rasd import choose_nodes
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.rasd import drafter as rasd
 from draftsmith.families.rasd.drafter import RasdDrafter, fuse
 from draftsmith.families.specs import Named, Rasd, load_drafter, parse_spec
@@ -116,11 +117,19 @@ def decode_all(target, drafter, k, prompts, budget, reference):
     return retrieved, accepted
 
 
+def medusa(target):
+    model = MedusaModel(MedusaConfig(num_heads=3, hidden_size=target.hidden_size, vocab_size=target.vocab_size))
+    model.init_from_target(target.lm_head.weight)
+    return model.as_drafter()
+
+
 @pytest.mark.parametrize("policy", [TreePolicy(), TreePolicy(TreeKind.DYNAMIC, size=6, top_k=2)])
-def test_greedy_rasd_over_eagle_equals_plain_greedy(target, policy):
+@pytest.mark.parametrize("family", ["eagle3", "medusa"])
+def test_greedy_rasd_over_feature_drafters_equals_plain_greedy(target, policy, family):
     prompts = repetitive(0)
     known = [p + plain_decode(target, p, 10, Sampling()).tokens for p in prompts]  # how the first rounds go on
-    drafter = RasdDrafter(eagle(target, 3), datastore=SuffixIndex.build(known), nodes=6)
+    inner = eagle(target, 3) if family == "eagle3" else medusa(target)
+    drafter = RasdDrafter(inner, datastore=SuffixIndex.build(known), nodes=6)
     drafter.tree = policy
     retrieved, accepted = decode_all(
         target, drafter, 4, prompts, 23, lambda p: plain_decode(target, p, 23, Sampling()).tokens
@@ -290,3 +299,27 @@ def test_spectr_refuses_a_round_with_retrieval_siblings_in_one_line(soft_pair):
         for _ in range(50):
             decoder.generate(SOFT_PROMPT, 4, g)
     assert "\n" not in str(e.value)
+
+
+def test_pruning_reads_the_drafters_own_first_token_logits(target):
+    """Paths survive when their first token is in the drafter's top-k first tokens, read from the logits its own
+    propose computed: those of the draft model's forward on the committed tokens."""
+    model = make_llama(seed=5, layers=1)
+    inner = DraftLM(model)
+    inner.tree = TreePolicy(TreeKind.DYNAMIC, size=4, top_k=2)
+    drafter = RasdDrafter(inner, nodes=8, prune_top_k=2)
+    first = torch.tensor([0.0, 3.0, 1.0, 2.0])
+    assert drafter.prune([[1, 5], [2], [3, 0], [0]], first) == [[1, 5], [3, 0]]
+    seen, prune = [], drafter.prune
+
+    def recording(paths, logits):
+        seen.append((list(state.context.ids), logits))
+        return prune(paths, logits)
+
+    drafter.prune = recording
+    prompt = repetitive(0)[0]
+    out = target(torch.tensor([prompt]))
+    state = drafter.begin(torch.tensor(prompt + [int(out.logits[0, -1].argmax())]), out.positions(slice(None)))
+    drafter.propose(state, 4, Sampling(), None)
+    ((ids, logits),) = seen
+    assert torch.allclose(logits, model(torch.tensor([ids])).logits[0, -1], atol=1e-5)
