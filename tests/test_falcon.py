@@ -11,12 +11,12 @@ import torch
 from conftest import make_llama
 from test_train import setup, trainer  # noqa: F401 - module fixture: tiny target and its data
 from test_trees import soft_target  # noqa: F401 - module fixture: a soft 8-token target
-from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
+from test_verifier import SMALL_V, chi_square_pvalue, later_pair_distribution
 
 from draftsmith.cli import main
 from draftsmith.core.draft import Draft
 from draftsmith.core.native import save_native
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.errors import DraftsmithError
@@ -121,12 +121,6 @@ def test_one_drafter_forward_per_block_of_tokens(tokenizer, prompts):
         calls.clear()
         draft = draft_from(drafter, target, CONTEXT, 5, Sampling())
         assert len(calls) == 3 and len(draft) >= 5
-
-
-def later_pair_distribution(target: Target, prompt: list[int], sampling: Sampling) -> torch.Tensor:
-    """P(x2, x3) under plain sampling (x1 summed out): (V*V,)."""
-    p1 = probs(target(torch.tensor([prompt])).logits[0, -1], sampling)
-    return sum(p1[c] * exact_pair_distribution(target, prompt + [c], sampling) for c in range(SMALL_V))
 
 
 def sampled_later_pairs(target: Target, drafter, n: int = 1000) -> torch.Tensor:
