@@ -14,9 +14,10 @@ from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from draftsmith.core.sampling import Sampling
+from draftsmith.core.sampling import Sampling, one_hot
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval import verifier as verifier_module
 from draftsmith.eval.score import score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
@@ -99,9 +100,8 @@ def soft_pair():
     return target, CrossVocabDrafter(make_llama(seed=5, layers=1, hidden=32, vocab=len(draft_tok)), draft_tok, words)
 
 
-def test_cross_vocabulary_sampling_is_distributed_as_the_target(soft_pair):
-    target, drafter = soft_pair
-    sampling = Sampling(temperature=0.8, top_p=0.9)
+def xvocab_pairs(target: Target, drafter: CrossVocabDrafter, sampling: Sampling) -> torch.Tensor:
+    """Counts of (x1, x2) over 1,500 decodes: x2 from verifying the translated draft (a point mass, q = None)."""
     decoder = SpeculativeDecoder(target, drafter, 2, sampling)
     counts, drafted = torch.zeros(SMALL_V * SMALL_V), 0
     g = torch.Generator().manual_seed(7)
@@ -110,7 +110,25 @@ def test_cross_vocabulary_sampling_is_distributed_as_the_target(soft_pair):
         counts[result.tokens[0] * SMALL_V + result.tokens[1]] += 1
         drafted += sum(result.drafted)
     assert drafted > 0
+    return counts
+
+
+def test_cross_vocabulary_sampling_is_distributed_as_the_target(soft_pair):
+    target, drafter = soft_pair
+    sampling = Sampling(temperature=0.8, top_p=0.9)
+    counts = xvocab_pairs(target, drafter, sampling)
     assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) > 1e-3
+
+
+def test_chi_square_catches_a_point_mass_verified_as_a_smoothed_distribution(soft_pair, monkeypatch):
+    """The translated drafts are deterministic (q = None): the verifier's point mass on each token makes its
+    acceptance p(d) and the residual p without d. Smoothed toward uniform (as if the drafter had sampled the token),
+    acceptance and residual are wrong, and the chi-square must see it."""
+    monkeypatch.setattr(verifier_module, "one_hot", lambda t, v: 0.5 * one_hot(t, v) + 0.5 / v)
+    target, drafter = soft_pair
+    sampling = Sampling(temperature=0.8, top_p=0.9)
+    counts = xvocab_pairs(target, drafter, sampling)
+    assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) < 1e-3
 
 
 def test_xvocab_spec_scores_and_bad_drafts_fail_in_one_line(target, crossvocab, tmp_path, prompts):
