@@ -123,11 +123,11 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     if shards.read_metadata(args.data) is None:
         parser.error(f"--data: {args.data} holds no generated data (run benchmarks/multidraft.py --target smollm2)")
-    distilled = distill_across_vocab(draft_dir, tokenizer, args.data, args.out / "distilled", steps=args.steps)
+    distilled = distill_across_vocab(draft_dir, target_dir, args.data, args.out / "distilled", steps=args.steps)
     drafts = {"as built": draft_dir, "distilled": distilled}
     if args.token_weight:
-        drafts["hybrid"] = distill_across_vocab(draft_dir, tokenizer, args.data, args.out / "hybrid", steps=args.steps,
-                                                target=target_dir, token_weight=args.token_weight)  # fmt: skip
+        drafts["hybrid"] = distill_across_vocab(draft_dir, target_dir, args.data, args.out / "hybrid", steps=args.steps,
+                                                token_weight=args.token_weight)  # fmt: skip
     prompts = [encode(p, tokenizer) for p in load_prompts(HELDOUT["smollm2"], limit=args.num_prompts)]
     decoders = rows(target_dir, args.dtype, drafts, args.k, args.max_new_tokens)
     data = {

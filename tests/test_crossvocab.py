@@ -182,42 +182,54 @@ def ascii_bpe(texts: list[str], vocab: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
-def test_hybrid_distillation_aligns_both_vocabularies_and_learns_the_targets_shared_tokens(tmp_path):
-    """OmniDraft's token-level half: pairs where both tokenizations start a token at the same character predict the
-    next token after the same text; the target's side is its distribution there over the shared tokens (recomputed
-    here from the prefix alone); distillation lowers the draft's cross-entropy to it."""
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory) -> dict:
+    """A word-ish target with an ASCII BPE, a draft LM with a byte-level BPE (both saved), and the target's sampled
+    generations on 40 prompts."""
     import json
 
     from draftsmith.data.generate import generate
-    from draftsmith.data.shards import load_generated
-    from draftsmith.errors import DraftsmithError
-    from draftsmith.train.crossvocab import TOP_K, distill_across_vocab, draft_rows, shared_vocabulary, token_targets
 
+    root = tmp_path_factory.mktemp("hybrid")
     g = torch.Generator().manual_seed(0)
     texts = [" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (12,), generator=g)) for _ in range(40)]
     target_tok, draft_tok = ascii_bpe(texts, 120), byte_bpe(texts, 330)
     target_model = make_llama(seed=5, layers=1, hidden=48, vocab=len(target_tok), eos=target_tok.eos_token_id)
     with torch.no_grad():
         target_model.lm_head.weight.mul_(6.0)  # peaked: a distribution worth learning
-    target_dir, draft_dir = tmp_path / "target", tmp_path / "draft"
+    target_dir, draft_dir = root / "target", root / "draft"
     for model, tok, path in [(target_model, target_tok, target_dir), (make_llama(6, 1, 48, len(draft_tok)), draft_tok, draft_dir)]:  # fmt: skip
         model.save_pretrained(path)
         tok.save_pretrained(path)
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t[:30]}) + "\n" for t in texts))
-    generate(str(target_dir), str(tmp_path / "prompts.jsonl"), tmp_path / "data", temperature=1.0, max_new_tokens=24)
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t[:30]}) + "\n" for t in texts))
+    generate(str(target_dir), str(root / "prompts.jsonl"), root / "data", temperature=1.0, max_new_tokens=24)
+    return {"target": target_dir, "draft": draft_dir, "data": root / "data", "target_tok": target_tok,
+            "draft_tok": draft_tok, "target_model": target_model}  # fmt: skip
 
+
+def test_hybrid_distillation_aligns_both_vocabularies_and_learns_the_targets_shared_tokens(hybrid, tmp_path):
+    """OmniDraft's token-level half: pairs where both tokenizations start a token at the same character predict the
+    next token after the same text; the target's side is its distribution there over the shared tokens (recomputed
+    here from the prefix alone); distillation (through ``fit``) lowers the draft's cross-entropy to it."""
+    import json
+
+    from draftsmith.data.shards import load_generated
+    from draftsmith.train.crossvocab import TOP_K, distill_across_vocab, draft_rows, shared_vocabulary, token_targets
+
+    target_tok, draft_tok, target_model = hybrid["target_tok"], hybrid["draft_tok"], hybrid["target_model"]
+    target_dir, draft_dir, data = hybrid["target"], hybrid["draft"], hybrid["data"]
     shared = shared_vocabulary(target_tok, draft_tok)
     assert 10 < len(shared) < len(target_tok)
     assert all(target_tok.decode([t]) == draft_tok.decode([d]) for t, d in shared.items())
-    rows, pairs = draft_rows(tmp_path / "data", target_tok, draft_tok, 512)
-    dataset, _ = load_generated(tmp_path / "data")
+    rows, pairs = draft_rows(data, target_tok, draft_tok, 512)
+    dataset, _ = load_generated(data)
     assert sum(map(len, pairs)) > len(rows)  # most answers align somewhere beyond their first token
     for row, aligned, generated in zip(rows, pairs, dataset, strict=True):
         ids, start = generated["input_ids"], generated["prompt_len"]
         for t, d in aligned:  # the same answer text before the token each side predicts
             assert target_tok.decode(ids[start : t + 1]) == draft_tok.decode(row.ids[row.prompt_len : d + 1])
 
-    token_targets(target_model, tmp_path / "data", rows, pairs, shared)
+    token_targets(target_model, data, rows, pairs, shared)
     row, aligned, generated = next((r, a, x) for r, a, x in zip(rows, pairs, dataset, strict=True) if len(a) > 2)
     (t, d), (d_again, index, p) = aligned[2], row.aligned[2]
     with torch.no_grad():  # the prefix alone: no later token may leak into the target's side
@@ -227,12 +239,50 @@ def test_hybrid_distillation_aligns_both_vocabularies_and_learns_the_targets_sha
     assert d_again == d and index == top.indices.tolist()
     torch.testing.assert_close(torch.tensor(p), top.values / top.values.sum(), atol=1e-5, rtol=1e-4)
 
-    out = distill_across_vocab(draft_dir, target_tok, tmp_path / "data", tmp_path / "hybrid", steps=30, batch_size=8,
-                               lr=3e-3, target=target_dir, token_weight=1.0)  # fmt: skip
+    out = distill_across_vocab(draft_dir, target_dir, data, tmp_path / "hybrid", steps=30, batch_size=8, lr=3e-3,
+                               token_weight=1.0)  # fmt: skip
     record = json.loads((out / "distill.json").read_text())
     print(record)
     assert record["shared_vocabulary"] == len(shared) and 0 < record["aligned_share"] <= 1
     assert record["token_loss_last"] < 0.8 * record["token_loss_first"]
-    assert (out / "tokenizer.json").is_file()
-    with pytest.raises(DraftsmithError, match="--token_weight > 0 needs the target"):
-        distill_across_vocab(draft_dir, target_tok, tmp_path / "data", tmp_path / "x", token_weight=1.0)
+    assert (out / "tokenizer.json").is_file() and (out / "fit" / "manifest.json").is_file()
+    with pytest.raises(DraftsmithError, match="--token_weight must be at least 0"):
+        distill_across_vocab(draft_dir, target_dir, data, tmp_path / "x", token_weight=-1.0)
+
+
+def test_an_interrupted_xvocab_fit_resumes_where_it_stopped(hybrid, tmp_path, monkeypatch, capsys):
+    """Run again with the same settings after an interruption (here at step 10, after the step-8 checkpoint), the
+    distillation resumes from its last checkpoint: it trains only steps 9..16, and its draft LM equals an
+    uninterrupted run's."""
+    import csv
+    import json
+
+    from safetensors.torch import load_file
+
+    from draftsmith.families.crossvocab.module import CrossVocabModule
+    from draftsmith.train.crossvocab import distill_across_vocab
+
+    def run(out):
+        return distill_across_vocab(hybrid["draft"], hybrid["target"], hybrid["data"], out, steps=16, batch_size=8,
+                                    lr=3e-3, token_weight=1.0)  # fmt: skip
+
+    reference = run(tmp_path / "reference")
+
+    def interrupt(module, outputs, batch, batch_idx):
+        if module.global_step == 10:
+            raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(CrossVocabModule, "on_train_batch_end", interrupt)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run(tmp_path / "resumed")
+    monkeypatch.undo()
+    capsys.readouterr()
+    resumed = run(tmp_path / "resumed")
+    assert "resuming from" in capsys.readouterr().out
+    metrics = (resumed / "fit" / "csv" / "version_1" / "metrics.csv").read_text().splitlines()
+    steps = [int(r["step"]) for r in csv.DictReader(metrics) if r.get("step")]
+    assert steps and min(steps) >= 8  # the resumed run trained only the steps after its last checkpoint
+    want, got = load_file(reference / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    records = [json.loads((d / "distill.json").read_text()) for d in (reference, resumed)]
+    assert records[0]["step"] == records[1]["step"] and records[0]["loss_first"] == records[1]["loss_first"]

@@ -1,17 +1,14 @@
 """Distilling a draft LM of another vocabulary to the target: OmniDraft's hybrid distillation on the target's text.
 
 The target's generated data (``draftsmith generate``) is decoded to text with the target's tokenizer and encoded with
-the draft's. Two losses (Ramakrishnan et al. 2025, OmniDraft):
+the draft's (``draft_rows``); ``CrossVocabDataModule`` serves those rows to ``families.crossvocab.module``'s
+``CrossVocabModule`` (its losses: sequence-level cross-entropy, and token-level where both tokenizations start a
+token at the same character, over the tokens both vocabularies hold with the same text, ``shared_vocabulary``). The
+target's side of the token-level loss is computed once per row (``TOP_K`` most likely shared tokens kept,
+renormalised) by running the target over the generated rows.
 
-- **sequence-level**: cross-entropy of the draft LM on its own tokens of the generated part (the prompt is context
-  only): it learns the target's continuations whatever the two segmentations;
-- **token-level** (``token_weight`` > 0): where a draft token starts at the same character as a target token (both
-  models then predict the next token after the same text), a KL from the target's next-token distribution to the
-  draft's, over the tokens both vocabularies hold with the same text (``shared_vocabulary``; each side renormalised
-  over that set). The target's side is computed once per row (``TOP_K`` most likely shared tokens kept,
-  renormalised) by running the target over the generated rows.
-
-``draftsmith xvocab`` runs it; the result is a drafter for ``xvocab:OUT``.
+``draftsmith xvocab`` trains it through ``fit`` (``configs/xvocab.yaml``: resume, schedule, checkpoints) and saves the
+best checkpoint's draft LM with its tokenizer: a drafter for ``xvocab:OUT``.
 """
 
 from __future__ import annotations
@@ -20,30 +17,21 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import lightning as L
 import torch
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
-from draftsmith.core.target import load_causal_lm, model_dir
-from draftsmith.data.shards import load_generated
+from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
+from draftsmith.families.crossvocab.module import DraftRow, collate_rows
+from draftsmith.train.data import ResumesMidEpoch
+from draftsmith.train.fit import FitRun, fit
 
 TOP_K = 16
 """Target probabilities kept per aligned position for the token-level loss (the most likely shared tokens)."""
-
-
-@dataclass
-class DraftRow:
-    """One generated row in the draft's vocabulary."""
-
-    ids: list[int]
-    prompt_len: int
-    aligned: list[tuple[int, list[int], list[float]]] = field(default_factory=list)
-    """Token-level targets: (position in ``ids`` whose logits predict the aligned token, indices into the shared
-    vocabulary, the target's renormalised probabilities of them)."""
 
 
 def shared_vocabulary(target_tokenizer, draft_tokenizer) -> dict[int, int]:
@@ -105,24 +93,12 @@ def token_targets(target, data: str | Path, rows: list[DraftRow], pairs: list, s
     ):
         if not aligned:
             continue
-        logits = target(input_ids=torch.tensor([generated["input_ids"]])).logits[0].float()
+        ids = torch.tensor([generated["input_ids"]], device=target.device)
+        logits = target(input_ids=ids).logits[0].float().cpu()
         probs = torch.softmax(logits[[t for t, _ in aligned]], -1)[:, target_ids]
         top = probs.topk(min(TOP_K, len(target_ids)), dim=-1)
         kept = top.values / top.values.sum(-1, keepdim=True).clamp_min(1e-12)
         row.aligned = [(d, i.tolist(), p.tolist()) for (_, d), i, p in zip(aligned, top.indices, kept, strict=True)]
-
-
-def token_loss(logits: torch.Tensor, batch: list[DraftRow], shared_draft: torch.Tensor) -> torch.Tensor | None:
-    """Cross-entropy of the draft's distribution over the shared tokens against the target's, at the batch's aligned
-    positions (the KL up to the target's entropy, a constant); None when the batch has none."""
-    rows = [(b, d, i, p) for b, row in enumerate(batch) for d, i, p in row.aligned if d < logits.shape[1]]
-    if not rows:
-        return None
-    picked = logits[[b for b, *_ in rows], [d for _, d, *_ in rows]][:, shared_draft]  # (A, S)
-    log_q = torch.log_softmax(picked.float(), -1)
-    index = torch.tensor([i for *_, i, _ in rows])
-    p = torch.tensor([p for *_, p in rows])
-    return -(p * log_q.gather(1, index)).sum(-1).mean()
 
 
 def data_fingerprint(data: str | Path) -> str:
@@ -131,9 +107,90 @@ def data_fingerprint(data: str | Path) -> str:
     return hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.is_file() else str(data)
 
 
+class CrossVocabDataModule(ResumesMidEpoch, L.LightningDataModule):
+    """The target's generated data in a draft LM's own tokens, for ``CrossVocabModule``, which hands over the two
+    tokenizers and the target when it is set up (``encode``).
+
+    Args:
+        train: generated data dir (``draftsmith generate --target TARGET``).
+        val: generated data dir for validation; None: hold out ``val_fraction`` of train's rows (at least one).
+        val_fraction: share of train rows held out when ``val`` is None.
+        batch_size: rows per batch.
+        max_length: draft tokens per row (the prompt cut from the left).
+        seed: seed of the split and the shuffling.
+    """
+
+    def __init__(
+        self,
+        train: str,
+        val: str | None = None,
+        val_fraction: float = 0.05,
+        batch_size: int = 8,
+        max_length: int = 512,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.train_rows: list[DraftRow] = []
+        self.val_rows: list[DraftRow] = []
+
+    def check_target(self, target) -> None:
+        """Refuse data generated by another target, naming both fingerprints."""
+        for path in filter(None, (self.hparams.train, self.hparams.val)):
+            if not Path(path).exists():
+                raise DraftsmithError(f"data: {path} does not exist (make it with `draftsmith generate`)")
+            check_dataset_target(load_generated(path)[1], target)
+
+    def _rows(self, path: str, target, tokenizer, shared: dict[int, int] | None) -> tuple[list[DraftRow], float]:
+        """``path``'s rows in the draft's tokens (with the target's side where ``shared``), and the share of their
+        answer tokens aligned."""
+        rows, pairs = draft_rows(path, target.tokenizer, tokenizer, self.hparams.max_length)
+        if shared:
+            token_targets(target.model, path, rows, pairs, shared)
+        answers = sum(len(r.ids) - r.prompt_len for r in rows)
+        return rows, sum(map(len, pairs)) / max(1, answers)
+
+    def encode(self, target, tokenizer, token_level: bool) -> dict:
+        """Make the rows in ``tokenizer``'s vocabulary (once); the token-level targets too when ``token_level``.
+        Returns what was made: rows, and with ``token_level`` the shared vocabulary's size, its draft ids
+        (``shared_draft``) and the aligned share of the answers."""
+        shared = shared_vocabulary(target.tokenizer, tokenizer) if token_level else None
+        if token_level and not shared:
+            raise DraftsmithError("cross-vocabulary distillation: the two vocabularies share no token text")
+        rows, aligned = self._rows(self.hparams.train, target, tokenizer, shared)
+        if self.hparams.val:
+            self.train_rows, (self.val_rows, _) = rows, self._rows(self.hparams.val, target, tokenizer, shared)
+        else:
+            if len(rows) < 2:
+                raise DraftsmithError(f"data.train: {self.hparams.train} holds {len(rows)} rows; hold-out needs 2")
+            order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
+            held = max(1, round(self.hparams.val_fraction * len(rows)))
+            self.val_rows, self.train_rows = [rows[i] for i in order[:held]], [rows[i] for i in order[held:]]
+        record = {"rows": len(rows)}
+        if shared:
+            record |= {
+                "shared_vocabulary": len(shared),
+                "aligned_share": aligned,
+                "shared_draft": list(shared.values()),
+            }
+            print(f"shared vocabulary: {len(shared)} tokens; aligned positions: {aligned:.0%} of answers")
+        return record
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = self.train_sampler([len(r.ids) for r in self.train_rows], self.hparams.batch_size, self.hparams.seed)
+        return DataLoader(self.train_rows, self.hparams.batch_size, sampler=sampler, collate_fn=collate_rows)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_rows, self.hparams.batch_size, collate_fn=collate_rows)
+
+
+RECIPE = "xvocab"
+"""The shipped recipe ``draftsmith xvocab`` trains through (``configs/xvocab.yaml``)."""
+
+
 def distill_across_vocab(
     draft: str | Path,
-    target_tokenizer,
+    target: str | Path,
     data: str | Path,
     out: Path,
     steps: int = 200,
@@ -141,80 +198,56 @@ def distill_across_vocab(
     lr: float = 3e-4,
     max_length: int = 512,
     seed: int = 0,
-    target: str | Path | None = None,
     token_weight: float = 0.0,
 ) -> Path:
-    """Fine-tune the HF draft LM in ``draft`` (with its own tokenizer) on the target's generated ``data``; saves the
-    model and its tokenizer to ``out`` (a drafter for ``xvocab:OUT``) and returns it. ``token_weight`` > 0 adds the
-    token-level loss (needs ``target``, the target's model dir). Reused when ``out`` holds a finished run of the same
-    settings."""
-    settings = {"draft": str(draft), "data": str(data), "steps": steps, "batch_size": batch_size, "lr": lr,
-                "max_length": max_length, "seed": seed}  # fmt: skip
-    if token_weight:  # earlier sequence-level runs keep their settings (and stay reusable)
-        if target is None:
-            raise DraftsmithError("cross-vocabulary distillation: --token_weight > 0 needs the target (--target)")
-        settings |= {"target": str(target), "token_weight": token_weight, "data_fingerprint": data_fingerprint(data)}
-    done = out / "distill.json"
+    """Fine-tune the HF draft LM in ``draft`` (with its own tokenizer) on ``target``'s generated ``data`` through
+    ``fit`` (its run in ``out/fit``); saves the best checkpoint's model and its tokenizer to ``out`` (a drafter for
+    ``xvocab:OUT``) and returns it. ``token_weight`` > 0 adds the token-level loss. Reused when ``out`` holds a
+    finished run of the same settings; an interrupted run of the same settings resumes from its last checkpoint."""
+    if token_weight < 0:  # before any data is made (the module refuses it too, for `draftsmith fit`)
+        raise DraftsmithError(f"--token_weight must be at least 0, got {token_weight}")
+    settings = {"draft": str(draft), "target": str(target), "data": str(data), "data_fingerprint": data_fingerprint(data),
+                "steps": steps, "batch_size": batch_size, "lr": lr, "max_length": max_length, "seed": seed,
+                "token_weight": token_weight}  # fmt: skip
+    out = Path(out)
+    done, started = out / "distill.json", out / "started.json"
     if done.is_file() and json.loads(done.read_text()).get("settings") == settings:
         print(f"cross-vocabulary distillation: reusing {out}")
         return out
-    path = model_dir(draft, "draft model")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = load_causal_lm(path, "float32", "cpu", "draft model")
-    rows, pairs = draft_rows(data, target_tokenizer, tokenizer, max_length)
-    if not rows:
-        raise DraftsmithError(f"cross-vocabulary distillation: {data} holds no generated rows")
-    record: dict = {"settings": settings, "rows": len(rows)}
-    shared_draft = None
-    if token_weight:
-        shared = shared_vocabulary(target_tokenizer, tokenizer)
-        if not shared:
-            raise DraftsmithError("cross-vocabulary distillation: the two vocabularies share no token text")
-        token_targets(
-            load_causal_lm(model_dir(target, "target"), "float32", "cpu", "target"), data, rows, pairs, shared
-        )
-        shared_draft = torch.tensor(list(shared.values()))
-        answer_tokens = sum(len(r.ids) - r.prompt_len for r in rows)
-        record |= {"shared_vocabulary": len(shared), "aligned_share": sum(map(len, pairs)) / max(1, answer_tokens)}
-        print(f"shared vocabulary: {len(shared)} tokens; aligned positions: {record['aligned_share']:.0%} of answers")
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses, token_losses, start = [], [], time.perf_counter()
-    bar = tqdm(range(steps), desc="distil across vocabularies", unit="step")
-    for _ in bar:
-        batch = [rows[int(i)] for i in torch.randint(len(rows), (batch_size,), generator=g)]
-        width = max(len(r.ids) for r in batch)
-        ids = torch.tensor([r.ids + [0] * (width - len(r.ids)) for r in batch])
-        mask = torch.tensor([[1] * len(r.ids) + [0] * (width - len(r.ids)) for r in batch])
-        labels = ids.masked_fill(mask == 0, -100)
-        for row, r in enumerate(batch):
-            labels[row, : r.prompt_len] = -100
-        output = model(input_ids=ids, attention_mask=mask, labels=labels)
-        loss = output.loss
-        losses.append(loss.item())
-        if shared_draft is not None:
-            tl = token_loss(output.logits, batch, shared_draft)
-            if tl is not None:
-                loss = loss + token_weight * tl
-                token_losses.append(tl.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    model.eval()
+    resume = started.is_file() and json.loads(started.read_text()) == settings  # an interrupted run of these
     out.mkdir(parents=True, exist_ok=True)
+    started.write_text(json.dumps(settings))
+    start = time.perf_counter()
+    result = fit(RECIPE, FitRun(
+        target=str(target), train=str(data), out=out / "fit", steps=steps, batch_size=batch_size, lr=lr,
+        model={"draft": str(draft), "token_weight": token_weight}, data={"max_length": max_length, "seed": seed},
+        trainer={"enable_progress_bar": False}, resume=resume,
+    ))  # fmt: skip
+    return export(result.best, out, settings | {"seconds": round(time.perf_counter() - start, 1)})
+
+
+def export(checkpoint: Path, out: Path, settings: dict) -> Path:
+    """The draft LM of a ``CrossVocabModule`` checkpoint saved with its tokenizer to ``out``, and ``distill.json``:
+    the settings, what the data made (rows, shared vocabulary, aligned share) and the training losses up to it."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.core.target import load_causal_lm
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    info = state["draftsmith"]
+    model = load_causal_lm(Path(info["draft"]), "float32", "cpu", "draft model")
+    weights = state["state_dict"]
+    model.load_state_dict({k.removeprefix("drafter."): v for k, v in weights.items() if k.startswith("drafter.")})
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    AutoTokenizer.from_pretrained(info["draft"]).save_pretrained(out)
+    seconds = settings.pop("seconds")
+    losses, token = info["history"]["sequence"], info["history"]["token"]
     last = sum(losses[-10:]) / len(losses[-10:])
-    record |= {"seconds": round(time.perf_counter() - start, 1), "loss_first": losses[0], "loss_last": last,
-               "ppl_last": math.exp(min(20.0, last))}  # fmt: skip
-    if token_losses:
-        record |= {
-            "token_loss_first": token_losses[0],
-            "token_loss_last": sum(token_losses[-10:]) / len(token_losses[-10:]),
-        }
-    done.write_text(json.dumps(record, indent=2))
+    record = {"settings": settings, **info["data"], "checkpoint": str(checkpoint), "step": state["global_step"],
+              "seconds": seconds, "loss_first": losses[0], "loss_last": last, "ppl_last": math.exp(min(20.0, last))}  # fmt: skip
+    if token:
+        record |= {"token_loss_first": token[0], "token_loss_last": sum(token[-10:]) / len(token[-10:])}
+    (out / "distill.json").write_text(json.dumps(record, indent=2))
     return out
 
 
@@ -230,27 +263,27 @@ def xvocab(
     token_weight: float = 1.0,
     seed: int = 0,
 ) -> Path:
-    """Distil a draft LM with its own tokenizer to the target (OmniDraft's hybrid distillation); score the result as
+    """Distil a draft LM with its own tokenizer to the target (OmniDraft's hybrid distillation, trained through
+    ``fit`` with ``configs/xvocab.yaml``; run again after an interruption, it resumes); score the result as
     ``xvocab:OUT``.
 
     Args:
         draft: the draft LM's Hugging Face directory (its own tokenizer inside), or ``default`` (the embedded LM).
         target: ``default``, ``smollm2`` or a local model dir: whose text and distributions the draft learns.
         data: the target's generated data (``draftsmith generate --target TARGET``).
-        out: where the distilled draft LM and its tokenizer are saved.
+        out: where the distilled draft LM and its tokenizer are saved (the fit's run in ``OUT/fit``).
         steps: optimizer steps.
         batch_size: rows per step.
-        lr: AdamW learning rate.
+        lr: AdamW peak learning rate.
         max_length: draft tokens per row (the prompt cut from the left).
         token_weight: weight of the token-level loss (0: sequence-level only).
-        seed: seed of the batch order.
+        seed: seed of the held-out split and the batch order.
     """
     from draftsmith.targets import resolve
 
-    target_dir = resolve(target)
     draft_dir = resolve(draft) if draft == "default" else Path(draft)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    path = distill_across_vocab(draft_dir, tokenizer, data, Path(out), steps, batch_size, lr, max_length, seed,
-                                target_dir, token_weight)  # fmt: skip
+    path = distill_across_vocab(
+        draft_dir, target, data, Path(out), steps, batch_size, lr, max_length, seed, token_weight
+    )
     print(f"score it: draftsmith score --target {target} --drafter xvocab:{path}")
     return path
