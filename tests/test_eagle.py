@@ -3,6 +3,11 @@ norms are used, trained, saved and drafted with."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import datasets
+import lightning as L
 import pytest
 import torch
 from conftest import make_llama, make_tokenizer
@@ -10,13 +15,16 @@ from conftest import make_llama, make_tokenizer
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.score import score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleModel, ttt_mask
 from draftsmith.families.registry import load_network
 from draftsmith.layers.losses import TOKEN_LOSSES, lk_hybrid, masked_mean, neg_log_acceptance, soft_cross_entropy
 from draftsmith.layers.module import shift
+from draftsmith.train.data import GeneratedDataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,7 +61,8 @@ def test_training_time_test_unroll_equals_drafting(tokenizer, version, layers, v
     draft = drafter.propose(state, 3, sampling, torch.Generator().manual_seed(0))
     seq = torch.tensor([context + draft.tokens.tolist()])
     feats = target(seq).features
-    steps = model(seq, feats, 3, None)
+    with torch.no_grad():
+        steps = model.train()(seq, feats, 3, None)  # as training runs it (the drafter drafts in eval mode)
     anchor = len(context) - 2
     for j, hidden in enumerate(steps):
         q_ttt = torch.zeros(model.cfg.vocab_size)
@@ -193,3 +202,42 @@ def test_drafter_with_eagle31_norms_trained_by_the_module_saves_loads_and_decode
         runs.append([decoder.generate([3, 14, 15, 9], 20, torch.Generator().manual_seed(s)) for s in range(3)])
     for a, b in zip(*runs, strict=True):
         assert (a.tokens, a.accepted) == (b.tokens, b.accepted)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Path:
+    """A saved 4-layer tiny target with sampled training data and greedy validation data from it."""
+    root = tmp_path_factory.mktemp("eagle31")
+    make_llama(seed=0, layers=4).save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    g = torch.Generator().manual_seed(0)
+    for name, n in [("train", 32), ("val", 6)]:
+        lines = [" ".join(f"w{i}" for i in torch.randint(0, 94, (2 + r % 7,), generator=g).tolist()) for r in range(n)]
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": line}) + "\n" for line in lines))
+    common = {"max_new_tokens": 20, "device": "cpu", "shard_size": 64}
+    generate(str(root / "target"), str(root / "train.jsonl"), root / "train", temperature=1.0, **common)
+    generate(str(root / "target"), str(root / "val.jsonl"), root / "val", temperature=0.0, **common)
+    return root
+
+
+@pytest.mark.parametrize(("norms", "loss"), [(EAGLE31[0], "lk_hybrid"), (EAGLE31[1], "nla")])
+def test_tau_estimate_of_an_eagle31_drafter_trained_with_an_lk_loss_replays_the_verifier(
+    generated, tmp_path, norms, loss
+):
+    """``val/tau_est`` keeps its meaning: on greedy validation data it is the verifier's tau, round for round."""
+    torch.manual_seed(0)
+    model = EagleModule(str(generated / "target"), 3, draft_vocab_size=48, loss=loss, **norms)
+    with torch.no_grad():  # norms away from 1, so a path that skips or repeats one drafts other tokens
+        for name, p in model.drafter.named_parameters():
+            if "norm" in name:
+                p.add_(0.5 * torch.randn_like(p))
+    data = GeneratedDataModule(str(generated / "train"), str(generated / "val"), batch_size=8, max_length=64)
+    quiet = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    L.Trainer(max_steps=8, default_root_dir=tmp_path, enable_model_summary=False, **quiet).fit(model, data)
+    after = L.Trainer(max_steps=0, default_root_dir=tmp_path, **quiet).validate(model, data, verbose=False)[0]
+    rows = datasets.load_from_disk(str(generated / "val"))
+    prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
+    target = Target.from_pretrained(generated / "target")
+    scored = score_drafters(target, {"eagle": model.drafter.as_drafter()}, prompts, 4, Sampling(0.0), 20, 0)[1]
+    assert scored[0].greedy_exact == len(prompts)
+    assert scored[0].tau_full == pytest.approx(after["val/tau_est"], rel=1e-6)
