@@ -138,11 +138,11 @@ def test_adaptive_k_keeps_greedy_output_exact_and_shortens_drafts(setup):
     for row in rows:  # the verifier's output is plain greedy decoding, token for token, for every prompt
         assert row.greedy_exact == len(prompts), row.name
     # threshold 1 never stops early: exactly the base drafter's rounds
-    assert by["never-stops"]["mean_drafted"] == by["fixed"]["mean_drafted"]
-    assert by["never-stops"]["accept_at"] == by["fixed"]["accept_at"]
+    assert by["never-stops"].mean_drafted == by["fixed"].mean_drafted
+    assert by["never-stops"].accept_at == by["fixed"].accept_at
     # a low threshold really cuts drafts, and cutting where rejections are predicted raises α
-    assert by["adaptive"]["mean_drafted"] < by["fixed"]["mean_drafted"] - 0.5
-    assert by["eager"]["mean_drafted"] < by["adaptive"]["mean_drafted"]
+    assert by["adaptive"].mean_drafted < by["fixed"].mean_drafted - 0.5
+    assert by["eager"].mean_drafted < by["adaptive"].mean_drafted
     assert by["adaptive"].alpha > by["fixed"].alpha
 
 
