@@ -330,16 +330,24 @@ def test_native_card_has_scores_and_training_command(env, tmp_path):
     src = tmp_path / "src"
     network, info = load_network(env["eagle3"])
     save_native(network, env["t3"], src, {"training_command": "draftsmith fit --config x.yaml"})
-    row = {
+    row = {  # a row as draftsmith score saves it
         "name": str(src),
         "k": 4,
         "alpha": 0.625,
         "tau": 3.5,
+        "tau_full": 3.5,
         "accept_at": [0.9, 0.5],
+        "accept_given_reached": [0.9, 0.55],
+        "rounds": 14,
+        "target_calls": 15,
+        "tokens": 48,
+        "seconds": 0.32,
         "tokens_per_s": 150.0,
         "speedup": 1.5,
-        "ideal_speedup": 2.0,
         "cost_ratio": 0.1,
+        "mean_drafted": 4.0,
+        "verify_ratio": 1.1,
+        "ideal_speedup": 2.0,
         "greedy_exact": 3,
         "prompts": 3,
     }
@@ -353,7 +361,8 @@ def test_native_card_has_scores_and_training_command(env, tmp_path):
         "seed": 0,
         "command": "draftsmith score",
     }
-    report = {"config": config, "target": env["t3"].fingerprint, "plain": {"tokens_per_s": 100.0}, "drafters": [row]}
+    plain = {"tokens": 48, "seconds": 0.48, "tokens_per_s": 100.0, "target_calls": 48}
+    report = {"config": config, "target": env["t3"].fingerprint, "plain": plain, "drafters": [row]}
     (tmp_path / "report.json").write_text(json.dumps(report))
     out = export(src, "native", tmp_path / "out", scores=[tmp_path / "report.json"])
     card = (out / "README.md").read_text()

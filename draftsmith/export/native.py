@@ -17,6 +17,7 @@ from draftsmith.core.native import save_native
 from draftsmith.core.target import IDENTITY_KEYS
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.report import markdown_table
+from draftsmith.eval.rows import PlainRow, ScoreRow
 from draftsmith.export.common import DTYPES, Source
 
 RECORD = ("format", "method", "config", "target", "draftsmith_version")
@@ -92,7 +93,7 @@ def model_card(src: Source, info: dict, rows: list[dict], command: str | None) -
             f"From `{row['report']}`: {c['num_prompts']} prompts of `{c['prompts']}`, temperature "
             f"{c['temperature']}, up to {c['max_new_tokens']} new tokens.",
             "",
-            markdown_table([row], row["plain"]),
+            markdown_table([ScoreRow.from_dict(row)], PlainRow.from_dict(row["plain"])),
             "",
         ]
     lines += ["## Training", "", f"```\n{command}\n```" if command else "Not recorded.", ""]
