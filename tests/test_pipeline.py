@@ -210,3 +210,36 @@ def test_a_builtin_prompt_set_is_scored_on_its_own_heldout_half(llama, tmp_path,
     meta = json.loads((run / "data" / "val" / "draftsmith.json").read_text())
     assert meta["settings"]["prompts"] == "builtin:heldout" and meta["settings"]["temperature"] == 0.0
     assert json.loads((run / "score" / "auto" / "report.json").read_text())["config"]["prompts"] == "builtin:heldout"
+
+
+@pytest.mark.parametrize("family", ["xvocab", "draft_lm_pretrain"])
+def test_a_recipe_of_another_data_module_is_no_pipeline_family(llama, tmp_path, capsys, family):
+    """Cross-vocabulary distillation and FastDraft's pre-training read other data than the pipeline's: offered as
+    families, they failed after the data was made."""
+    prompts = _prompts(tmp_path / "p.jsonl")
+    args = ["pipeline", "--target", str(llama), "--prompts", str(prompts), "--families", family]
+    err = _one_line_error([*args, "--out", str(tmp_path / "run")], capsys)
+    assert f"--families {family}: not a family with a recipe" in err and "eagle1" in err
+    assert "xvocab" not in err.split("choose from")[1] and "draft_lm_pretrain" not in err.split("choose from")[1]
+
+
+def test_out_naming_a_file_and_a_missing_prompts_file_are_one_line_before_the_target_is_inspected(
+    tmp_path, capsys, monkeypatch
+):
+    from draftsmith.pipeline import local
+
+    def inspect(*_, **__):
+        raise AssertionError("the target was inspected (a built-in one built) before the cheap inputs were checked")
+
+    monkeypatch.setattr(local, "inspect_target", inspect)
+    prompts = _prompts(tmp_path / "p.jsonl")
+    (tmp_path / "taken").write_text("a file")
+    err = _one_line_error(
+        ["pipeline", "--target", "default", "--prompts", str(prompts), "--out", str(tmp_path / "taken")], capsys
+    )
+    assert f"--out {tmp_path / 'taken'} is a file" in err
+    err = _one_line_error(
+        ["pipeline", "--target", "default", "--prompts", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "run")],
+        capsys,
+    )
+    assert str(tmp_path / "none.jsonl") in err

@@ -107,12 +107,22 @@ def _recipe_set(info: TargetInfo, recipes: str | None) -> tuple[str, str]:
     return "", f"{info.layers} layers, vocabulary {info.vocab}: a small model (configs/, tuned on the toy target)"
 
 
+def _trains_on_generated_data(recipe: Path) -> bool:
+    """A recipe the pipeline trains as a family: a drafter of the target fed the pipeline's generated data (not the
+    draft LM's own stages, the acceptance head, nor a recipe of another data module: FastDraft's pre-training,
+    cross-vocabulary distillation)."""
+    import yaml
+
+    data = (yaml.safe_load(recipe.read_text()) or {}).get("data") or {}
+    return recipe.stem not in ("draft_lm", "acceptance_head") and "class_path" not in data
+
+
 def _families(families: list[str] | None, plan_recipes: str) -> tuple[list[str], bool]:
     """The recipe-trained families and whether a draft LM is distilled; an unknown name is refused in one line."""
     wanted = list(families or DEFAULT_FAMILIES)
     wanted = [f.strip() for name in wanted for f in name.split(",") if f.strip()]
     folder = Path(plan_recipes) if Path(plan_recipes).is_absolute() else RECIPES / plan_recipes
-    available = sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in ("draft_lm", "acceptance_head"))
+    available = sorted(p.stem for p in folder.glob("*.yaml") if _trains_on_generated_data(p))
     unknown = [f for f in wanted if f not in available and f != "draft_lm"]
     if unknown or not wanted:
         raise DraftsmithError(
@@ -489,6 +499,12 @@ def pipeline(
         fast: tiny budgets everywhere (smoke runs and tests).
     """
     spec = targets.parse_target(target, dtype)
+    out = Path(out or f"runs/pipeline-{Path(spec.source).name}")
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"--out {out} is a file; name a run directory (a new one, or a pipeline run's to reuse)")
+    for source in (prompts, heldout_prompts):  # the cheap inputs first: a built-in target may build for minutes
+        if source is not None:
+            load_prompts(source, prompt_field)
     print("[choices] (each can be overridden; see draftsmith pipeline --help)")
     info = inspect_target(spec)
     print(
@@ -500,7 +516,6 @@ def pipeline(
     recipe_dir, why = _recipe_set(info, recipes)
     print(f"  recipes {recipe_dir or 'default'}: {why} (--recipes)")
     drafters, draft_lm = _families(families, recipe_dir)
-    out = Path(out or f"runs/pipeline-{Path(spec.source).name}")
     if heldout_prompts is None and prompts in BUILTIN_HELDOUT:  # a built-in set has its own held-out half
         heldout_prompts = BUILTIN_HELDOUT[prompts]
     if heldout_prompts is None:
