@@ -434,3 +434,29 @@ def test_cli_export_prints_the_serving_command(env, tmp_path, capsys):
         main(["export", str(env["eagle3"]), "--to", "vllm", "--out", str(tmp_path / "out")])
     assert e.value.code == 2
     assert "exists and is not empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("norms", [{"fc_norm": True, "norm_output": True}, {"norm_before_fc": True}])
+def test_an_eagle31_drafter_exports_its_norm_flags_and_weights_or_is_refused(env, tmp_path, norms):
+    """vLLM and speculators read EAGLE-3.1's flags and norm weights; an export that wrote the flags False and
+    dropped the weights served another drafter without a word. SGLang reads none: refused in one line."""
+    t3 = env["t3"]
+    torch.manual_seed(1)
+    net = EagleModel(EagleConfig.from_target(t3.config, 3, t3.feature_layers, draft_vocab_size=VD, **norms))
+    net.set_draft_vocab(torch.rand(VOCAB))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.2)  # norm weights away from their ones: a dropped weight would read back as ones
+    src = save_native(net, t3, tmp_path / "e31")
+    state = net.state_dict()
+    norm_keys = sorted(k for k in state if k.startswith(("fc_norm.", "input_norm.")))
+    assert norm_keys, "the network holds its norms' weights"
+    for to in ("vllm", "speculators"):
+        out = export(src, to, tmp_path / to)
+        config, tensors = read(out)
+        for flag in ("fc_norm", "norm_before_fc", "norm_output"):
+            assert config[flag] is norms.get(flag, False), (to, flag)
+        for key in norm_keys:
+            assert torch.equal(tensors[key], state[key]), (to, key)
+    with pytest.raises(DraftsmithError, match="--to sglang: an EAGLE-3.1 drafter"):
+        export(src, "sglang", tmp_path / "sglang")

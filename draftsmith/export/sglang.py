@@ -33,12 +33,18 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
-from draftsmith.export.vllm import dflash_dir, eagle3_config, eagle3_tensors
+from draftsmith.export.vllm import dflash_dir, eagle3_config, eagle3_tensors, norm_flags
 
 METHODS = ("eagle1", "eagle3", "dflash")
 
 
 def _eagle3(src: Source, out: Path, dtype: str | None) -> str:
+    if any(norm_flags(src.network.cfg).values()):
+        on = ", ".join(k for k, v in norm_flags(src.network.cfg).items() if v)
+        raise DraftsmithError(
+            f"--to sglang: an EAGLE-3.1 drafter ({on}); SGLang's EAGLE-3 reads no feature norms and SpecForge's "
+            "norm_output means another thing: export it --to vllm or --to speculators"
+        )
     target = src.target_config("sglang")
     layers = target["num_hidden_layers"]
     sglang_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "sglang")

@@ -40,7 +40,7 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
-from draftsmith.export.vllm import eagle3_tensors
+from draftsmith.export.vllm import eagle3_tensors, norm_flags
 
 METHODS = ("eagle3", "peagle", "dflash")
 SPECULATORS_VERSION = "0.3.0"
@@ -126,9 +126,7 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": aux,
         "norm_before_residual": False,
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        **norm_flags(cfg),
         **({"mask_token_id": cfg.mask_token_id} if peagle else {}),
         "torch_dtype": dtype_name(tensors),
     }

@@ -59,8 +59,11 @@ def eagle3_tensors(network, prefix: str) -> dict:
     """EAGLE-3 tensors with the decoder layer under ``prefix`` (``layers.0.`` or ``midlayer.``)."""
     d2t, t2d = eagle_layout.vocab_maps(network)
     state = network.state_dict()
+    # EAGLE-3.1's feature norms, under the names vLLM's and speculators' loaders read (no "model." prefix on disk)
+    norms = {k: v for k, v in state.items() if k.startswith(("fc_norm.", "input_norm."))}
     return {
         "embed_tokens.weight": state["embed_tokens.weight"],
+        **norms,
         "fc.weight": state["fc.weight"],
         **eagle_layout.layer_tensors(network, prefix),
         "norm.weight": state["norm.weight"],
@@ -68,6 +71,12 @@ def eagle3_tensors(network, prefix: str) -> dict:
         "d2t": d2t,
         "t2d": t2d,
     }
+
+
+def norm_flags(cfg) -> dict[str, bool]:
+    """EAGLE-3.1's norm flags as vLLM and speculators read them (all False for EAGLE-3 and EAGLE-1): written
+    explicitly, since the loaders' defaults differ, and always with the tensors they need (``eagle3_tensors``)."""
+    return {name: bool(getattr(cfg, name, False)) for name in ("norm_before_fc", "fc_norm", "norm_output")}
 
 
 def eagle3_config(network, target: dict, aux_ids: list[int]) -> dict:
@@ -79,9 +88,7 @@ def eagle3_config(network, target: dict, aux_ids: list[int]) -> dict:
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": aux_ids,
         "norm_before_residual": False,  # draftsmith's layer keeps the un-normed feature as the residual
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,  # the next step's feature is the layer output before ``norm``
+        **norm_flags(cfg),  # norm_output False: the next step's feature is the layer output before ``norm``
     }
 
 
