@@ -235,8 +235,11 @@ def test_export_of_a_truncated_or_empty_checkpoint_is_one_line_naming_it(tmp_pat
     [
         ["import", "{tmp}/no-such-checkpoint", "--target", "default", "--out", "{tmp}/imported"],
         ["generate", "--target", "default", "--prompts", "{tmp}/no-such-prompts.jsonl", "--out", "{tmp}/data"],
+        ["score", "--target", "default", "--drafter", "ngram", "--prompts", "{tmp}/no-such-prompts.jsonl"],
+        ["score", "--target", "default", "--drafter", "mine={tmp}/no-such-drafter", "--prompts", "builtin:heldout"],
+        ["score", "--target", "default", "--drafter", "rasd:{tmp}/no-such-drafter", "--prompts", "builtin:heldout"],
     ],
-    ids=["import", "generate"],
+    ids=["import", "generate", "score-prompts", "score-drafter", "score-rasd-drafter"],
 )
 def test_a_wrong_path_is_named_before_the_default_target_is_built(tmp_path, monkeypatch, capsys, args):
     """The cheap inputs are checked first: building the default target takes minutes on 2 cores."""

@@ -24,7 +24,7 @@ from draftsmith.eval.metrics import by_category, drafter_metrics, plain_metrics
 from draftsmith.eval.report import markdown_table, write_report
 from draftsmith.eval.rows import PlainRow, ScoreRow, to_dicts
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
-from draftsmith.families.specs import Named, build_drafter, parse_spec
+from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import TargetSpec, load_target, parse_target
 
@@ -384,9 +384,10 @@ def score_specs(
 ) -> dict:
     """Score ``drafters`` on ``target`` (a built-in name or model dir, ``:DTYPE`` optional) as ``cfg`` says; writes
     ``out/report.{json,md}`` and its manifest (``stage``: the inputs ``is_current`` compares), returns the report."""
+    check_paths(drafters)  # the cheap inputs first: a built-in target may build for minutes
+    loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
     t = load_target(target, batch_invariant=cfg.batch_invariant, device=cfg.device)
     loaded = {d.name: build_drafter(d.spec, t) for d in drafters}
-    loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
     checks = [p.check for p in loaded_prompts]
     checks = checks if any(c is not None for c in checks) else None
     judges = {}

@@ -117,6 +117,29 @@ class Named:
     spec: DrafterSpec
 
 
+def named_paths(spec: DrafterSpec) -> list[str]:
+    """The files and directories ``spec`` names (a nested ``rasd:`` drafter's included)."""
+    match spec:
+        case Trained(path) | DraftModel(path) | CrossVocab(path):
+            return [path]
+        case Adaptive(head):
+            return [head]
+        case Confident(drafter):
+            return [drafter]
+        case Rasd():
+            return [*([spec.datastore] if spec.datastore else []), *named_paths(_parse(spec.drafter))]
+    return []
+
+
+def check_paths(drafters: list[Named]) -> None:
+    """Refuse in one line a drafter whose path does not exist: checked before the target is loaded, which for a
+    built-in target may mean building it for minutes."""
+    for d in drafters:
+        missing = [p for p in named_paths(d.spec) if not Path(p).exists()]
+        if missing:
+            raise DraftsmithError(f"--drafter {d.name}: {missing[0]} does not exist")
+
+
 def parse_spec(text: str) -> Named:
     """Shorthand -> spec: ``[NAME=]SPEC`` with SPEC ``ngram``, ``ngram:N``, ``ngram:N:W``, ``target``,
     ``adaptive:THRESHOLD:HEAD`` (or ``adaptive:HEAD``), ``confidence:THRESHOLD:DRAFT_LM`` (or
