@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from conftest import make_llama
-from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, sampled_pairs
+from test_verifier import SMALL_V, depth_pvalues, sampled_triples
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
 
@@ -241,8 +241,10 @@ def small_bf16_pair():
 def test_bf16_speculative_sampling_is_distributed_as_the_target(small_bf16_pair):
     target, drafter = small_bf16_pair
     sampling = Sampling(temperature=1.0)
-    counts = sampled_pairs(target, drafter, [1, 2, 3], sampling, 1500)
-    assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) > 1e-3
+    depth1, depth2 = depth_pvalues(
+        target, [1, 2, 3], sampling, sampled_triples(target, drafter, [1, 2, 3], sampling, 1500)
+    )
+    assert depth1 > 1e-3 and depth2 > 1e-3  # the chain's first and second draft positions
 
 
 def test_bf16_chi_square_catches_a_wrong_acceptance_rule(small_bf16_pair, monkeypatch):
@@ -256,8 +258,10 @@ def test_bf16_chi_square_catches_a_wrong_acceptance_rule(small_bf16_pair, monkey
     monkeypatch.setattr(verifier_module, "verify_chain_sampling", broken)
     target, drafter = small_bf16_pair
     sampling = Sampling(temperature=1.0)
-    counts = sampled_pairs(target, drafter, [1, 2, 3], sampling, 1500)
-    assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) < 1e-3
+    depth1, depth2 = depth_pvalues(
+        target, [1, 2, 3], sampling, sampled_triples(target, drafter, [1, 2, 3], sampling, 1500)
+    )
+    assert min(depth1, depth2) < 1e-3
 
 
 def test_dtype_is_part_of_the_fingerprint_and_a_mismatch_is_one_line_naming_both(bf16_target, monkeypatch, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_llama
-from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, sampled_pairs
+from test_verifier import SMALL_V, depth_pvalues, sampled_triples
 
 from draftsmith.core import trees
 from draftsmith.core.draft import Draft, Drafter
@@ -104,8 +104,11 @@ class RandomTree(Drafter):
         return Draft(tokens, torch.tensor([-1, -1, 0, 1]), q)
 
 
-def tree_pairs(target: Target, sampling: Sampling, n: int) -> torch.Tensor:
-    return sampled_pairs(target, RandomTree(seed=5), [1, 2, 3], sampling, n, seed=321)
+def tree_pvalues(target: Target, sampling: Sampling, n: int) -> tuple[float, float]:
+    """Chi-square p-values of the (x1, x2) and (x2, x3) distributions: the tree's depth 1 and depth 2 verified
+    (``sampled_triples`` leaves the verifier room for both levels; three new tokens capped it at depth 1)."""
+    triples = sampled_triples(target, RandomTree(seed=5), [1, 2, 3], sampling, n, seed=321)
+    return depth_pvalues(target, [1, 2, 3], sampling, triples)
 
 
 @pytest.fixture(scope="module")
@@ -117,16 +120,16 @@ def soft_target() -> Target:
 
 @pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.8, top_p=0.9)])
 def test_tree_speculative_sampling_is_distributed_as_the_target(soft_target, sampling):
-    counts = tree_pairs(soft_target, sampling, 1500)
-    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) > 1e-3
+    depth1, depth2 = tree_pvalues(soft_target, sampling, 1500)
+    assert depth1 > 1e-3 and depth2 > 1e-3
 
 
 def test_chi_square_catches_a_tree_rule_that_forgets_the_residual(soft_target, monkeypatch):
     """Trying the next sibling against p instead of the residual of the rejected one is biased."""
     monkeypatch.setattr(trees, "residual", lambda r, q: r)
     sampling = Sampling(temperature=1.0)
-    counts = tree_pairs(soft_target, sampling, 1500)
-    assert chi_square_pvalue(counts, exact_pair_distribution(soft_target, [1, 2, 3], sampling)) < 1e-3
+    depth1, depth2 = tree_pvalues(soft_target, sampling, 1500)
+    assert depth1 < 1e-3 and depth2 < 1e-3
 
 
 def test_tree_kinds_and_verify_rules_are_parsed_once_into_typed_records():
