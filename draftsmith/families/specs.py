@@ -124,8 +124,8 @@ def named_paths(spec: DrafterSpec) -> list[str]:
             return [path]
         case Adaptive(head):
             return [head]
-        case Confident(drafter):
-            return [drafter]
+        case Confident(drafter):  # a nested spec, as for rasd
+            return named_paths(_parse(drafter))
         case Rasd():
             return [*([spec.datastore] if spec.datastore else []), *named_paths(_parse(spec.drafter))]
     return []
