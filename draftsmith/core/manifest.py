@@ -9,6 +9,7 @@ the inputs the stage would be run with now.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import platform
 import shlex
@@ -23,6 +24,15 @@ import draftsmith
 PACKAGES = ("torch", "transformers", "datasets", "lightning", "peft", "safetensors", "jsonargparse")
 """Packages whose versions a manifest records (beside draftsmith's and Python's)."""
 FILE = "manifest.json"
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read a MiB at a time (a model or a corpus file may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def git_sha() -> str | None:

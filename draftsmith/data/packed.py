@@ -15,7 +15,6 @@ settings, counts and target that feature caches and fits check) are the original
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftsmith.core.manifest import file_sha256
 from draftsmith.data.dataset_dir import features, load_dir, quiet_datasets, read_metadata, write_metadata
 from draftsmith.errors import DraftsmithError
 
@@ -53,14 +53,6 @@ class Packed:
 def is_packed(path: str | Path) -> bool:
     """``path`` names a packed corpus file (a ``.tar.xz`` file, not a directory)."""
     return str(path).endswith(SUFFIX) and not Path(path).is_dir()
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -115,7 +107,7 @@ def pack(data: str | Path, out: str | Path, prompts: str | Path | None = None) -
         if prompts is not None:
             _member(tar, "prompts.jsonl", Path(prompts).read_bytes())
     os.replace(tmp, out)
-    return Packed(out, sha256(out), len(ds), len(flat), int(mask.sum()), out.stat().st_size)
+    return Packed(out, file_sha256(out), len(ds), len(flat), int(mask.sum()), out.stat().st_size)
 
 
 def pack_corpus(data: Path, out: Path, prompts: Path | None = None) -> Path:
@@ -173,7 +165,7 @@ def unpack(path: str | Path, dest: str | Path | None = None) -> Path:
     path = Path(path)
     if not path.is_file():
         raise DraftsmithError(f"{path}: no such packed corpus file")
-    digest = sha256(path)
+    digest = file_sha256(path)
     dest = Path(dest) if dest is not None else default_dest(path, digest)
     previous = read_metadata(dest)
     if previous is not None and previous.get("packed", {}).get("sha256") == digest:

