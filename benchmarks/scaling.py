@@ -59,7 +59,7 @@ from draftsmith.data.magpie import write_instructions_generated
 from draftsmith.data.packed import is_packed, unpack
 from draftsmith.data.packed import metadata as packed_metadata
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.data.shards import snapshot
+from draftsmith.data.shards import read_metadata, snapshot
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
@@ -142,7 +142,7 @@ def packed_data(out: Path, corpus: Path, val_prompts: int) -> tuple[Path, Path]:
         train = unpack(corpus, out / "data" / "train")
     except DraftsmithError as e:
         raise SystemExit(f"scaling: {e}") from None
-    made = load_generated(train)[1]["target"].get("dtype", "float32")
+    made = read_metadata(train)["target"].get("dtype", "float32")
     if made != DTYPE:  # a CPU without native bf16 trains on the bf16 corpus as it is, its target in float32
         print(
             f"data: {corpus.name} was generated in {made}; this run's target computes in {DTYPE} ({ALLOW_DTYPE_MISMATCH}=1)"
