@@ -108,6 +108,8 @@ class VLLMEngine:
         max_num_seqs: sequences vLLM decodes together (``--batch-size``).
         tensor_parallel_size: GPUs one model is split over.
         eager: vLLM's ``enforce_eager``: no graph compilation (a faster start, slower decoding).
+        speculative_config: vLLM's speculative decoding config (None: plain decoding).
+        log_stats: vLLM's statistics on, for ``timed``'s per-row timings and spec-decode counters.
         store_topk: top-k log-probabilities returned per generated token (0: none).
         log: where vLLM's own output goes.
     """
@@ -125,6 +127,8 @@ class VLLMEngine:
         store_topk: int,
         log: Path,
         eager: bool = False,
+        speculative_config: dict | None = None,
+        log_stats: bool = False,
     ) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log
@@ -146,6 +150,8 @@ class VLLMEngine:
             "tensor_parallel_size": tensor_parallel_size,
             "store_topk": store_topk,
             "enforce_eager": eager,
+            "speculative_config": speculative_config,
+            "log_stats": log_stats,
         }
         self.version = self._ask(engine)["vllm"]
 
@@ -167,11 +173,20 @@ class VLLMEngine:
         )
 
     def decode(self, request: Request, progress=None) -> list[Decoded]:
+        reply = self.timed(request)
+        out = [Decoded(r["tokens"], r["topk_ids"], r["topk_logprobs"]) for r in reply["outputs"]]
+        if progress is not None:
+            progress(out)
+        return out
+
+    def timed(self, request: Request) -> dict:
+        """The worker's reply to ``request`` as it is (``vllm_worker.py``): the rows, the generate's seconds and, with
+        ``log_stats``, each row's ``token_seconds`` and the spec-decode ``counters`` so far."""
         budgets = [
             request.max_new_tokens if request.context is None else min(request.max_new_tokens, request.context - len(p))
             for p in request.prompts
         ]
-        reply = self._ask(
+        return self._ask(
             {
                 "prompts": request.prompts,
                 "seeds": request.seeds,
@@ -181,10 +196,6 @@ class VLLMEngine:
                 "stop_token_ids": list(request.eos_token_ids),
             }
         )
-        out = [Decoded(r["tokens"], r["topk_ids"], r["topk_logprobs"]) for r in reply["outputs"]]
-        if progress is not None:
-            progress(out)
-        return out
 
     def close(self, wait: float = 60) -> None:
         """End the worker: it exits once its current request is done and stdin is closed; killed after ``wait``
