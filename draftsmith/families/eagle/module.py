@@ -113,31 +113,11 @@ class EagleModule(DrafterModule):
         return self.drafter.draft_ids if cfg.own_head and cfg.draft_vocab_size < cfg.vocab_size else None
 
     def _unroll(self, batch: dict, out: TargetOutput, steps: int):
-        """Per step j: (draft hidden (B,T,H), mask (B,T)); anchor i at step j predicts x_{i+j+2}, checked against
-        target row i+j+1, and that token must be a generated one."""
-        hiddens = self.drafter(batch["input_ids"], out.features, steps, batch["attention_mask"])
-        for j, hidden in enumerate(hiddens):
-            yield j, hidden, shift(batch["loss_mask"], j + 2).bool()
+        return unroll(self.drafter, batch, out, steps)
 
     def losses(self, batch: dict, out: TargetOutput) -> dict[str, torch.Tensor]:
-        # the target's distribution restricted to the draft vocabulary, renormalised: softmax of those logits
-        vocab = self.loss_vocab()  # None: the drafter drafts over the whole vocabulary
-        logits = out.logits if vocab is None else out.logits_over(vocab)
-        p_draft = torch.softmax(logits, -1)  # (B, T, Vd); row t predicts x_{t+1}
-        total, logs = 0.0, {}
-        name = "ce" if self.loss == "kl" else self.loss  # "ce": the name its logs have always had
-        for j, hidden, mask in self._unroll(batch, out, self.ttt_steps):
-            values = token_loss(self.loss, self.drafter.logits(hidden), shift(p_draft, j + 1), self.lk_eta)  # (B, T)
-            token = masked_mean(values, mask)
-            logs[f"{name}_{j}"] = token
-            if not self.drafter.cfg.own_head:  # EAGLE-1: the target's head reads the output: regress the feature
-                reg = masked_mean(feature_regression(hidden, shift(out.features[0], 1)), mask)
-                logs["reg"] = reg
-                total = total + self.reg_weight * reg + self.cls_weight * token
-            else:
-                total = total + self.step_decay**j * token
-        logs["loss"] = total
-        return logs
+        weights = {"step_decay": self.step_decay, "reg_weight": self.reg_weight, "cls_weight": self.cls_weight}
+        return eagle_losses(self.drafter, batch, out, self.ttt_steps, self.loss, self.lk_eta, **weights)
 
     @torch.no_grad()
     def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,3 +131,46 @@ class EagleModule(DrafterModule):
             accept.append(acceptance_prob(shift(p_full, j + 1), q, sampling.greedy))
             valid.append(mask)
         return torch.stack(accept), torch.stack(valid)
+
+
+def unroll(network: EagleModel, batch: dict, out: TargetOutput, steps: int):
+    """Per step j: (j, draft hidden (B,T,H), mask (B,T)); anchor i at step j predicts x_{i+j+2}, checked against
+    target row i+j+1, and that token must be a generated one (``batch``: input_ids, attention_mask, loss_mask)."""
+    hiddens = network(batch["input_ids"], out.features, steps, batch["attention_mask"])
+    for j, hidden in enumerate(hiddens):
+        yield j, hidden, shift(batch["loss_mask"], j + 2).bool()
+
+
+def eagle_losses(
+    network: EagleModel,
+    batch: dict,
+    out: TargetOutput,
+    ttt_steps: int,
+    loss: TokenLoss = "kl",
+    lk_eta: float = 3.0,
+    step_decay: float = 0.8,
+    reg_weight: float = 1.0,
+    cls_weight: float = 0.1,
+) -> dict[str, torch.Tensor]:
+    """EAGLE's named losses (``loss`` the one optimised) of ``network`` on ``batch`` against the target's ``out``
+    (logits and features over the batch; ``EagleModule``'s arguments of the same names say what each weighs).
+    A plain function, so a loop that is not a ``DrafterModule`` (``train/tlt.py``) trains EAGLE the same way."""
+    cfg = network.cfg
+    # the target's distribution restricted to the draft vocabulary, renormalised: softmax of those logits
+    vocab = network.draft_ids if cfg.own_head and cfg.draft_vocab_size < cfg.vocab_size else None
+    logits = out.logits if vocab is None else out.logits_over(vocab)
+    p_draft = torch.softmax(logits, -1)  # (B, T, Vd); row t predicts x_{t+1}
+    total, logs = 0.0, {}
+    name = "ce" if loss == "kl" else loss  # "ce": the name its logs have always had
+    for j, hidden, mask in unroll(network, batch, out, ttt_steps):
+        values = token_loss(loss, network.logits(hidden), shift(p_draft, j + 1), lk_eta)  # (B, T)
+        token = masked_mean(values, mask)
+        logs[f"{name}_{j}"] = token
+        if not cfg.own_head:  # EAGLE-1: the target's head reads the output: regress the feature
+            reg = masked_mean(feature_regression(hidden, shift(out.features[0], 1)), mask)
+            logs["reg"] = reg
+            total = total + reg_weight * reg + cls_weight * token
+        else:
+            total = total + step_decay**j * token
+    logs["loss"] = total
+    return logs
