@@ -10,7 +10,6 @@ optionally a peft adapter dir (``adapter_config.json``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -18,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from draftsmith.core.target import tokenizer_hash
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.common import DTYPES, Source, target_fingerprint
+from draftsmith.export.serve import DEFAULTS, Serving, draft_model_config, vllm_command
 
 METHODS = ("draft_lm",)
 
@@ -42,7 +42,9 @@ def load_hf_dir(path: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(path)
 
 
-def _save(model: PreTrainedModel, tokenizer, out: Path, dtype: str | None, target_dir: Path | None) -> str:
+def _save(
+    model: PreTrainedModel, tokenizer, out: Path, dtype: str | None, target_dir: Path | None, serving: Serving
+) -> str:
     if target_dir is not None:
         fp = target_fingerprint(target_dir)
         vocab = model.get_output_embeddings().weight.shape[0]
@@ -55,23 +57,22 @@ def _save(model: PreTrainedModel, tokenizer, out: Path, dtype: str | None, targe
         model = model.to(DTYPES[dtype])
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    spec = {"method": "draft_model", "model": str(out), "num_speculative_tokens": 4}
-    target = target_dir or "TARGET"
-    return f"vllm serve {target} --speculative-config '{json.dumps(spec)}'"
+    spec = draft_model_config(out, serving.k or 4)
+    return vllm_command(target_dir or "TARGET", spec, serving.dtype)
 
 
-def export(src: Source, out: Path, dtype: str | None) -> str:
-    """A trained draft LM (its tokenizer is the target's)."""
+def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULTS) -> str:
+    """A trained draft LM (its tokenizer is the target's); returns the ``vllm serve`` command at ``serving``."""
     network = src.network.for_export()
     if src.target_dir is None:
         raise DraftsmithError("--to hf needs the target's tokenizer: pass --target DIR")
-    return _save(network.model, AutoTokenizer.from_pretrained(src.target_dir), out, dtype, src.target_dir)
+    return _save(network.model, AutoTokenizer.from_pretrained(src.target_dir), out, dtype, src.target_dir, serving)
 
 
-def export_dir(path: Path, out: Path, dtype: str | None, target_dir: Path | None) -> str:
+def export_dir(path: Path, out: Path, dtype: str | None, target_dir: Path | None, serving: Serving = DEFAULTS) -> str:
     """An HF causal-LM (or adapter) directory; the tokenizer is its own, else the target's."""
     model = load_hf_dir(path)
     tok_dir = path if (path / "tokenizer_config.json").is_file() else target_dir
     if tok_dir is None:
         raise DraftsmithError(f"{path} has no tokenizer: pass --target DIR to take the target's")
-    return _save(model, AutoTokenizer.from_pretrained(tok_dir), out, dtype, target_dir)
+    return _save(model, AutoTokenizer.from_pretrained(tok_dir), out, dtype, target_dir, serving)

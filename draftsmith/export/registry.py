@@ -10,6 +10,7 @@ from draftsmith.core.manifest import write_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import hf, native, sglang, speculators, vllm
 from draftsmith.export.common import load_source
+from draftsmith.export.serve import Serving, model_drafter
 
 FORMATS = {"native": native, "hf": hf, "vllm": vllm, "sglang": sglang, "speculators": speculators}
 WHY_NOT = {
@@ -54,11 +55,17 @@ def write_export(
     scores: list[Path] | None = None,
     score_name: str | None = None,
     overwrite: bool = False,
+    k: int | None = None,
 ) -> str:
-    """``export`` without the printing: writes ``out`` and returns the command that serves it."""
+    """``export`` without the printing: writes ``out`` and returns the command that serves it, drafting ``k``
+    tokens per round with the target in the dtype the drafter was trained for. A ``rasd:`` spec writes its model
+    drafter (``serve.model_drafter``)."""
     if to not in FORMATS:
         raise DraftsmithError(f"--to must be one of {', '.join(FORMATS)}, got {to!r}")
-    src, out = Path(src), Path(out).absolute()
+    if k is not None and k < 1:
+        raise DraftsmithError(f"--k must be a positive number of draft tokens, got {k}")
+    src, _ = model_drafter(src)
+    out = Path(out).absolute()
     dtype = canonical_dtype(dtype) if dtype is not None else None
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -67,7 +74,7 @@ def write_export(
     if to == "hf" and hf.is_hf_dir(src):
         from draftsmith.targets import resolve
 
-        command = hf.export_dir(src, out, dtype, resolve(target) if target else None)
+        command = hf.export_dir(src, out, dtype, resolve(target) if target else None, Serving(k))
         fingerprint = None
     else:
         source = load_source(src, target)
@@ -75,7 +82,7 @@ def write_export(
         if to == "native":
             command = native.export(source, out, dtype, scores, score_name)
         else:
-            command = FORMATS[to].export(source, out, dtype)
+            command = FORMATS[to].export(source, out, dtype, Serving(k, source.info["target"].get("dtype")))
         fingerprint = source.info["target"]
     write_manifest(out, target=fingerprint, source=str(src), format=to, serve=command)
     return command
@@ -90,12 +97,15 @@ def export(
     scores: list[Path] | None = None,
     score_name: str | None = None,
     overwrite: bool = False,
+    k: int | None = None,
 ) -> Path:
-    """Export a trained drafter for serving and print the command that serves it (``draftsmith export``).
+    """Export a trained drafter for serving and print the command that serves it (``draftsmith export``), the
+    target in the dtype the drafter was trained for.
 
     Args:
-        src: a ``DrafterModule`` Lightning checkpoint, a native export dir, or (``--to hf``) a Hugging
-            Face causal-LM / peft adapter directory.
+        src: a ``DrafterModule`` Lightning checkpoint, a native export dir, (``--to hf``) a Hugging Face causal-LM
+            / peft adapter directory, or a ``rasd:[KEY=VALUE,...:]DRAFTER`` spec: no engine serves the fused tree,
+            so its model drafter is written (one line says so).
         to: ``native``, ``hf``, ``vllm``, ``sglang`` or ``speculators``.
         out: the directory to write.
         dtype: ``bfloat16``, ``float16`` or ``float32`` (or ``bf16``, ``fp16``, ``fp32``) for the floating-point
@@ -105,8 +115,13 @@ def export(
         scores: ``draftsmith score`` report.json files whose rows for this drafter go in the native model card.
         score_name: the drafter's row name in those reports (default: matched by its path).
         overwrite: replace ``out`` if it exists.
+        k: draft tokens per round in the serving command, the K it was scored best at (``draftsmith score --k
+            auto``); default: 4, a Medusa's heads, a parallel drafter's trained depth (those two are also the most).
     """
     out = Path(out).absolute()
-    command = write_export(src, to, out, dtype, target, scores, score_name, overwrite)
+    _, note = model_drafter(src)
+    if note:
+        print(note)
+    command = write_export(src, to, out, dtype, target, scores, score_name, overwrite, k)
     print(f"wrote {out}\n{command}")
     return out

@@ -33,6 +33,7 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
+from draftsmith.export.serve import DEFAULTS, Serving
 from draftsmith.export.vllm import dflash_dir, eagle3_config, eagle3_tensors, norm_flags
 
 METHODS = ("eagle1", "eagle3", "dflash")
@@ -98,17 +99,20 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> str:
     return "DFLASH"
 
 
-def export(src: Source, out: Path, dtype: str | None) -> str:
-    """Write the SGLang drafter dir; return the ``sglang.launch_server`` command."""
+def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULTS) -> str:
+    """Write the SGLang drafter dir; return the ``sglang.launch_server`` command (a chain of ``serving.k`` tokens,
+    default 4, with the target in ``serving.dtype``)."""
+    server = f"python -m sglang.launch_server --model-path {src.target_dir}"
+    server += f" --dtype {serving.dtype}" if serving.dtype else ""
     if src.method == "dflash":
         _dflash(src, out, dtype)
         return (
-            f"python -m sglang.launch_server --model-path {src.target_dir} --speculative-algorithm DFLASH "
-            f"--speculative-draft-model-path {out} --speculative-dflash-block-size {src.network.cfg.depth + 1}"
+            f"{server} --speculative-algorithm DFLASH --speculative-draft-model-path {out} "
+            f"--speculative-dflash-block-size {src.network.cfg.depth + 1}"
         )
     algorithm = {"eagle3": _eagle3, "eagle1": _eagle1}[src.method](src, out, dtype)
+    k = serving.k or 4
     return (
-        f"python -m sglang.launch_server --model-path {src.target_dir} --speculative-algorithm {algorithm} "
-        f"--speculative-draft-model-path {out} --speculative-num-steps 4 --speculative-eagle-topk 1 "
-        f"--speculative-num-draft-tokens 5"
+        f"{server} --speculative-algorithm {algorithm} --speculative-draft-model-path {out} "
+        f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
     )

@@ -40,6 +40,7 @@ from pathlib import Path
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
+from draftsmith.export.serve import DEFAULTS, Serving
 from draftsmith.export.vllm import eagle3_tensors, norm_flags
 
 METHODS = ("eagle3", "peagle", "dflash")
@@ -101,11 +102,15 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> None:
     write(out, tensors, config, "speculators")
 
 
-def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 4) -> str:
-    """Write the speculators dir; return the ``vllm serve`` command."""
+def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULTS) -> str:
+    """Write the speculators dir (its proposal drafting ``serving.k`` tokens, default 4; a P-EAGLE its trained
+    depth); return the ``vllm serve`` command, the target in ``serving.dtype``."""
+    command = f"vllm serve {out}" + (f" --dtype {serving.dtype}" if serving.dtype else "")
+    command += "  # the verifier is read from speculators_config.verifier.name_or_path"
     if src.method == "dflash":
         _dflash(src, out, dtype)
-        return f"vllm serve {out}  # the verifier is read from speculators_config.verifier.name_or_path"
+        return command
+    speculative_tokens = serving.k or 4
     cfg = src.network.cfg
     target = src.target_config("speculators")
     aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "speculators")
@@ -115,7 +120,7 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
         tensors["mask_hidden"] = src.network.state_dict()["mask_hidden"].reshape(1, 1, -1)
     tensors = cast(tensors, dtype)
     if peagle:
-        speculative_tokens = cfg.depth  # one forward drafts what it was trained for
+        speculative_tokens = min(serving.k or cfg.depth, cfg.depth)  # one forward drafts at most its depth
     config = {
         "architectures": ["PEagleDraftModel" if peagle else "Eagle3DraftModel"],
         "speculators_model_type": src.method,
@@ -131,4 +136,4 @@ def export(src: Source, out: Path, dtype: str | None, speculative_tokens: int = 
         "torch_dtype": dtype_name(tensors),
     }
     write(out, tensors, config, "speculators")
-    return f"vllm serve {out}  # the verifier is read from speculators_config.verifier.name_or_path"
+    return command

