@@ -84,9 +84,10 @@ def saved_block(path: Path, names: list[str], run) -> dict:
     return result
 
 
-def write(name: str, data: dict, markdown: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown)
+def write(name: str, data: dict, markdown: str, results: Path = RESULTS) -> None:
+    """``results/NAME.json`` and ``.md`` (``results``: ``benchmarks/results`` unless a test writes elsewhere)."""
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (results / f"{name}.md").write_text(markdown)
     print(markdown)
-    print(f"wrote {RESULTS / name}.json and .md")
+    print(f"wrote {results / name}.json and .md")

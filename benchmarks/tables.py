@@ -54,6 +54,7 @@ MARKDOWN = {
     "scaling": "scaling",
     "scaling_families": "scaling",
     "scaling_float32": "scaling",
+    "served": "served",
     "train": "train",
     "train_throughput": "train_throughput",
     "verifier": "verifier",

@@ -1,0 +1,409 @@
+"""Served speed: each servable drafter of a target in vLLM against vLLM without speculation, batch by batch.
+
+    .venv/bin/python benchmarks/served.py --target smollm2 --drafter eagle3=CKPT --drafter eagle1=CKPT \
+        --drafter peagle=CKPT --drafter dflash=CKPT --drafter medusa=CKPT --drafter draft-lm=CKPT \
+        [--score chat-heldout=runs/score/report.json] [--score mt-bench=benchmarks/results/scaling.json#BLOCK]
+    .venv/bin/python benchmarks/served.py --quick ...   # the mechanics: 2 prompts x 8 tokens, batch 1, one drafter
+
+Each drafter (``NAME=SPEC``: a trained ``.ckpt`` or native dir, exported here with ``draftsmith export`` in the
+format vLLM serves it in; an existing export dir, served as its manifest's command says; a HF draft-LM dir; or
+``ngram[:N]``, vLLM's own prompt lookup, always included) is served by vLLM (its CPU build, in ``.venv-vllm``,
+through ``data/vllm_worker.py``), greedy, K fixed, on the same prompts (``--sets``: MT-bench and chat-heldout,
+``--prompts`` x ``--new-tokens``, stopping at EOS), at each ``--batches`` size: ``b`` prompts submitted together.
+One cell is (drafter, set, batch): its prompts go in chunks of ``b``, the plain engine and the drafter's engine
+alternating chunk by chunk (ABBA), so machine load weighs on both alike; the plain engine stays up for the whole
+run, each drafter's for its cells. Each cell is saved under ``--out`` as it finishes and reused on a rerun with the
+same inputs. Reported per cell: output tokens/s of each, the speedup, time per output token (vLLM's per-row time
+from first to last token / (tokens - 1)), vLLM's spec-decode counters (mean acceptance length = 1 + accepted /
+drafts) and how many outputs equal plain's; beside them the verifier's τ of a drafter of the same name, where a
+``--score`` JSON (``draftsmith score``'s report.json, or a benchmark's ``FILE.json#BLOCK``) holds one for that set.
+Writes ``benchmarks/results/NAME.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+from pathlib import Path
+
+from common import RESULTS, machine, measured_on, mtbench_subset, write
+
+SETS = "builtin:mt-bench,builtin:chat-heldout"
+BATCHES = "1,4,16"
+WARMUP_TOKENS = 4
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, checked (one line naming the argument, exit 2) before any model loads."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.families.specs import DraftModel, NGram, Trained, parse_spec
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2", help="default, smollm2 or a local HF dir")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="auto: bfloat16 where the CPU multiplies it natively, else float32")  # fmt: skip
+    parser.add_argument("--drafter", action="append", default=[], help="NAME=SPEC (repeatable)")
+    parser.add_argument("--ngram", type=int, default=3, help="N of the n-gram always served (vLLM prompt_lookup_max)")
+    parser.add_argument("--sets", default=SETS, help="comma-separated prompt sources (builtin:NAME or JSONL files)")
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per set")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--batches", default=BATCHES, help="comma-separated batch sizes")
+    parser.add_argument("--k", type=int, default=4, help="tokens drafted per step (Medusa / parallel: at most theirs)")
+    parser.add_argument("--score", action="append", default=[], help="SET=REPORT.json or SET=RESULTS.json#BLOCK")
+    parser.add_argument("--out", type=Path, default=Path("runs/served"), help="work dir: exports, cells, vLLM logs")
+    parser.add_argument("--name", default="served", help="results name")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where NAME.json and NAME.md go")
+    parser.add_argument("--eager", action="store_true", help="vLLM's enforce_eager (default: compiled, as served)")
+    parser.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine")
+    parser.add_argument("--vllm-python", default=None, help="the vLLM venv's python (default .venv-vllm's)")
+    parser.add_argument("--quick", action="store_true", help="2 prompts x 8 tokens, batch 1, first set and drafter")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.new_tokens, args.batches, args.eager = 2, 8, "1", True
+    try:
+        args.batches = sorted({int(b) for b in args.batches.split(",")})
+    except ValueError:
+        parser.error(f"--batches: expected comma-separated positive integers, got {args.batches!r}")
+    for name, value in [("--batches", min(args.batches)), ("--prompts", args.prompts), ("--k", args.k),
+                        ("--new-tokens", args.new_tokens), ("--ngram", args.ngram), ("--kv-cache-gib", args.kv_cache_gib)]:  # fmt: skip
+        if value < 1:
+            parser.error(f"{name} must be positive, got {value}")
+    args.sets = [s for s in args.sets.split(",") if s]
+    for source in args.sets:
+        if not source.startswith("builtin:") and not Path(source).is_file():
+            parser.error(f"--sets {source}: no such prompt file (or builtin:NAME)")
+    drafters = [parse_spec(f"ngram=ngram:{args.ngram}")]
+    for text in args.drafter:
+        try:
+            named = parse_spec(text)
+        except DraftsmithError as e:
+            parser.error(f"--drafter {text}: {e}")
+        if isinstance(named.spec, NGram):
+            drafters[0] = named
+        elif not isinstance(named.spec, Trained | DraftModel):
+            parser.error(f"--drafter {text}: vLLM serves trained drafters, draft LMs and the n-gram, not this one")
+        elif not Path(named.spec.path).exists():
+            parser.error(f"--drafter {named.name}: no such path {named.spec.path}")
+        else:
+            drafters.append(named)
+    names = [d.name for d in drafters]
+    if "plain" in names or len(set(names)) < len(names):
+        parser.error(f"--drafter: names must be distinct and not 'plain', got {', '.join(names)}")
+    args.drafters = drafters[:1] if args.quick else drafters
+    labels = [set_label(s) for s in (args.sets[:1] if args.quick else args.sets)]
+    args.sets = dict(zip(labels, args.sets, strict=False))
+    args.scores = []
+    for text in args.score:
+        label, eq, path = text.partition("=")
+        if not eq or label not in args.sets or not Path(path.partition("#")[0]).is_file():
+            parser.error(f"--score {text}: expected SET=FILE.json[#BLOCK], SET one of {', '.join(args.sets)}")
+        args.scores.append((label, path))
+    return args
+
+
+def set_label(source: str) -> str:
+    """A prompt set's name in the report: ``builtin:NAME`` -> NAME, a file -> its stem."""
+    return source.removeprefix("builtin:") if source.startswith("builtin:") else Path(source).stem
+
+
+def load_set(source: str, n: int) -> list:
+    """``n`` prompts of ``source``; MT-bench's are taken evenly from its 8 categories."""
+    from draftsmith.data.prompts import MTBENCH, load_prompts
+
+    return mtbench_subset(n)[:n] if source == MTBENCH else load_prompts(source, limit=n)
+
+
+def ids_hash(prompts: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+
+
+def cell_path(out: Path, drafter: str, label: str, batch: int) -> Path:
+    return out / "cells" / f"{drafter}__{label}__b{batch}.json"
+
+
+def load_cell(path: Path, key: dict) -> dict | None:
+    """The saved cell at ``path`` if it was measured with exactly ``key``'s inputs, else None."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return saved if saved.get("key") == key else None
+
+
+def save_cell(path: Path, cell: dict) -> None:
+    """Write ``cell`` whole or not at all (a killed run leaves no half cell)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cell, indent=1))
+    tmp.replace(path)
+
+
+def side(reply: dict) -> dict:
+    """One engine's chunk: its seconds, each row's tokens and vLLM's first-to-last-token seconds."""
+    rows = reply["outputs"]
+    return {"seconds": reply["seconds"], "tokens": [len(r["tokens"]) for r in rows],
+            "token_seconds": [r.get("token_seconds") for r in rows]}  # fmt: skip
+
+
+def measure(plain, drafter, prompts: list[list[int]], batch: int, request) -> dict:
+    """One cell: ``prompts`` in chunks of ``batch``, the two engines alternating ABBA; both warmed up on the first
+    chunk first. ``request(chunk, tokens)`` builds the engines' request. Counters: the drafter's, over the cell."""
+    chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    plain.timed(request(chunks[0], WARMUP_TOKENS))
+    before = drafter.timed(request(chunks[0], WARMUP_TOKENS)).get("counters")
+    out, after = [], before
+    for i, chunk in enumerate(chunks):
+        replies = {}
+        for name in ("plain", "drafter") if i % 2 == 0 else ("drafter", "plain"):
+            replies[name] = (plain if name == "plain" else drafter).timed(request(chunk, None))
+        after = replies["drafter"].get("counters")
+        same = sum(a["tokens"] == b["tokens"] for a, b in zip(*(replies[n]["outputs"] for n in replies), strict=True))
+        out.append({"plain": side(replies["plain"]), "drafter": side(replies["drafter"]), "same": same})
+    counters = {k: after[k] - before[k] for k in after} if after else None
+    return {"chunks": out, "counters": counters}
+
+
+def totals(chunks: list[dict], who: str) -> dict:
+    """tokens/s (all tokens / all seconds) and mean time per output token (ms) of one side of a cell."""
+    tokens = sum(sum(c[who]["tokens"]) for c in chunks)
+    seconds = sum(c[who]["seconds"] for c in chunks)
+    per_token = [s / (n - 1) for c in chunks for n, s in zip(c[who]["tokens"], c[who]["token_seconds"], strict=True)
+                 if s is not None and n > 1]  # fmt: skip
+    tpot = 1e3 * sum(per_token) / len(per_token) if per_token else None
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0, "tpot_ms": tpot}
+
+
+def summary(cell: dict) -> dict:
+    """A measured cell's figures: each side's totals, the speedup, acceptance, outputs equal to plain's."""
+    chunks = cell["chunks"]
+    plain, drafter = totals(chunks, "plain"), totals(chunks, "drafter")
+    c = cell.get("counters") or {}
+    drafts, drafted, accepted = (c.get(k, 0) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+    return {
+        "plain": plain,
+        "drafter": drafter,
+        "speedup": drafter["tokens_per_s"] / plain["tokens_per_s"] if plain["tokens_per_s"] else 0.0,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "alpha": accepted / drafted if drafted else None,
+        "counters": c,
+        "same": sum(ch["same"] for ch in chunks),
+        "rows": sum(len(ch["plain"]["tokens"]) for ch in chunks),
+    }
+
+
+def read_scores(scores: list[tuple[str, str]]) -> dict[str, dict[str, dict]]:
+    """SET -> drafter name -> the verifier's τ (and K, prompts, tokens) from each ``--score`` file."""
+    from draftsmith.eval.rows import read_rows
+
+    out: dict[str, dict[str, dict]] = {}
+    for label, spec in scores:
+        path, _, block = spec.partition("#")
+        data = json.loads(Path(path).read_text())
+        if block:
+            if block not in data.get("blocks", {}):
+                raise SystemExit(f"served.py: --score {spec}: {path} has no block {block!r}")
+            data = data["blocks"][block]
+        for row in read_rows(data["drafters"]):
+            out.setdefault(label, {})[row.name] = {"tau": row.tau, "k": row.k, "prompts": row.prompts,
+                                                   "tokens": row.tokens, "source": spec}  # fmt: skip
+    return out
+
+
+def fmt(value: float | None, form: str) -> str:
+    return "–" if value is None else format(value, form)
+
+
+def pooled_plain(cells: list[dict], label: str, batch: int) -> dict:
+    """Plain decoding at one (set, batch): every drafter's interleaved plain chunks pooled."""
+    chunks = [ch for c in cells if c["set"] == label and c["batch"] == batch and "chunks" in c for ch in c["chunks"]]
+    return totals(chunks, "plain") if chunks else {}
+
+
+def markdown(result: dict) -> str:
+    """The tables: per set, plain and each drafter at each batch (tokens/s, speedup, ms per token), the first batch
+    at which the drafter stops paying, vLLM's mean acceptance length beside the verifier's τ."""
+    cells, batches, a = result["cells"], result["batches"], result["args"]
+    lines = [
+        f"# Served speed in vLLM: {result['target_name']}",
+        "",
+        f"vLLM {result['vllm']} (CPU build, {result['dtype']}: {result['dtype_why']}; "
+        f"{'enforce_eager' if result['eager'] else 'compiled'}), greedy, K = {a['k']} (Medusa and parallel drafters: "
+        f"at most their heads / depth), {a['prompts']} prompts per set × up to {a['new_tokens']} new tokens "
+        "(stopping at EOS). A batch of b: b prompts submitted together. Each drafter's cell alternates its chunks with "
+        "plain decoding's (ABBA); the speedup is over those plain chunks, plain's row pools them all. ms/token: vLLM's "
+        "time from a row's first token to its last / (tokens - 1), mean over rows. Mean acceptance length: 1 + "
+        "accepted / drafts of vLLM's spec-decode counters over all batches; τ: the verifier's, from the score named "
+        "(K, prompts × tokens there). Outputs = plain: rows equal to plain decoding's in the same chunk.",
+        "",
+    ]
+    for label in result["sets"]:
+        head = " | ".join(f"b={b} tokens/s | speedup | ms/token" for b in batches)
+        lines += [f"## {label}", "", f"| drafter (K) | {head} | stops paying at | vLLM mean acc. length | "
+                  "verifier τ | gap | outputs = plain |", "|---|" + "---|---|---|" * len(batches) + "---|---|---|---|---|"]  # fmt: skip
+        plain = [pooled_plain(cells, label, b) for b in batches]
+        row = " | ".join(f"{fmt(p.get('tokens_per_s'), '.1f')} | 1.00× | {fmt(p.get('tpot_ms'), '.1f')}" for p in plain)
+        lines.append(f"| plain | {row} | – | – | – | – | – |")
+        for name, d in result["drafters"].items():
+            mine = {c["batch"]: c for c in cells if c["set"] == label and c["drafter"] == name}
+            parts, stops, drafts, accepted, same, rows = [], "–", 0, 0, 0, 0
+            for b in batches:
+                c = mine.get(b)
+                if c is None or "error" in c:
+                    parts.append("failed | – | –" if c else "– | – | –")
+                    continue
+                s = c["summary"]
+                speed = f"{s['speedup']:.2f}×"
+                parts.append(f"{s['drafter']['tokens_per_s']:.1f} | {speed if s['speedup'] >= 1 else f'**{speed}**'} | "
+                             f"{fmt(s['drafter']['tpot_ms'], '.1f')}")  # fmt: skip
+                if s["speedup"] < 1 and stops == "–":
+                    stops = f"b={b}"
+                drafts += s["counters"].get("num_drafts", 0)
+                accepted += s["counters"].get("num_accepted_tokens", 0)
+                same, rows = same + s["same"], rows + s["rows"]
+            length = 1 + accepted / drafts if drafts else None
+            score = result["scores"].get(label, {}).get(name)
+            tau = f"{score['tau']:.2f} (K={score['k']}, {score['prompts']} × {score['tokens']})" if score else "–"
+            gap = f"{100 * abs(length - score['tau']) / score['tau']:.1f}%" if score and length else "–"
+            lines.append(f"| {name} ({d['k']}) | {' | '.join(parts)} | {stops} | {fmt(length, '.2f')} | {tau} | {gap} "
+                         f"| {same}/{rows} |")  # fmt: skip
+        lines.append("")
+    failed = [c for c in cells if "error" in c]
+    lines += [f"- {c['drafter']}, {c['set']}, b={c['batch']}: failed: {c['error']}" for c in failed]
+    notes = [f"- {n}: {d['note']}" for n, d in result["drafters"].items() if d.get("note")]
+    lines += notes + ([""] if failed or notes else [])
+    lines.append(f"{measured_on(result['machine'])}; load average {result['load'][0]} → {result['load'][1]}.")
+    return "\n".join(lines) + "\n"
+
+
+def vllm_config(named, target_dir: Path, dtype: str, k: int, work: Path) -> dict:
+    """How vLLM serves drafter ``named``: its speculative config, the target it serves and K. A trained drafter is
+    exported here (``draftsmith export``, in its serving format); an export dir is served as its manifest says."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.export.registry import serving_format, write_export
+    from draftsmith.families.registry import load_network
+    from draftsmith.families.specs import NGram, Trained
+
+    if isinstance(named.spec, NGram):
+        if named.spec.width > 1:
+            raise DraftsmithError(f"--drafter {named.name}: vLLM's n-gram drafts one chain (width 1)")
+        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": named.spec.max_ngram,
+                  "prompt_lookup_min": 1}  # fmt: skip
+        return {"speculative_config": config, "target": str(target_dir), "k": k, "method": "ngram", "source": None}
+    path = Path(named.spec.path)
+    manifest = path / "manifest.json"
+    if isinstance(named.spec, Trained):
+        _, info = load_network(path)
+        fmt_ = serving_format(info["method"])
+        if fmt_ == "native":
+            raise DraftsmithError(f"--drafter {named.name}: vLLM serves no {info['method']} drafter")
+        command, method = write_export(path, fmt_, work / "exports" / named.name, dtype, overwrite=True), info["method"]
+    elif manifest.is_file() and "serve" in json.loads(manifest.read_text()):
+        command, method = json.loads(manifest.read_text())["serve"], "export"
+    else:  # a HF causal LM sharing the target's tokenizer
+        command = f"vllm serve {target_dir} --speculative-config " + shlex.quote(
+            json.dumps({"method": "draft_model", "model": str(path.absolute()), "num_speculative_tokens": k})
+        )
+        method = "draft_lm"
+    words = shlex.split(command)
+    served, config = words[2], json.loads(words[words.index("--speculative-config") + 1])
+    if config.get("parallel_drafting") or config["method"] == "medusa":  # K at most the depth / heads trained
+        config["num_speculative_tokens"] = min(k, config["num_speculative_tokens"])
+    else:
+        config["num_speculative_tokens"] = k
+    served = str(target_dir) if served == "TARGET" else served
+    note = f"serves its own target {served}" if Path(served).resolve() != Path(target_dir).resolve() else None
+    source = {"path": str(path.absolute()), "modified": path.stat().st_mtime}  # a retrained drafter is measured again
+    return {"speculative_config": config, "target": served, "k": config["num_speculative_tokens"], "method": method,
+            "note": note, "source": source}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from draftsmith import targets
+    from draftsmith.core.machine import native_bf16
+    from draftsmith.core.sampling import Sampling
+    from draftsmith.core.target import Target
+    from draftsmith.data.engines import Request, VLLMEngine, vllm_python
+    from draftsmith.data.prompts import encode
+    from draftsmith.errors import DraftsmithError
+
+    try:
+        python = vllm_python(args.vllm_python)
+        target_dir = targets.resolve(args.target)
+        sets = {label: load_set(source, args.prompts) for label, source in args.sets.items()}
+        scores = read_scores(args.scores)
+    except DraftsmithError as e:
+        raise SystemExit(f"served.py: {e}") from None
+    bf16, why = native_bf16()
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if bf16 else "float32")
+    why = why if args.dtype == "auto" else "chosen by --dtype"
+    target = Target.from_pretrained(target_dir)
+    eos = tuple(target.eos_token_ids)
+    prompts = {label: [encode(p, target.tokenizer) for p in ps] for label, ps in sets.items()}
+    fingerprint, name = target.fingerprint, Path(str(target_dir)).name
+    longest = target.model.config.max_position_embeddings
+    del target
+    try:
+        drafters = {d.name: vllm_config(d, target_dir, dtype, args.k, args.out) for d in args.drafters}
+    except DraftsmithError as e:
+        raise SystemExit(f"served.py: {e}") from None
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
+    context = max(len(p) for ps in prompts.values() for p in ps) + args.new_tokens + args.k + 8
+    context = min(-(-context // 128) * 128, longest)
+
+    def engine(label: str, served: str, config: dict | None) -> VLLMEngine:
+        return VLLMEngine(Path(served), python, dtype, context, max(args.batches), 1, 0, args.out / "logs" / f"{label}.log",
+                          eager=args.eager, speculative_config=config, log_stats=True)  # fmt: skip
+
+    def request(chunk: list[list[int]], tokens: int | None) -> Request:
+        return Request(chunk, list(range(len(chunk))), Sampling(0.0), tokens or args.new_tokens, eos, context, 0)
+
+    load_before, plain, cells, computed = os.getloadavg()[0], None, [], []
+    for dname, d in drafters.items():
+        current, failed = None, None
+        for label, ps in prompts.items():
+            for b in args.batches:
+                key = {"drafter": dname, **d, "target_dir": str(target_dir), "dtype": dtype, "eager": args.eager,
+                       "set": label, "batch": b, "prompts": ids_hash(ps), "max_tokens": args.new_tokens,
+                       "eos": list(eos), "context": context}  # fmt: skip
+                path = cell_path(args.out, dname, label, b)
+                cell = load_cell(path, key)
+                if cell is None and failed is None:
+                    try:
+                        plain = plain or engine("plain", str(target_dir), None)
+                    except DraftsmithError as e:
+                        raise SystemExit(f"served.py: plain vLLM did not start: {e}") from None
+                    try:  # a drafter whose engine fails: its cells say why (not saved: a rerun retries them)
+                        current = current or engine(dname, d["target"], d["speculative_config"])
+                        cell = {"key": key, "vllm": current.version, **measure(plain, current, ps, b, request)}
+                        save_cell(path, cell)
+                        computed.append(path.name)
+                    except DraftsmithError as e:
+                        if plain.proc.poll() is not None:
+                            raise SystemExit(f"served.py: plain vLLM stopped: {e}") from None
+                        failed = str(e).splitlines()[0]
+                if cell is None:
+                    cells.append({"drafter": dname, "set": label, "batch": b, "error": failed})
+                else:
+                    cells.append({"drafter": dname, "set": label, "batch": b, "vllm": cell["vllm"],
+                                  "summary": summary(cell), "chunks": cell["chunks"]})  # fmt: skip
+        if current is not None:
+            current.close()
+    if plain is not None:
+        plain.close()
+    result = {
+        "machine": machine(), "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "vllm": next((c["vllm"] for c in cells if c.get("vllm")), "?"), "target": fingerprint,
+        "target_name": name, "dtype": dtype, "dtype_why": why, "eager": args.eager, "batches": args.batches,
+        "sets": {label: args.sets[label] for label in prompts}, "drafters": drafters, "scores": scores,
+        "args": {"k": args.k, "prompts": args.prompts, "new_tokens": args.new_tokens, "quick": args.quick},
+        "computed": computed, "cells": cells,
+    }  # fmt: skip
+    write(args.name, result, markdown(result), args.results)
+
+
+if __name__ == "__main__":
+    main()
