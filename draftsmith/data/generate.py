@@ -24,6 +24,7 @@ from draftsmith.core.manifest import git_sha, versions, write_manifest
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data import shards
+from draftsmith.data.datastore import build_datastore
 from draftsmith.data.decode import Decoded, row_seed
 from draftsmith.data.engines import HFEngine, Request, VLLMEngine, check_engine, vllm_python
 from draftsmith.data.prompts import encode, load_prompts
@@ -120,6 +121,9 @@ class GenerateRun:
     """``--engine vllm``: GPUs each model is split over."""
     vllm_eager: bool = False
     """``--engine vllm``: no graph compilation (vLLM's ``enforce_eager``): a faster start, slower decoding."""
+    datastore: bool = False
+    """Also index the finished corpus for retrieval drafting (RASD): ``OUT.datastore`` beside it
+    (``data.datastore``)."""
 
 
 def is_greedy(prompt_index: int, share: float) -> bool:
@@ -171,6 +175,7 @@ def generate(
     vllm_python: str | None = None,
     tensor_parallel_size: int = 1,
     vllm_eager: bool = False,
+    datastore: bool = False,
 ) -> Path:
     """Sample the target's continuations of prompts into a dataset for training drafters.
 
@@ -218,6 +223,8 @@ def generate(
             ``--world-size``, as for ``hf``).
         vllm_eager: ``--engine vllm``: skip vLLM's graph compilation (``enforce_eager``): a faster start, slower
             decoding; for short runs (the tests use it).
+        datastore: also build the corpus's retrieval datastore (``draftsmith datastore``) once it is complete:
+            ``OUT.datastore`` beside it, with the target's fingerprint; its size and build time are printed.
 
     Returns:
         ``out`` (the rank's directory when ``world_size`` > 1).
@@ -242,8 +249,9 @@ def generate(
         engine=engine,
     )
     run = GenerateRun(
-        batch_size, device, resume, overwrite, rank, world_size, vllm_python, tensor_parallel_size, vllm_eager
-    )
+        batch_size, device, resume, overwrite, rank, world_size, vllm_python, tensor_parallel_size, vllm_eager,
+        datastore,
+    )  # fmt: skip
     return generate_data(target, Path(out), settings, run)
 
 
@@ -298,7 +306,7 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
         if previous.get("status") == "complete":
             shards.remove_shards(out)
             print(f"{out} is already complete ({previous['rows']} rows); nothing to do")
-            return out
+            return _with_datastore(out, run)
     shards.write_metadata(out, metadata)
     num_shards = -(-len(encoded) // settings.shard_size)
     per_shard = [
@@ -337,6 +345,13 @@ def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run
     shards.remove_shards(out)
     write_manifest(out, target=t.fingerprint, seed=settings.seed)
     print(_summary(metadata, out))
+    return _with_datastore(out, run)
+
+
+def _with_datastore(out: Path, run: GenerateRun) -> Path:
+    """``out``, its datastore built beside it first when ``run`` asks (``--datastore``)."""
+    if run.datastore:
+        build_datastore(out)
     return out
 
 
