@@ -56,6 +56,13 @@ class Shape(KChoice):
     source: str
     """Where the acceptance profile came from: ``validation`` (the drafter's recorded held-out top-1 accuracy per
     depth) or ``calibration`` (an untimed decode of the first prompt at K = 8)."""
+    nodes: int | None = None
+    """RASD: retrieval nodes per round chosen for the fused tree (``eval.rasd.choose_fused``), None for other
+    drafters; ``k``, ``predicted_tau`` and ``predicted_speedup`` are then the fused tree's, measured in calibration,
+    and ``candidates`` the model drafter's shapes alone."""
+    nodes_candidates: list[dict] | None = None
+    """RASD: each depth and retrieval budget considered: ``k``, ``nodes``, ``tau``, ``verified`` (m), ``cost`` (C: the
+    drafter's time per round, retrieval included, in decode steps) and ``speedup``."""
 
     @classmethod
     def of(cls, choice: KChoice, cost: float, source: str) -> Shape:
@@ -71,13 +78,13 @@ class Shape(KChoice):
             "cost": round(self.cost, 5),
             "source": self.source,
             "candidates": self.candidates,
-        }
+        } | ({"nodes": self.nodes, "nodes_candidates": self.nodes_candidates} if self.nodes is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> Shape:
         """A saved report's ``auto_k``."""
         fields = ("k", "tree_size", "predicted_tau", "predicted_speedup", "candidates", "cost", "source")
-        return cls(**{f: d[f] for f in fields})
+        return cls(**{f: d[f] for f in fields}, nodes=d.get("nodes"), nodes_candidates=d.get("nodes_candidates"))
 
 
 def chain_tau(accept: Sequence[float], k: int) -> float:

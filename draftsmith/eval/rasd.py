@@ -5,12 +5,15 @@ round depends on the text (what repeats), so it is measured: one calibration dec
 n (0: the drafter alone) gives τ(n), the tokens verified per round m(n) and the drafter's time per round, retrieval
 included, as C(n) decode steps. The predicted speedup is S(n) = τ(n) / (r(m(n)) + C(n)), r read from the measured
 verification ratios (``eval.metrics.interpolate_ratio``), and the n of highest S wins (ties: the smaller).
+
+Retrieval drafts no deeper than the round's K, so a model drafter that pays alone at a small K may pay fused at a
+larger one: ``choose_fused`` measures the budgets at several depths and keeps the (K, n) of highest S.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -90,3 +93,55 @@ def choose_nodes(
     best = next(c for c in candidates if c["speedup"] >= top * (1 - _TIE))
     drafter.nodes = best["nodes"]
     return NodesChoice(best["nodes"], best["speedup"], candidates)
+
+
+@dataclass(frozen=True)
+class FusedChoice:
+    """The fused tree's depth and retrieval budget chosen (``choose_fused``).
+
+    Attributes:
+        k: draft depth per round (the model drafter's, and retrieval's deepest path).
+        nodes: retrieval nodes per round.
+        predicted_tau: τ measured at (k, nodes) in calibration.
+        predicted_speedup: S at (k, nodes).
+        candidates: per depth and budget: ``k`` and ``choose_nodes``' ``nodes``, ``tau``, ``verified``, ``cost``,
+            ``speedup``.
+    """
+
+    k: int
+    nodes: int
+    predicted_tau: float
+    predicted_speedup: float
+    candidates: list[dict]
+
+
+def choose_fused(
+    target: Target,
+    drafter: RasdDrafter,
+    prompt: list[int],
+    depths: Iterable[int],
+    sampling: Sampling,
+    ratios: dict[int, float],
+    step_seconds: float,
+    budgets: Iterable[int] = BUDGETS,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+) -> FusedChoice:
+    """``choose_nodes`` at each draft depth in ``depths`` (the drafter's tree policy kept, its depth set to each);
+    the (depth, budget) of highest predicted speedup wins (ties: the shallower, then the smaller budget), and the
+    drafter is left set to it. ``ratios`` must reach the widest tree of the deepest depth + 1."""
+    depths, budgets = sorted(set(depths)), sorted(set(budgets))
+    if not depths or depths[0] < 1:
+        raise DraftsmithError(f"rasd depths must be >= 1, got {depths}")
+    policy, chosen = replace(drafter.tree, paths=()), []  # a static tree is rebuilt for each depth
+    for k in depths:
+        drafter.set_tree(policy, k)
+        choice = choose_nodes(target, drafter, prompt, k, sampling, ratios, step_seconds, budgets, max_new_tokens, seed)
+        chosen.append((k, choice))
+    top = max(c.predicted_speedup for _, c in chosen)
+    k, best = next((k, c) for k, c in chosen if c.predicted_speedup >= top * (1 - _TIE))
+    drafter.set_tree(policy, k)
+    drafter.nodes = best.nodes
+    tau = next(c["tau"] for c in best.candidates if c["nodes"] == best.nodes)
+    candidates = [{"k": k_, **c} for k_, choice in chosen for c in choice.candidates]
+    return FusedChoice(k, best.nodes, tau, best.predicted_speedup, candidates)

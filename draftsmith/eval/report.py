@@ -78,19 +78,42 @@ def category_table(drafters: list[ScoreRow]) -> str:
 
 
 def auto_k_table(drafters: list[ScoreRow]) -> str:
-    """The draft shape ``--k auto`` chose per drafter, predicted against measured ("" when none chose)."""
+    """The draft shape ``--k auto`` chose per drafter, predicted against measured ("" when none chose); a column of
+    the retrieval nodes per round chosen when a RASD drafter's fused tree was sized."""
     auto = [d for d in drafters if d.auto_k]
     if not auto:
         return ""
+    fused = any(d.auto_k.nodes is not None for d in auto)
     lines = [
-        "| drafter | chosen K | tree size | source | predicted τ | predicted × | measured τ | measured × |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        "| drafter | chosen K | tree size |" + (" retrieval nodes |" if fused else "")
+        + " source | predicted τ | predicted × | measured τ | measured × |",
+        "|---|---|---|" + ("---|" if fused else "") + "---|---|---|---|---|",
+    ]  # fmt: skip
     for d in auto:
         a = d.auto_k
+        nodes = f" {'–' if a.nodes is None else a.nodes} |" if fused else ""
         lines.append(
-            f"| {d.name} | {a.k} | {a.tree_size or '–'} | {a.source} | {a.predicted_tau:.2f} | "
+            f"| {d.name} | {a.k} | {a.tree_size or '–'} |{nodes} {a.source} | {a.predicted_tau:.2f} | "
             f"{a.predicted_speedup:.2f}× | {d.tau:.2f} | {d.speedup:.2f}× |"
+        )
+    return "\n".join(lines)
+
+
+def retrieval_table(drafters: list[ScoreRow]) -> str:
+    """RASD rows' retrieval per round: nodes added, milliseconds (inside the drafter's cost c) and the share of
+    accepted draft tokens retrieval added ("" without such rows)."""
+    rows = [d for d in drafters if "retrieval_ms_per_round" in d.extra]
+    if not rows:
+        return ""
+    lines = [
+        "| drafter | retrieval nodes / round | retrieval ms / round | c (retrieval included) | accepted from retrieval |",
+        "|---|---|---|---|---|",
+    ]
+    for d in rows:
+        e = d.extra
+        lines.append(
+            f"| {d.name} | {e['retrieval_nodes_per_round']:.2f} | {e['retrieval_ms_per_round']:.3f} | "
+            f"{d.cost_ratio:.3f} | {e['accepted_from_retrieval']:.1%} |"
         )
     return "\n".join(lines)
 
@@ -124,6 +147,9 @@ def write_report(out: Path, report: dict) -> None:
     auto = auto_k_table(rows)
     if auto:
         md += ["## --k auto", "", auto, ""]
+    retrieval = retrieval_table(rows)
+    if retrieval:
+        md += ["## Retrieval (RASD)", "", retrieval, ""]
     categories = category_table(rows)
     if categories:
         md += ["## Per category", "", categories, ""]

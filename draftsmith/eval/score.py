@@ -19,11 +19,12 @@ from draftsmith.core.target import Target, rollback
 from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import auto_k
+from draftsmith.eval import auto_k, rasd, s2d
 from draftsmith.eval.metrics import by_category, drafter_metrics, plain_metrics
-from draftsmith.eval.report import markdown_table, write_report
+from draftsmith.eval.report import auto_k_table, markdown_table, write_report
 from draftsmith.eval.rows import PlainRow, ScoreRow, to_dicts
 from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
+from draftsmith.families.rasd.drafter import RasdDrafter
 from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import TargetSpec, load_target, parse_target
@@ -62,6 +63,7 @@ def score_drafters(
     for name, drafter in drafters.items():
         check_compatible(targets[name], drafter, name)
         check_rule(drafter, rules[name], sampling, name)
+    s2d.choose_exits(targets, drafters, prompts[0], sampling, seed, k)  # each sorted draft LM's sub-network (S2D)
     shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(k) for name in drafters}
     judges = judges or {}
@@ -80,6 +82,9 @@ def score_drafters(
             plain_decode(t, prompt, budget, sampling, torch.Generator().manual_seed(seed))
         for dec in decoders.values():
             dec.generate(prompt, budget, torch.Generator().manual_seed(seed))
+    for d in drafters.values():
+        if isinstance(d, RasdDrafter):
+            d.reset_stats()  # its retrieval counts are the scored pass's
     counts = {c for name, d in drafters.items() for c in (ks[name] + 1, most_verified(d, ks[name]))}
     ratios, _ = verify_ratios(target, prompts[0], sorted(counts))
     plain, spec = {key: [] for key in baselines}, {name: [] for name in drafters}
@@ -131,6 +136,8 @@ def most_verified(drafter: Drafter, k: int) -> int:
     """The most tokens one verification forward of ``drafter``'s rounds holds (its drafts + 1)."""
     from draftsmith.families.ngram.drafter import NGramDrafter
 
+    if isinstance(drafter, RasdDrafter):
+        return most_verified(drafter.inner, k) + drafter.nodes
     if isinstance(drafter, TreeDrafter) and drafter.tree.kind is TreeKind.SAMPLED:
         return drafter.tree.sampled_nodes(k) + 1
     if isinstance(drafter, TreeDrafter) and drafter.tree.kind is not TreeKind.CHAIN:
@@ -152,12 +159,15 @@ def choose_shapes(
 
     One untimed decode of ``prompt`` per drafter at K = 8 measures its cost c (and, for a drafter with no
     recorded validation profile, its per-position acceptance); r(m) is measured on the same prompt. The choice
-    itself is ``eval.auto_k``'s.
+    itself is ``eval.auto_k``'s. A RASD drafter is shaped so with no retrieval nodes (its lookups still timed), then
+    its fused tree's retrieval budget chosen (``fused_nodes``).
     """
     shapes = {}
     counts = [*range(2, AUTO_MAX_K + 2), *(n + 1 for n in auto_k.TREE_SIZES)]
     for name, drafter in drafters.items():
         target = targets[name]
+        if isinstance(drafter, RasdDrafter):
+            drafter.nodes = 0
         ratios, _ = verify_ratios(target, prompt, counts, 3)
         tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
         if tree is not None:  # calibrate as a chain: one drafter forward per drafted token
@@ -166,7 +176,8 @@ def choose_shapes(
         result = decoder.generate(prompt, 64, torch.Generator().manual_seed(seed))
         plain = plain_decode(target, prompt, 16, sampling, torch.Generator().manual_seed(seed))
         cost = result.draft_seconds / max(1, sum(result.drafted)) / (plain.seconds / plain.target_calls)
-        accuracy = getattr(drafter, "topk_accuracy", None)
+        # an adaptive drafter (one that cuts its own drafts) is profiled as it drafts, as K is only its cap
+        accuracy = None if getattr(drafter, "adaptive", False) else getattr(drafter, "topk_accuracy", None)
         if accuracy:
             accept, source = [row[0] for row in accuracy], "validation"
         else:
@@ -180,7 +191,30 @@ def choose_shapes(
             if tree is not None:
                 drafter.set_tree(replace(tree, paths=()), choice.k)
         shapes[name] = auto_k.Shape.of(choice, cost, source)
+        if isinstance(drafter, RasdDrafter):
+            shapes[name] = fused_nodes(target, drafter, prompt, sampling, seed, shapes[name])
     return shapes
+
+
+def fused_nodes(
+    target: Target, drafter: RasdDrafter, prompt: list[int], sampling: Sampling, seed: int, shape: auto_k.Shape
+) -> auto_k.Shape:
+    """``shape`` (the model drafter's) with the fused tree's depth and retrieval budget of highest predicted speed
+    τ / (r(m) + C), C the drafter's time per round with retrieval's, at the model's K and deeper (retrieval drafts no
+    deeper than K; ``eval.rasd.choose_fused``), r(m) measured up to the widest fused tree; the drafter is left set
+    to them."""
+    depths = sorted({shape.k, AUTO_MAX_K // 2, AUTO_MAX_K})
+    counts = {most_verified(drafter.inner, k) + n for k in depths for n in rasd.BUDGETS}
+    ratios, step = verify_ratios(target, prompt, sorted(counts), 3)
+    choice = rasd.choose_fused(target, drafter, prompt, depths, sampling, ratios, step, seed=seed)
+    return replace(
+        shape,
+        k=choice.k,
+        predicted_tau=choice.predicted_tau,
+        predicted_speedup=choice.predicted_speedup,
+        nodes=choice.nodes,
+        nodes_candidates=choice.candidates,
+    )
 
 
 @torch.no_grad()
@@ -450,5 +484,8 @@ def score_specs(
     write_report(out, report)
     write_manifest(out, target=t.fingerprint, seed=cfg.seed, stage=stage)
     print(markdown_table(rows, plain))
+    auto = auto_k_table(rows)
+    if auto:
+        print(auto)
     print(f"wrote {out / 'report.json'} and report.md")
     return report

@@ -144,9 +144,13 @@ class RasdDrafter(TreeDrafter):
             inner.feature_layers,
             inner.own_target,
         )
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        """Start counting ``stats`` anew (``extra_metrics`` does too)."""
         self.stats = {"rounds": 0, "retrieval_seconds": 0.0, "retrieved": 0, "accepted": 0, "accepted_retrieved": 0}
-        """Since the last ``extra_metrics``: rounds, seconds spent retrieving, retrieval nodes added, draft tokens
-        accepted and of those the ones retrieval added."""
+        """Since the last reset: rounds, seconds spent retrieving, retrieval nodes added, draft tokens accepted and
+        of those the ones retrieval added."""
 
     @property
     def tree(self) -> TreePolicy:
@@ -235,5 +239,5 @@ class RasdDrafter(TreeDrafter):
             "retrieval_ms_per_round": 1000 * s["retrieval_seconds"] / rounds,
             "accepted_from_retrieval": s["accepted_retrieved"] / max(1, s["accepted"]),
         }
-        self.stats = dict.fromkeys(s, 0) | {"retrieval_seconds": 0.0}
+        self.reset_stats()
         return {**self.inner.extra_metrics(results), **out}
