@@ -186,9 +186,11 @@ def test_rasd_sampling_is_distributed_as_the_target(soft_pair, kind):
     assert depth1 > 1e-3 and depth2 > 1e-3, (depth1, depth2)
 
 
-def test_chi_square_catches_a_merge_that_gives_retrieval_nodes_the_drafters_q(soft_pair, monkeypatch):
+@pytest.mark.parametrize("kind", ["chain", "sampled"])
+def test_chi_square_catches_a_merge_that_gives_retrieval_nodes_the_drafters_q(soft_pair, monkeypatch, kind):
     """A merge that treats the fused tree as the drafter's, giving each retrieval node the q row of the drafter's first
-    node at its depth, accepts retrieved tokens with min(1, p/q) instead of p: biased, and the test must see it."""
+    node at its depth, accepts retrieved tokens with min(1, p/q) instead of p: biased at both verified depths, and the
+    test must see it at each."""
 
     def broken(draft, paths, budget):
         fused, retrieved = fuse(draft, paths, budget)
@@ -201,9 +203,36 @@ def test_chi_square_catches_a_merge_that_gives_retrieval_nodes_the_drafters_q(so
         return fused, retrieved
 
     monkeypatch.setattr(rasd, "fuse", broken)
-    triples = rasd_triples(soft_pair, "chain", 400)
+    triples = rasd_triples(soft_pair, kind, 400)
     depth1, depth2 = depth_pvalues(soft_pair[0], SOFT_PROMPT, Sampling(temperature=1.0), triples)
-    assert min(depth1, depth2) < 1e-3, (depth1, depth2)
+    assert depth1 < 1e-3 and depth2 < 1e-3, (depth1, depth2)
+
+
+@pytest.mark.parametrize("kind", ["chain", "sampled"])
+def test_a_sampled_round_holds_the_models_nodes_with_their_q_rows_and_retrieval_point_masses(soft_pair, kind):
+    """One fused round under sampling: the drafter's nodes first, as it drafts them alone from the same random stream,
+    with its q rows; then the retrieved nodes, drawing nothing from the stream (a function of the context and the
+    drafter's tree), each a one-hot q row on its token."""
+    target, draft = soft_pair
+    inner = DraftLM(draft)
+    inner.tree = TreePolicy(TreeKind.parse(kind), branching=(2, 1))
+    drafter, sampling = RasdDrafter(inner, nodes=4, prune_top_k=0), Sampling(temperature=1.0)
+    out = target(torch.tensor([SOFT_PROMPT]))
+    tokens, rows = torch.tensor([*SOFT_PROMPT, 3]), out.positions(slice(None))
+    for seed in range(4):
+        stream, own = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        alone = inner.propose(inner.begin(tokens, rows), 2, sampling, own)
+        state = drafter.begin(tokens, rows)
+        fused = drafter.propose(state, 2, sampling, stream)
+        assert torch.equal(stream.get_state(), own.get_state())  # retrieval draws nothing
+        n, (_, _, retrieved) = len(alone), state.last
+        assert retrieved == [False] * n + [True] * (len(fused) - n) and len(fused) > n
+        assert torch.equal(fused.tokens[:n], alone.tokens) and torch.equal(fused.parents[:n], alone.parents)
+        assert torch.equal(fused.q[:n], alone.q) and (alone.q.max(-1).values < 1).all()  # the model's own rows
+        assert torch.equal(fused.q[n:], torch.nn.functional.one_hot(fused.tokens[n:], SMALL_V).to(fused.q.dtype))
+        # retrieval's nodes are a function of the context and the drafter's tree
+        again, _ = fuse(alone, drafter.retrieve(drafter.begin(tokens, rows), 2), drafter.nodes)
+        assert torch.equal(fused.tokens, again.tokens) and torch.equal(fused.parents, again.parents)
 
 
 def test_rasd_specs_parse_and_build_in_one_line(target):
