@@ -41,6 +41,7 @@ def _commands() -> dict:
     from draftsmith.pipeline.slurm.submit import submit as slurm_submit
     from draftsmith.train.crossvocab import xvocab
     from draftsmith.train.judge import judge
+    from draftsmith.train.tlt import tlt
 
     return {
         "target": {"build": target_build},
@@ -51,6 +52,7 @@ def _commands() -> dict:
         "score": score,
         "judge": judge,
         "xvocab": xvocab,
+        "tlt": tlt,
         "report": report,
         "export": export,
         "import": import_drafter,
