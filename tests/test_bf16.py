@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
 
 from draftsmith import targets
-from draftsmith.core import machine
+from draftsmith.core import machine, numerics
 from draftsmith.core.draft import DecodeResult
 from draftsmith.core.numerics import INVARIANT_ATTENTION, invariant_attention, is_batch_invariant, make_batch_invariant
 from draftsmith.core.sampling import Sampling
@@ -98,6 +98,30 @@ def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others
     assert torch.equal(alone, together)
     if torch.equal(raw, together):
         pytest.skip("this machine's one-row bf16 Linear already rounds as the many-row one")
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU's oneDNN has no bf16 kernels to pre-pack for"
+)
+def test_batch_invariant_bf16_linear_runs_prepacked_with_the_bits_of_f_linear_at_every_width():
+    """The pre-packed bf16 Linear (oneDNN's blocked weight): each of 64 rows alone equals it among the 64, equals
+    ``F.linear`` on the 64, and a weight written in place is packed again. The packed kernel alone on one row
+    differs from it among many (7 of 64 rows on the EPYC): computing a single row as two is what this checks."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1536, 576, bias=True).to(torch.bfloat16)
+    x = (torch.randn(64, 1536) * 0.5).to(torch.bfloat16)
+    make_batch_invariant(linear)
+    with torch.no_grad():
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(64)])
+        together = linear(x)
+        assert numerics.PACKED in linear.__dict__
+        assert torch.equal(alone, together)
+        assert torch.equal(together, torch.nn.functional.linear(x, linear.weight, linear.bias))
+        linear.weight.mul_(2)
+        assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
+        packed = linear(x[:2])
+    out = linear(x[:2])  # gradients asked of the weight: F.linear's path, the same bits
+    assert out.requires_grad and torch.equal(out.detach(), packed)
 
 
 def block_and_alone(attention, kv: int, n: int, masked: bool) -> tuple[torch.Tensor, torch.Tensor]:

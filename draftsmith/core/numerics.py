@@ -10,7 +10,8 @@ decoding. Which kernels differ on which CPU, by how much, and what the fix costs
 numerics".
 
 ``make_batch_invariant`` removes these sources: every one-row Linear (and GPT-2 ``Conv1D``) call runs as two rows
-(the row twice; the first result is kept), and attention runs as ``invariant_attention``: HF's eager attention
+(the row twice; the first result is kept), a bf16 CPU Linear on its weight pre-packed once for oneDNN (the same
+bits as ``F.linear``, about half its cost at decoding widths), and attention runs as ``invariant_attention``: HF's eager attention
 with every matmul of the same shape whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys padded to
 the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is computed
 exactly as the one-token step at its position computes it. It stays the architecture's own eager attention: each
@@ -41,13 +42,48 @@ KEY_BLOCK = 64
 """Keys per block: a query attends over the keys up to its own position, padded to a multiple of this many."""
 
 
-def _two_row_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``self(x)``, computing a single row as two (the many-row kernel's numerics)."""
-    if x.numel() != x.shape[-1]:
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-    row = x.reshape(1, -1)
-    out = torch.nn.functional.linear(torch.cat([row, row]), self.weight, self.bias)[:1]
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+def _packs_bf16(weight: torch.Tensor) -> bool:
+    """Whether a Linear with ``weight`` runs on a pre-packed oneDNN bf16 weight: bf16 on a CPU whose oneDNN has
+    bf16 kernels, and no gradient asked of it (the packed call has no backward)."""
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and not (torch.is_grad_enabled() and weight.requires_grad)
+        and torch.backends.mkldnn.is_available()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
+def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
+    """``module.weight`` reordered once into oneDNN's blocked layout (what inductor's freezing does), packed again
+    only when the weight changed (a new tensor, or written in place: its version counter moved)."""
+    weight = module.weight
+    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+    kept = module.__dict__.get(PACKED)
+    if kept is None or kept[0] != key:
+        kept = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+        module.__dict__[PACKED] = kept
+    return kept[1]
+
+
+PACKED = "_draftsmith_packed_weight"
+"""Where a batch-invariant bf16 Linear keeps its packed weight (in ``__dict__``: not a parameter or buffer, so
+``state_dict`` and ``save_pretrained`` never see it)."""
+
+
+def _invariant_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``self(x)`` with every row computed as it is among many: a single row runs as two (the row twice, the first
+    result kept), since one-row kernels take another path. A bf16 CPU weight runs pre-packed (oneDNN's blocked
+    layout, as inductor's freezing emits): at two rows or more it gives ``F.linear``'s bits at about half its cost
+    at decoding widths (benchmarks/linear_prepack.py; ``tests/test_bf16.py`` checks both on the machine of the
+    day); at one row even the packed kernel may differ (SmolLM2's ``down_proj``, by up to 0.125)."""
+    single = x.numel() == x.shape[-1]
+    rows = torch.cat([x.reshape(1, -1)] * 2) if single else x  # (2, in) or x as it is
+    if _packs_bf16(self.weight) and x.dtype == torch.bfloat16:
+        out = torch.ops.mkldnn._linear_pointwise(rows, _packed_weight(self), self.bias, "none", [], "")
+    else:
+        out = torch.nn.functional.linear(rows, self.weight, self.bias)
+    return out[:1].reshape(*x.shape[:-1], out.shape[-1]) if single else out
 
 
 def _two_row_conv1d(self: Conv1D, x: torch.Tensor) -> torch.Tensor:
@@ -112,7 +148,7 @@ def make_batch_invariant(model: torch.nn.Module) -> None:
     for module in model.modules():
         setattr(module, MASK_CACHE, masks)
         if isinstance(module, torch.nn.Linear):
-            module.forward = MethodType(_two_row_linear, module)
+            module.forward = MethodType(_invariant_linear, module)
         elif isinstance(module, Conv1D):
             module.forward = MethodType(_two_row_conv1d, module)
 
@@ -120,7 +156,7 @@ def make_batch_invariant(model: torch.nn.Module) -> None:
 def is_batch_invariant(model: torch.nn.Module) -> bool:
     """Whether ``make_batch_invariant`` was applied to ``model``."""
     return any(
-        isinstance(m, torch.nn.Linear) and getattr(m.forward, "__func__", None) is _two_row_linear
+        isinstance(m, torch.nn.Linear) and getattr(m.forward, "__func__", None) is _invariant_linear
         for m in model.modules()
     )
 
