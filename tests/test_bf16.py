@@ -3,6 +3,7 @@ the dtype spec and ``auto``, and the report's divergence diagnosis."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -114,12 +115,13 @@ def test_batch_invariant_bf16_linear_runs_prepacked_with_the_bits_of_f_linear_at
     with torch.no_grad():
         alone = torch.cat([linear(x[i : i + 1]) for i in range(64)])
         together = linear(x)
-        assert numerics.PACKED in linear.__dict__
+        assert linear in numerics._PACKED
         assert torch.equal(alone, together)
         assert torch.equal(together, torch.nn.functional.linear(x, linear.weight, linear.bias))
         linear.weight.mul_(2)
         assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
         packed = linear(x[:2])
+        assert torch.equal(copy.deepcopy(linear)(x), linear(x))  # a copy (no opaque tensor to copy) packs its own
     out = linear(x[:2])  # gradients asked of the weight: F.linear's path, the same bits
     assert out.requires_grad and torch.equal(out.detach(), packed)
 

@@ -59,16 +59,16 @@ def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
     only when the weight changed (a new tensor, or written in place: its version counter moved)."""
     weight = module.weight
     key = (weight.data_ptr(), weight._version, tuple(weight.shape))
-    kept = module.__dict__.get(PACKED)
+    kept = _PACKED.get(module)
     if kept is None or kept[0] != key:
         kept = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
-        module.__dict__[PACKED] = kept
+        _PACKED[module] = kept
     return kept[1]
 
 
-PACKED = "_draftsmith_packed_weight"
-"""Where a batch-invariant bf16 Linear keeps its packed weight (in ``__dict__``: not a parameter or buffer, so
-``state_dict`` and ``save_pretrained`` never see it)."""
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Each batch-invariant bf16 Linear's packed weight, beside the module rather than in it: ``state_dict``, copies
+and pickles of a model never see an opaque oneDNN tensor, and it dies with its module."""
 
 
 def _invariant_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
