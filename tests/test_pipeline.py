@@ -102,12 +102,33 @@ def test_pipeline_trains_scores_and_exports_for_a_local_chat_model_and_reuses_ev
     assert {r["name"] for r in auto["drafters"]} >= {"ngram", "eagle1", "medusa1", "draft_lm"}
     assert all(r["auto_k"]["k"] >= 1 for r in auto["drafters"])
     assert all(r["greedy_exact"] == r["prompts"] for r in auto["drafters"])
+    # RASD's fused drafter: retrieval (the context and the training data's datastore) over the trained tree drafter
+    # fastest at K = 4, scored beside the others in the --k auto block, exact like them
+    k4 = json.loads((run / "score" / "k4" / "report.json").read_text())["drafters"]
+    inner = max(
+        (r for r in k4 if r["name"] in ("eagle1", "medusa1", "draft_lm")), key=lambda r: (r["speedup"], r["tau"])
+    )
+    assert [r["name"] for r in auto["drafters"]][-1] == f"{inner['name']}+rasd"
+    assert (run / "data" / "train.datastore" / "datastore.json").is_file() and "datastore" in printed
     record = json.loads((run / "export" / "best.json").read_text())
     trained = [r for r in auto["drafters"] if r["name"] in ("eagle1", "medusa1", "draft_lm")]
     best = max(trained, key=lambda r: (r["speedup"], r["tau"]))
     assert record["name"] == best["name"] and record["beats_plain"] == (best["speedup"] > 1.0)
+    assert record["k"] == best["auto_k"]["k"] and record["dtype"] == "float32"
+    if "refused" not in record:  # served at the K it was measured at, in the dtype it was measured in
+        config = json.loads(record["command"].split("--speculative-config '")[1].rstrip("'"))
+        assert config["num_speculative_tokens"] == record["k"] and " --dtype float32 " in record["command"]
+    # every scored drafter ranked by measured speed; the fastest servable one (untrained ones count) served first
+    ranked = sorted(auto["drafters"], key=lambda r: (r["speedup"], r["tau"]), reverse=True)
+    assert [o["name"] for o in record["options"]] == [r["name"] for r in ranked]
+    servable = [o for o in record["options"] if o["servable"] and o["speedup"] > 1.0]
+    assert record["serve"] == (servable[0] if servable else None)
     report = (run / "report" / "report.md").read_text()
     assert "--k auto" in report
+    if record["serve"]:
+        assert record["serve"]["command"] in printed and record["serve"]["command"] in report
+        section = report.split("## Exported for serving")[1]
+        assert all(section.index(record["serve"]["command"]) <= section.index(o["command"]) for o in servable)
     if record["beats_plain"]:
         assert record["command"] in report
     else:  # a slowdown is never presented as the drafter to serve
@@ -129,7 +150,7 @@ def test_pipeline_runs_a_gpt2_shaped_target_and_scales_the_draft_vocabulary(gpt2
     config = json.loads((run / "drafters" / "eagle3" / "config.json").read_text())
     assert config["method"] == "eagle3"
     auto = json.loads((run / "score" / "auto" / "report.json").read_text())
-    assert [r["name"] for r in auto["drafters"]] == ["ngram", "eagle3"]
+    assert [r["name"] for r in auto["drafters"]] == ["ngram", "eagle3", "eagle3+rasd"]
     assert all(r["greedy_exact"] == r["prompts"] for r in auto["drafters"])
     assert (run / "report" / "report.md").is_file()
 

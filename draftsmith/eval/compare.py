@@ -33,6 +33,35 @@ def _fit_logs(run: Path) -> dict[str, list[dict]]:
     return logs
 
 
+def _serving(e: dict) -> list[str]:
+    """A pipeline run's ``export/best.json`` as Markdown: every scored drafter ranked by measured speed with how an
+    engine serves it, the servable ones' commands fastest first, then the trained drafter exported."""
+    lines, commands = [], [o for o in e.get("options", []) if o["command"]]
+    if e.get("options"):
+        lines += [
+            f"Every drafter of `{e['scores']}` by measured speed, each at its K, the target in {e['dtype']}:",
+            "",
+            "| | drafter | speedup | τ | K | served |",
+            "|---|---|---|---|---|---|",
+            *(
+                f"| {i} | {o['name']} | {o['speedup']:.2f}× | {o['tau']:.2f} | {o['k']} | {o['served']} |"
+                for i, o in enumerate(e["options"], 1)
+            ),
+            "",
+        ]
+    for i, o in enumerate(commands):
+        what = "the fastest servable" if i == 0 else "also faster than plain decoding"
+        lines += [f"`{o['name']}` ({what}, {o['speedup']:.2f}× at K={o['k']}):", "", f"```\n{o['command']}\n```", ""]
+    if not e.get("beats_plain", True):
+        return [*lines, f"No trained drafter to serve: {e['advice']}."]
+    exported = (
+        f"`{e['name']}` ({e['speedup']:.2f}× at K={e['k']}, τ {e['tau']:.2f}) exported as {e['format']}: `{e['dir']}`"
+    )
+    if any(o["name"] == e["name"] for o in commands):
+        return [*lines, exported]
+    return [*lines, exported, "", f"```\n{e['command']}\n```"]
+
+
 def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
     """Regenerate the comparison report of one or more run directories.
 
@@ -114,15 +143,7 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
             rows = read_rows(data["drafters"])
             md += [markdown_table(rows, PlainRow.from_dict(data["plain"])), "", auto_k_table(rows)]
     for e in exported:
-        md += ["", "## Exported for serving", ""]
-        if e.get("beats_plain", True):
-            md += [
-                f"`{e['name']}` ({e['speedup']:.2f}× at K={e['k']}, τ {e['tau']:.2f}) as {e['format']}: `{e['dir']}`",
-                "",
-                f"```\n{e['command']}\n```",
-            ]
-        else:
-            md.append(f"Nothing to serve: {e['advice']}.")
+        md += ["", "## Exported for serving", "", *_serving(e)]
     (out / "report.md").write_text("\n".join(md) + "\n")
     print(markdown_table(by_k[k], plains[k]))
     print(f"wrote {out}/report.md, report.json and {', '.join(figures)}")

@@ -4,12 +4,15 @@
 
 Stages (``pipeline.stages``, the list ``slurm pipeline`` submits as jobs): the target (checked, its step measured,
 every choice printed) → on-policy data (``data/train`` sampled on the training prompts, ``data/val`` greedy on
-held-out ones split off them) → the feature cache where it pays → each family from the recipe set chosen for the
-target's size → the verifier at K = 4 and ``--k auto`` → the export of the fastest drafter in its serving format →
-the report. Every stage's artifact under ``out`` is reused while its manifest records the same inputs, and an
+held-out ones split off them; a retrieval datastore of the training data) → the feature cache where it pays → each
+family from the recipe set chosen for the target's size → the verifier at K = 4 and ``--k auto`` (where RASD's
+fused drafter, retrieval over the fastest trained tree drafter, is scored too: ``pipeline.fused``) → every scored
+drafter ranked by measured speed with how an engine serves it, the fastest servable one's command first, set at its
+measured K and dtype, and the fastest trained drafter exported in its serving format (``pipeline.serving``) → the
+report. Every stage's artifact under ``out`` is reused while its manifest records the same inputs, and an
 interrupted stage resumes (generation from its saved shards, the feature cache from its finished shards, training
 from scratch for the family it was training). When no trained drafter beats plain decoding it says so, and names
-the drafter that does (if any) instead.
+the servable drafter that does (if any) instead.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import shutil
 import statistics
 import time
 import warnings
@@ -36,6 +38,8 @@ from draftsmith.eval.compare import report
 from draftsmith.eval.rows import read_rows
 from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs, verify_ratios
 from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
+from draftsmith.pipeline.fused import datastore, fused_spec
+from draftsmith.pipeline.serving import export_best
 from draftsmith.pipeline.stages import STAGES
 from draftsmith.train.fit import RECIPES, FitRun, load_recipe
 from draftsmith.train.suite import FAST, Budget, Plan, make_data, recipe_steps, train_all
@@ -249,67 +253,6 @@ def _estimates(speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_block
     }
 
 
-def _ngram_command(target: Path, k: int) -> str:
-    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": NGram().max_ngram}
-    return f"vllm serve {target} --speculative-config '{json.dumps(spec)}'"
-
-
-def export_best(out: Path, trained: dict[str, Path], target_dir: Path) -> dict:
-    """Export the trained drafter with the highest measured speedup (at the K ``--k auto`` chose for it when that
-    block was scored, else at the main K) to ``out/export/<name>``, record it in ``out/export/best.json``
-    (returned), and say plainly when it is slower than plain decoding (then it is not the one to serve; a faster
-    untrained drafter, e.g. the n-gram one, is named instead when there is one). Exporting takes a second, so it is
-    redone every run and can never be stale."""
-    from draftsmith.export.registry import serving_format, write_export
-
-    block = out / "score" / "auto" / "report.json"
-    if not block.is_file():
-        block = max(out.glob("score/k*/report.json"), key=lambda p: int(p.parent.name[1:]))
-    scores = json.loads(block.read_text())
-    rows = read_rows(scores["drafters"])
-    best = max((r for r in rows if r.name in trained), key=lambda r: (r.speedup, r.tau))
-    k = best.auto_k.k if best.auto_k else scores["config"]["k"]
-    name = best.name
-    fmt = serving_format(json.loads((trained[name] / "config.json").read_text())["method"])
-    dest = out / "export" / name
-    shutil.rmtree(out / "export", ignore_errors=True)
-    record = {"name": name, "scores": str(block.relative_to(out))}
-    try:
-        command = write_export(trained[name], fmt, dest, overwrite=True)
-    except DraftsmithError as e:  # e.g. an EAGLE-3 on a target too shallow for engines to feed it
-        record["refused"] = f"--to {fmt}: {e}"
-        fmt, command = "native", write_export(trained[name], "native", dest, overwrite=True)
-    others = [r for r in rows if r.name not in trained and r.speedup > 1.0]
-    faster = max(others, key=lambda r: r.speedup, default=None)
-    record |= {
-        "format": fmt,
-        "dir": str(dest.absolute()),
-        "k": k,
-        "speedup": best.speedup,
-        "tau": best.tau,
-        "command": command,
-        "beats_plain": best.speedup > 1.0,
-    }
-    if not record["beats_plain"]:
-        record["advice"] = (
-            f"no trained drafter beats plain decoding here: the fastest, {name}, ran at {best.speedup:.2f}x "
-            f"(exported to {dest} for inspection, not for serving)"
-        )
-        if faster:
-            serve = _ngram_command(target_dir, k) if faster.name == "ngram" else ""
-            record["advice"] += f"; {faster.name} ran at {faster.speedup:.2f}x" + (f": {serve}" if serve else "")
-        else:
-            record["advice"] += "; nothing scored beat plain decoding: serve the target without speculation"
-    (out / "export" / "best.json").write_text(json.dumps(record, indent=2))
-    if "refused" in record:
-        print(f"  {record['refused']}")
-    if record["beats_plain"]:
-        print(f"  {name} ({best.speedup:.2f}x at K={k}) -> {record['dir']} ({fmt})\n  {command}")
-    else:
-        print(f"  {record['advice']}")
-    return record
-
-
 def _check_out(out: Path, fingerprint: dict) -> None:
     """Refuse an output directory that holds another target's run (its ``manifest.json``)."""
     path = out / MANIFEST
@@ -372,7 +315,7 @@ def _run_stages(
     target_dir = targets.resolve(target)
     spec = plan.target(target_dir)
     loaded = targets.load_target(spec, batch_invariant=False)
-    fingerprint = loaded.fingerprint
+    fingerprint, dtype = loaded.fingerprint, loaded.dtype
     _check_out(out, fingerprint)
     speeds = measure_speeds(loaded)
     del loaded
@@ -385,9 +328,10 @@ def _run_stages(
     write_manifest(out, target=fingerprint, plan=asdict(plan), fast=fast, k=k, **(record or {}))
     specs = [Named("ngram", NGram())]
     ks = sorted({*plan.ks, k})
-    guess = _estimates(speeds, budget, plan, len(plan.drafters) + 2 + plan.acceptance_head, len(ks) + 1)
+    guess = _estimates(speeds, budget, plan, len(plan.drafters) + 3 + plan.acceptance_head, len(ks) + 1)  # + rasd
     progress.start("generate", guess["generate"])
     data = make_data(target_dir, out, budget, plan)
+    store = datastore(data[0])
     progress.start("features", guess["features"] or None)
     if not plan.features:
         print("  skipped: training runs the target in each step (the cache pays on deep targets; --features true)")
@@ -403,15 +347,21 @@ def _run_stages(
         specs.append(Named("draft_lm_undistilled", DraftModel(str(out / "drafters" / "draft_lm_init"))))
     for kk in [*ks, AUTO_K]:
         path = out / "score" / (f"k{kk}" if kk != AUTO_K else AUTO_K)
+        if kk == AUTO_K:  # RASD over the trained tree drafter fastest at the main K, its shape chosen with the rest
+            rows = read_rows(json.loads((out / "score" / f"k{k}" / "report.json").read_text())["drafters"])
+            fused = fused_spec(rows, specs, store)
+            specs += [fused] if fused else []
         config = ScoreConfig(plan.prompts[1], num_prompts=budget.score_prompts, k=kk, max_new_tokens=budget.new_tokens)
         stage = {"score": [asdict(s) | {"kind": type(s.spec).__name__} for s in specs], "config": asdict(config)}
         if not is_current(path, stage):
-            print(f"  K = {kk}")
+            print(
+                f"  K = {kk}"
+                + (f" (and {fused.name}: retrieval fused into its tree)" if kk == AUTO_K and fused else "")
+            )
             score_specs(spec, specs, config, path, stage)
     progress.start("export")
-    drafters = {n: p for n, p in trained.items() if not n.endswith("-head")}
-    if drafters:
-        export_best(out, drafters, target_dir)
+    if any(isinstance(s.spec, Trained) for s in specs):
+        export_best(out, specs, target_dir, dtype)
     else:
         print("  nothing trained to export")
     progress.start("report")

@@ -7,8 +7,9 @@ target → on-policy data (``data/train`` sampled, ``data/val`` greedy on held-o
 ``drafters/<name>``), a distilled draft LM (``drafters/draft_lm``) and a SpecDec++ acceptance
 head on EAGLE-1 (``drafters/eagle1-head``)
 → score every drafter and the baselines with the verifier at the plan's K (``score/k<K>``) and ``--k auto``
-(``score/auto``)
-→ export the fastest trained drafter for serving (``export/<name>``, the engine format its family has), or say
+(``score/auto``, with RASD's fused drafter over the fastest trained tree drafter and the training data's datastore)
+→ rank every drafter by measured speed with how an engine serves it, the fastest servable one's command first;
+export the fastest trained drafter for serving (``export/<name>``, the engine format its family has), or say
 plainly that none beats plain decoding
 → the comparison report with plots (``report/``).
 """

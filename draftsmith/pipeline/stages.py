@@ -9,7 +9,7 @@ STAGES = {
     "features": "the target's hidden states over the training data (feature cache)",
     "fit": "train the drafters",
     "score": "score every drafter with the verifier against plain decoding of the same target",
-    "export": "export the fastest drafter for serving",
+    "export": "rank what engines serve by measured speed; export the fastest trained drafter for serving",
     "report": "the report with plots",
 }
 """Every stage in order, with what it does."""

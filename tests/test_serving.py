@@ -1,0 +1,181 @@
+"""Serving advice as measured: the serving command carries the K the verifier chose and the dtype it measured in, the
+pipeline ranks every scored drafter (untrained and fused ones included) by measured speed with the fastest servable
+one's command first, and a ``rasd:`` spec exports its model drafter (no engine serves the fused tree).
+
+The rows are score rows as ``score`` saves them (``eval/rows.py``), the drafters real native dirs of a tiny target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import VOCAB, make_llama, make_tokenizer
+
+from draftsmith.cli import main
+from draftsmith.core.native import save_native
+from draftsmith.core.target import Target
+from draftsmith.eval.auto_k import Shape
+from draftsmith.eval.compare import report
+from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts
+from draftsmith.export.registry import write_export
+from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
+from draftsmith.families.specs import Named, NGram, Rasd, Trained
+from draftsmith.pipeline.fused import fused_spec, is_tree_drafter
+from draftsmith.pipeline.serving import export_best
+
+
+def speculative_config(command: str) -> dict:
+    """The JSON of a ``vllm serve ... --speculative-config '...'`` command."""
+    return json.loads(command.split("--speculative-config '", 1)[1].split("'", 1)[0])
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory) -> dict:
+    """A 4-layer target and, for it, an EAGLE-3 trained in bf16 (its record says so), one in float32, and a
+    3-head Medusa."""
+    root = tmp_path_factory.mktemp("serving")
+    make_llama(seed=0, layers=4).save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    out = {"root": root, "target": root / "target"}
+    torch.manual_seed(0)
+    for name, dtype in [("eagle3-bf16", "bfloat16"), ("eagle3", "float32")]:
+        t = Target.from_pretrained(root / "target", feature_layers=(1, 2, 3), dtype=dtype, batch_invariant=False)
+        net = EagleModel(EagleConfig.from_target(t.config, 3, t.feature_layers, draft_vocab_size=40))
+        net.set_draft_vocab(torch.rand(VOCAB))
+        out[name] = save_native(net, t, root / name)
+    t1 = Target.from_pretrained(root / "target", feature_layers=(-1,))
+    medusa = MedusaModel(MedusaConfig(num_heads=3, num_layers=1, hidden_size=64, vocab_size=VOCAB))
+    out["medusa1"] = save_native(medusa, t1, root / "medusa1")
+    return out
+
+
+def test_the_serving_command_carries_the_chosen_k_and_the_dtype_the_drafter_was_trained_in(drafters, tmp_path):
+    command = write_export(drafters["eagle3-bf16"], "vllm", tmp_path / "a", k=1)
+    assert speculative_config(command)["num_speculative_tokens"] == 1
+    assert " --dtype bfloat16 " in command
+    command = write_export(drafters["eagle3"], "vllm", tmp_path / "b", k=7)
+    assert speculative_config(command)["num_speculative_tokens"] == 7 and " --dtype float32 " in command
+    # a Medusa drafts at most its heads (vLLM refuses more): K is capped there, not raised
+    assert (
+        speculative_config(write_export(drafters["medusa1"], "vllm", tmp_path / "c", k=2))["num_speculative_tokens"]
+        == 2
+    )
+    assert (
+        speculative_config(write_export(drafters["medusa1"], "vllm", tmp_path / "d", k=6))["num_speculative_tokens"]
+        == 3
+    )
+    sglang = write_export(drafters["eagle3-bf16"], "sglang", tmp_path / "e", k=2)
+    assert "--dtype bfloat16" in sglang and "--speculative-num-steps 2 " in sglang
+    assert "--speculative-num-draft-tokens 3" in sglang
+    speculators = write_export(drafters["eagle3-bf16"], "speculators", tmp_path / "f", k=3)
+    assert "--dtype bfloat16" in speculators
+    proposal = json.loads((tmp_path / "f" / "config.json").read_text())["speculators_config"]["proposal_methods"][0]
+    assert proposal["speculative_tokens"] == 3
+
+
+def test_cli_export_serves_a_bf16_drafter_in_bf16(drafters, tmp_path, capsys):
+    main(["export", str(drafters["eagle3-bf16"]), "--to", "vllm", "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert "vllm serve" in printed and "--dtype bfloat16" in printed
+    main(["export", str(drafters["eagle3-bf16"]), "--to", "vllm", "--out", str(tmp_path / "k2"), "-k", "2"])
+    assert speculative_config(capsys.readouterr().out.splitlines()[-1])["num_speculative_tokens"] == 2
+
+
+def test_exporting_a_rasd_spec_writes_its_model_drafter_and_says_so(drafters, tmp_path, capsys):
+    spec = f"rasd:nodes=8,prune=0:{drafters['eagle3']}"
+    main(["export", spec, "--to", "vllm", "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert "no engine serves RASD's fused tree" in printed and str(drafters["eagle3"]) in printed
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["Eagle3LlamaForCausalLM"]
+    assert speculative_config(printed.splitlines()[-1])["method"] == "eagle3"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["export", "rasd:target", "--to", "vllm", "--out", str(tmp_path / "none")])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftsmith: error: export rasd:target:") and "\n" not in err and "nothing to export" in err
+
+
+def row(name: str, speedup: float, tau: float, auto: int | None = None) -> ScoreRow:
+    """A score row measured at K = 4 (``auto``: the K ``--k auto`` chose)."""
+    shape = Shape(auto, None, tau, speedup, [], 0.1, "calibration") if auto else None
+    return ScoreRow(name, 4, 0.5, tau, tau, [0.5] * 4, [0.5] * 4, 10, 11, 40, 1.0, 40.0 * speedup, speedup, 0.1,
+                    4.0, 1.0, speedup, 4, prompts=4, auto_k=shape)  # fmt: skip
+
+
+def write_block(out: Path, rows: list[ScoreRow], k: str) -> None:
+    path = out / "score" / k / "report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config = {"prompts": "p.jsonl", "num_prompts": 4, "k": 4 if k == "k4" else k, "temperature": 0.0}
+    path.write_text(
+        json.dumps({"config": config | {"max_new_tokens": 16}} | block_dicts(PlainRow(40, 1.0, 40.0, 41), rows))
+    )
+
+
+def test_the_fastest_servable_option_is_served_first_with_its_own_k_and_the_fused_one_ranked_unservable(
+    drafters, tmp_path, capsys
+):
+    """The user's bf16 run: --k auto chose K = 1 for EAGLE-3 (1.18x) and K = 7 for the n-gram (1.48x); the fused
+    drafter was faster still, but no engine serves it."""
+    out, eagle = tmp_path / "run", str(drafters["eagle3-bf16"])
+    specs = [Named("ngram", NGram()), Named("eagle3", Trained(eagle)), Named("eagle3+rasd", Rasd(eagle))]
+    rows = [row("ngram", 1.48, 2.1, auto=7), row("eagle3", 1.18, 1.6, auto=1), row("eagle3+rasd", 1.61, 2.4, auto=4)]
+    write_block(out, rows, "auto")
+    write_block(out, rows, "k4")
+    record = export_best(out, specs, drafters["target"], "bfloat16")
+    printed = capsys.readouterr().out
+    assert [o["name"] for o in record["options"]] == ["eagle3+rasd", "ngram", "eagle3"]
+    fused = record["options"][0]
+    assert not fused["servable"] and fused["command"] is None and "its model drafter eagle3" in fused["served"]
+    serve = record["serve"]
+    assert serve["name"] == "ngram" and serve["k"] == 7
+    ngram = speculative_config(serve["command"])
+    assert ngram == {"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    assert serve["command"].startswith(f"vllm serve {drafters['target']} --dtype bfloat16 ")
+    # the trained drafter is still exported, at its own K and in bf16
+    assert record["name"] == "eagle3" and record["k"] == 1 and record["format"] == "vllm"
+    assert (
+        speculative_config(record["command"])["num_speculative_tokens"] == 1 and "--dtype bfloat16" in record["command"]
+    )
+    assert (out / "export" / "eagle3" / "config.json").is_file()
+    assert printed.index(serve["command"]) < printed.index(record["command"])
+    # the report says the same, the fastest servable command first
+    report([out], k=4)
+    section = (out / "report" / "report.md").read_text().split("## Exported for serving")[1]
+    assert "| 1 | eagle3+rasd | 1.61× |" in section and "| 2 | ngram | 1.48× |" in section
+    assert section.index(serve["command"]) < section.index(record["command"])
+
+
+def test_a_slowdown_is_ranked_but_never_offered_to_serve(drafters, tmp_path, capsys):
+    out, eagle = tmp_path / "run", str(drafters["eagle3"])
+    specs = [Named("ngram", NGram()), Named("eagle3", Trained(eagle))]
+    write_block(out, [row("ngram", 1.05, 1.3, auto=3), row("eagle3", 0.97, 1.5, auto=2)], "auto")
+    record = export_best(out, specs, drafters["target"], "float32")
+    assert not record["beats_plain"] and record["serve"]["name"] == "ngram"
+    assert [o["command"] is None for o in record["options"]] == [False, True]
+    assert (
+        "no trained drafter beats plain decoding" in record["advice"] and record["serve"]["command"] in record["advice"]
+    )
+    assert record["advice"] in capsys.readouterr().out
+    write_block(out, [row("ngram", 0.9, 1.3, auto=3), row("eagle3", 0.97, 1.5, auto=2)], "auto")
+    record = export_best(out, specs, drafters["target"], "float32")
+    assert record["serve"] is None and "serve the target without speculation" in record["advice"]
+
+
+def test_the_fused_drafter_wraps_the_fastest_trained_tree_drafter(drafters, tmp_path):
+    (tmp_path / "kangaroo").mkdir()  # self-drafting: no tree RASD can fuse into
+    (tmp_path / "kangaroo" / "config.json").write_text(json.dumps({"method": "kangaroo"}))
+    assert is_tree_drafter(drafters["eagle3"]) and is_tree_drafter(drafters["medusa1"])
+    assert not is_tree_drafter(tmp_path / "kangaroo")
+    specs = [Named("ngram", NGram())] + [
+        Named(name, Trained(str(path)))
+        for name, path in [("kangaroo", tmp_path / "kangaroo"), ("eagle3", drafters["eagle3"]), ("medusa1", drafters["medusa1"])]
+    ]  # fmt: skip
+    rows = [row("ngram", 2.0, 2.0), row("kangaroo", 1.5, 2.0), row("eagle3", 1.1, 1.9), row("medusa1", 1.2, 1.5)]
+    fused = fused_spec(rows, specs, tmp_path / "store")
+    assert fused == Named("medusa1+rasd", Rasd(str(drafters["medusa1"]), datastore=str(tmp_path / "store")))
+    assert fused_spec(rows[:2], specs, None) is None
