@@ -216,11 +216,16 @@ class ParallelModule(DrafterModule):
         return self.draft_ids()
 
     def losses(self, batch: dict, out: TargetOutput) -> dict[str, torch.Tensor]:
+        return self.depth_losses(batch, out, self.forward_depths(batch, out, self.training))
+
+    def depth_losses(self, batch: dict, out: TargetOutput, levels: list[DepthLogits]) -> dict[str, torch.Tensor]:
+        """Each depth's soft cross-entropy against the target (``ce_{d}``) and their ``step_decay``-weighted sum
+        (``loss``), over ``levels`` (one ``forward_depths``)."""
         ids = self.draft_ids()
         # the target's distribution restricted to the draft vocabulary, renormalised: softmax of those logits
         vocab_logits = out.logits if ids is None else out.logits_over(ids)  # (B, T, Vd)
         total, logs = 0.0, {}
-        for d, level in enumerate(self.forward_depths(batch, out, self.training)):
+        for d, level in enumerate(levels):
             logits, checkable = self._targets(batch, out, level, d, vocab_logits)
             p = torch.softmax(logits.float(), -1)
             ce = masked_mean(soft_cross_entropy(level.logits, p), checkable)

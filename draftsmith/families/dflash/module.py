@@ -41,6 +41,9 @@ class DFlashModule(ParallelModule):
         estimate: the ``val/tau_est`` estimate.
     """
 
+    init_methods: tuple[str, ...] = ("dflash",)
+    """The methods ``init`` may hold."""
+
     def __init__(
         self,
         target: str,
@@ -60,7 +63,7 @@ class DFlashModule(ParallelModule):
         self.requested_layers, self.depth, self.num_layers = feature_layers, depth, num_layers
         self.mask_token_id, self.mask_from_token, self.init = mask_token_id, mask_from_token, init
         if init is not None:  # its record decides the feature layers before the target loads
-            info = read_init(init, "dflash")[0]
+            info = read_init(init, *self.init_methods)[0]
             start = info["config"]
             self.requested_layers, self.num_layers = list(start["feature_layers"]), start["num_layers"]
             self.mask_from_token = start["mask_from_token"]
@@ -96,12 +99,15 @@ class DFlashModule(ParallelModule):
         """Blocks at random anchors (``anchors`` of them) in training, at every anchor (in chunks) otherwise: each
         stops one short of the row, as a block needs the committed token x_{a+1}."""
         ids, valid = batch["input_ids"], batch["attention_mask"]
-        n = ids.shape[1] - 1
-        if train:
-            generator = torch.Generator().manual_seed(self.global_step)
-            chunks = [torch.randperm(n, generator=generator)[: self.anchors].sort().values]
-        else:
-            chunks = list(torch.arange(n).split(EVAL_CHUNK))
+        chunks = self.anchor_chunks(ids.shape[1] - 1, train)
         logits = torch.cat([self.drafter(ids, out.features, valid, a.to(ids.device)) for a in chunks], dim=1)
         anchors = torch.cat(chunks)
         return [DepthLogits(anchors, logits[:, :, d]) for d in range(self.depth)]
+
+    def anchor_chunks(self, n: int, train: bool) -> list[torch.Tensor]:
+        """The anchors of a row of n + 1 tokens, in the chunks one forward takes: ``anchors`` random ones (seeded by
+        the step) in training, every one otherwise."""
+        if train:
+            generator = torch.Generator().manual_seed(self.global_step)
+            return [torch.randperm(n, generator=generator)[: self.anchors].sort().values]
+        return list(torch.arange(n).split(EVAL_CHUNK))

@@ -172,17 +172,21 @@ class DFlashModel(DrafterNetwork):
         cos, sin = self.rotary(context, positions)
         return [layer.self_attn.context_kv(context, cos, sin) for layer in self.layers]
 
-    def block(self, tokens: torch.Tensor, depth: int, positions, kv, mask) -> torch.Tensor:
+    def block_hidden(self, tokens: torch.Tensor, depth: int, positions, kv, mask) -> torch.Tensor:
         """Blocks of (the committed token (B, n), then ``depth`` masks) at ``positions`` (B, n * (depth + 1)):
-        (B, n * depth, V) logits of the mask rows, block by block."""
+        (B, n, depth, H) normed output states of the mask rows (what the LM head reads)."""
         b, n = tokens.shape
         embeds = torch.cat([self.embed_tokens(tokens)[:, :, None], self.mask().expand(b, n, depth, -1)], 2)
         h = embeds.reshape(b, n * (depth + 1), -1)
         cos, sin = self.rotary(h, positions)
         for layer, (k, v) in zip(self.layers, kv, strict=True):
             h = layer(h, cos, sin, k, v, mask)
-        masks = h.view(b, n, depth + 1, -1)[:, :, 1:]
-        return self.lm_head(self.norm(masks)).reshape(b, n * depth, -1)
+        return self.norm(h.view(b, n, depth + 1, -1)[:, :, 1:])
+
+    def block(self, tokens: torch.Tensor, depth: int, positions, kv, mask) -> torch.Tensor:
+        """``block_hidden``'s blocks -> (B, n * depth, V) logits of the mask rows, block by block."""
+        b, n = tokens.shape
+        return self.lm_head(self.block_hidden(tokens, depth, positions, kv, mask)).reshape(b, n * depth, -1)
 
     def forward(self, input_ids: torch.Tensor, features, valid: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """Training: one block per anchor, each seeing the context up to its anchor.
@@ -196,8 +200,12 @@ class DFlashModel(DrafterNetwork):
         Returns:
             (B, n, depth, V): anchor a's mask d + 1 predicts x_{a+d+2}.
         """
+        return self.lm_head(self.hidden(input_ids, features, valid, anchors))
+
+    def hidden(self, input_ids: torch.Tensor, features, valid: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """``forward``'s blocks before the LM head: (B, n, depth, H) normed output states of each anchor's masks."""
         b, t = input_ids.shape
-        n, depth, device = len(anchors), self.cfg.depth, input_ids.device
+        depth, device = self.cfg.depth, input_ids.device
         positions = torch.arange(t, device=device).expand(b, t)
         kv = self.context_kv(self.context(features), positions)
         block_pos = (anchors[:, None] + 1 + torch.arange(depth + 1, device=device)).flatten()  # (n * (depth+1),)
@@ -205,8 +213,7 @@ class DFlashModel(DrafterNetwork):
         sees_context = torch.arange(t, device=device)[None, :] <= owner[:, None]
         same_block = owner[:, None] == owner[None, :]
         mask = torch.cat([sees_context[None] & valid.bool()[:, None, :], same_block.expand(b, -1, -1)], dim=2)
-        logits = self.block(input_ids[:, anchors + 1], depth, block_pos.expand(b, -1), kv, mask[:, None])
-        return logits.view(b, n, depth, -1)
+        return self.block_hidden(input_ids[:, anchors + 1], depth, block_pos.expand(b, -1), kv, mask[:, None])
 
 
 @dataclass
@@ -244,6 +251,11 @@ class DFlashDrafter(ParallelDrafter):
 
     @torch.no_grad()
     def block_logits(self, state: DFlashState, k: int) -> torch.Tensor:
+        return self.model.lm_head(self.block_hidden(state))[:k]
+
+    @torch.no_grad()
+    def block_hidden(self, state: DFlashState) -> torch.Tensor:
+        """(depth, H) normed output states of the round's masks, from one forward over the cached context."""
         model, device = self.model, state.pending.device
         start = state.cached
         if len(state.pending):
@@ -262,4 +274,4 @@ class DFlashDrafter(ParallelDrafter):
         last = len(state.tokens) - 1  # the committed token the target has not read yet
         positions = (last + torch.arange(depth + 1, device=device))[None]
         tokens = torch.tensor([[state.tokens[-1]]], device=device)
-        return model.block(tokens, depth, positions, state.kv, None)[0, :k]
+        return model.block_hidden(tokens, depth, positions, state.kv, None)[0, 0]
