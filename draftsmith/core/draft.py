@@ -95,6 +95,9 @@ class Drafter(ABC):
             order (None: the target's own ``feature_layers``).
         own_target: the target this drafter was trained with when it fine-tuned it (Medusa-2);
             the verifier then decodes, and measures plain decoding, with that one.
+        adaptive: it drafts fewer than ``k`` tokens where it predicts rejections (``k`` is its cap: SpecDec++'s
+            acceptance head, DSpark's confidence head); ``score --k auto`` then measures its acceptance as it
+            drafts (calibration) rather than from validation accuracies of full-length drafts.
     """
 
     vocab_size: int | None = None
@@ -102,6 +105,7 @@ class Drafter(ABC):
     needs_features: bool = False
     feature_layers: tuple[int, ...] | None = None
     own_target: Any = None
+    adaptive: bool = False
 
     @abstractmethod
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> Any:

@@ -13,6 +13,7 @@ from draftsmith.families import (  # noqa: F401
     clover,
     dflash,
     draft_lm,
+    dspark,
     eagle,
     falcon,
     hydra,

@@ -60,7 +60,8 @@ class Adaptive:
 @dataclass(frozen=True)
 class Confident:
     """A draft LM that stops a round's draft after a token it gave less than ``threshold`` probability (HF assisted
-    generation's confidence stopping, at a fixed threshold)."""
+    generation's confidence stopping, at a fixed threshold); for a DSpark drafter, its confidence head's cut at this
+    survival threshold (0: the whole block)."""
 
     drafter: str
     """A Hugging Face draft-model dir, or a trained draft LM (``.ckpt`` or native dir)."""
@@ -245,11 +246,16 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
         case Adaptive(head, threshold):
             return load_adaptive(head, target, threshold)
         case Confident(path, threshold):
+            from draftsmith.families.dspark.network import DSparkDrafter
+
             drafter = build_drafter(_parse(path), target)
+            if isinstance(drafter, DSparkDrafter):  # its confidence head's cut, at this survival threshold
+                drafter.threshold = threshold
+                return drafter
             if not isinstance(drafter, DraftLM):
                 raise DraftsmithError(
                     f"drafter 'confidence:{threshold}:{path}': confidence stopping is for draft LMs, and {path} "
-                    f"drafts with a {type(drafter).__name__}"
+                    f"drafts with a {type(drafter).__name__} (DSpark drafters take it too: their head's cut)"
                 )
             drafter.stop_below = threshold
             return drafter

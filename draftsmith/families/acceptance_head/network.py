@@ -206,6 +206,8 @@ class AdaptiveDrafter(Drafter):
         threshold: in [0, 1].
     """
 
+    adaptive = True
+
     def __init__(self, base: Drafter, head: AcceptanceHead, threshold: float) -> None:
         self.threshold = check_threshold(threshold)
         self.stepper = _stepper(base)

@@ -1,0 +1,1 @@
+from draftsmith.families.dspark import network  # noqa: F401  (registers "dspark")
