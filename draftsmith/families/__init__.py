@@ -23,6 +23,7 @@ from draftsmith.families import (  # noqa: F401
     online,
     pard,
     peagle,
+    sorted_draft_lm,
 )
 from draftsmith.families.registry import build_network, load_network, load_trained, methods
 from draftsmith.families.specs import load_drafter

@@ -15,7 +15,7 @@ import torch
 
 from draftsmith.core import native
 from draftsmith.core.draft import Drafter
-from draftsmith.core.target import Target, check_fingerprint
+from draftsmith.core.target import IDENTITY_KEYS, Target, check_fingerprint
 from draftsmith.errors import DraftsmithError
 
 
@@ -78,8 +78,18 @@ def load_network(path: str | Path, target: Target | None = None) -> tuple[torch.
     """A trained drafter network and its record, from a native dir or a ``.ckpt``; checked against ``target``."""
     info, state = native.read(path)
     if target is not None:
-        check_fingerprint(info["target"], target.fingerprint, f"drafter {str(path)!r}")
+        check_fingerprint(made_for(info, target), target.fingerprint, f"drafter {str(path)!r}")
     return build(info, state, str(path)).to(target.device if target is not None else "cpu"), info
+
+
+def made_for(info: dict, target: Target) -> dict:
+    """The fingerprint of the target a drafter record was made for that ``target`` is checked against: of a drafter
+    made for several targets (a sorted draft LM, S2D: ``targets``), the one of ``target``'s identity, else
+    ``target``."""
+    for fingerprint in info.get("targets") or []:
+        if all(fingerprint.get(k) == target.fingerprint.get(k) for k in IDENTITY_KEYS):
+            return fingerprint
+    return info["target"]
 
 
 def load_trained(path: str | Path, target: Target) -> Drafter:
