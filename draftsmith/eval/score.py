@@ -63,7 +63,8 @@ def score_drafters(
     for name, drafter in drafters.items():
         check_compatible(targets[name], drafter, name)
         check_rule(drafter, rules[name], sampling, name)
-    s2d.choose_exits(targets, drafters, prompts[0], sampling, seed, k)  # each sorted draft LM's sub-network (S2D)
+    lengths = range(1, AUTO_MAX_K + 1) if k == AUTO_K else [int(k)]
+    s2d.choose_exits(targets, drafters, prompts[0], sampling, seed, lengths, verify_ratios)  # S2D's sub-networks
     shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(k) for name in drafters}
     judges = judges or {}
