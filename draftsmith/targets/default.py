@@ -16,7 +16,7 @@ import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from draftsmith.errors import DraftsmithError
 from draftsmith.targets import corpus
 from draftsmith.targets.cache import cache_home
 
@@ -196,6 +197,64 @@ def train_model(
         "heldout_ppl": round(math.exp(heldout_loss), 2),
     }
     return model.eval(), stats
+
+
+FAMILY_LAYERS = (2, 4, 8)
+"""Decoder layers of the default family's members ``default-2``, ``default-4`` (the default target) and ``default-8``:
+several targets of one family that share a tokenizer (what one S2D sorted draft LM serves)."""
+
+
+def member_dir(layers: int, config: TargetBuildConfig) -> Path:
+    """Where the default family's member of ``layers`` decoder layers is cached."""
+    return cache_home() / "targets" / f"stdlib-llama-{config.key()}-{layers}l"
+
+
+def build_member(
+    layers: int,
+    config: TargetBuildConfig | None = None,
+    out: Path | None = None,
+    base: Path | None = None,
+    force: bool = False,
+) -> Path:
+    """Build (or reuse) the default family's member of ``layers`` decoder layers: the default target itself at its
+    depth, else the default target's shape at that depth trained as it is (same corpus, steps, seed) with its
+    tokenizer; returns its directory.
+
+    Args:
+        layers: decoder layers (the family: ``FAMILY_LAYERS``).
+        config: the default target's build (default: ``TargetBuildConfig()``).
+        out: where to save it (default: the cache, keyed by the build config and ``layers``).
+        base: the default target's directory, whose tokenizer the member takes (default: ``build(config)``).
+        force: rebuild even if a build exists.
+    """
+    config = config or TargetBuildConfig()
+    if layers < 1:
+        raise DraftsmithError(f"target default-{layers}: a member of the default family has at least 1 layer")
+    if layers == config.target.layers and out is None:
+        return build(config, force=force)
+    out = Path(out) if out else member_dir(layers, config)
+    if (out / "build.json").is_file() and not force:
+        return out
+    base = Path(base) if base else build(config)
+    member = replace(config, target=replace(config.target, layers=layers), sibling=None)
+    started = time.perf_counter()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+    train_files, heldout_files = corpus.split(config.heldout_percent)
+    need = member.target.steps * config.batch_size * config.seq_len
+    train = token_blocks(train_files, tokenizer, config.seq_len, need, config.seed)
+    heldout = token_blocks(heldout_files, tokenizer, config.seq_len, config.eval_tokens, config.seed)
+    model, stats = train_model(member.target, member, tokenizer, train, heldout, f"default-{layers}")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    report = {"config": asdict(member), "base": str(base), "target": stats,
+              "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    (tmp / "build.json").write_text(json.dumps(report, indent=2))
+    print(f"default-{layers}: {stats}")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def build(config: TargetBuildConfig | None = None, out: Path | None = None, force: bool = False) -> Path:
