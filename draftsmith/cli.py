@@ -34,6 +34,7 @@ def _commands() -> dict:
     from draftsmith.eval.score import score
     from draftsmith.export.imports import import_drafter
     from draftsmith.export.registry import export
+    from draftsmith.families.sorted_draft_lm.module import export_subnetwork
     from draftsmith.pipeline.local import pipeline
     from draftsmith.pipeline.quickstart import quickstart
     from draftsmith.pipeline.slurm.status import status as slurm_status
@@ -55,6 +56,7 @@ def _commands() -> dict:
         "tlt": tlt,
         "report": report,
         "export": export,
+        "s2d": {"export": export_subnetwork},
         "import": import_drafter,
         "pipeline": pipeline,
         "quickstart": quickstart,
