@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -255,3 +258,12 @@ def test_tlt_mistakes_are_one_line(saved_target, tmp_path, capsys, args, message
               "--warmup-steps", "0", *args])  # fmt: skip
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "draftsmith: error:" in err and message in err and "Traceback" not in err
+
+
+def test_tlt_benchmark_refuses_a_bad_setting_in_one_line_before_loading_a_model(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "benchmarks/tlt.py", "--quick", "--drafter-version", "2", "--out",
+                          str(tmp_path / "run")], cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == "tlt.py: error: drafter.version must be 1 or 3, got 2"
+    assert not (tmp_path / "run").exists()
