@@ -213,6 +213,18 @@ def test_grpo_step_moves_the_policy_toward_rewarded_rollouts_and_skips_equal_rew
     assert end[0] > start[0] and end[1] < start[1]
 
 
+def test_grpo_run_rolls_each_problem_out_group_times_after_its_sft_steps():
+    cfg = TLTConfig(steps=3, warmup_steps=1, policy=PolicyConfig(update="grpo", sft_steps=1, group=3, lr=1e-2),
+                    drafter=DrafterConfig(steps=2), rollout=RolloutConfig(problems=2, max_new_tokens=10,
+                    temperature=1.0, measure_every=1))  # fmt: skip
+    run = run_tlt(tiny_target(), cfg, progress=False)
+    steps = run.record["steps"]
+    assert [r["rule"] for r in steps] == ["sft", "grpo", "grpo"]
+    assert [r["adapted"]["tokens"] for r in steps][1] <= 2 * 3 * 10 and steps[1]["adapted"]["greedy_exact"] is None
+    assert len(run.drafter.buffer) == 2 + 2 + 2 * 3 * 2  # the warm-up's, the SFT step's, two GRPO steps' (x group)
+    assert all("skipped" in r["policy"] for r in steps[1:])
+
+
 @pytest.fixture(scope="module")
 def saved_target(tmp_path_factory):
     path = tmp_path_factory.mktemp("tlt") / "target"
