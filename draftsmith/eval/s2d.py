@@ -42,6 +42,7 @@ class ExitChoice:
         predicted_speedup: S(n, K) = τ_n(K) / (r(K + 1) + K·c_n).
         candidates: every sub-network as ``layers``, ``cost`` (c_n), ``accept`` (a_n per position), ``k``, ``tau`` and
             ``speedup`` (at its best K).
+        ratios: the target's r(m) they were predicted with (verified tokens -> r).
     """
 
     layers: int
@@ -49,6 +50,7 @@ class ExitChoice:
     predicted_tau: float
     predicted_speedup: float
     candidates: list[dict]
+    ratios: dict[int, float]
 
     def to_dict(self) -> dict:
         """As a score row saves it (rounded)."""
@@ -63,6 +65,7 @@ class ExitChoice:
             "predicted_tau": round(self.predicted_tau, 4),
             "predicted_speedup": round(self.predicted_speedup, 4),
             "candidates": rounded,
+            "ratios": {m: round(r, 5) for m, r in self.ratios.items()},
         }
 
 
@@ -86,7 +89,7 @@ def pick_exit(
                            "tau": best.predicted_tau, "speedup": best.predicted_speedup})  # fmt: skip
     top = max(c["speedup"] for c in candidates)
     chosen = next(c for c in candidates if c["speedup"] >= top * (1 - TIE))
-    return ExitChoice(chosen["layers"], chosen["k"], chosen["tau"], chosen["speedup"], candidates)
+    return ExitChoice(chosen["layers"], chosen["k"], chosen["tau"], chosen["speedup"], candidates, dict(ratios))
 
 
 def calibrate(
