@@ -60,6 +60,7 @@ from transformers import AutoConfig
 
 from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
+from draftsmith.export import dspark
 from draftsmith.export.common import target_fingerprint
 from draftsmith.export.eagle_layout import LAYOUTS, SPECULATORS_DFLASH_IDS, ZLAB_DFLASH_IDS, feature_layers, vocab_maps
 from draftsmith.families.eagle.network import Eagle3Config, EagleModel
@@ -124,9 +125,9 @@ class Detected:
     """What a checkpoint holds: its family (which importer reads it) and the layout it is in."""
 
     family: str
-    """``eagle3`` (EAGLE-3 and P-EAGLE), ``dflash``, ``pard`` or ``medusa``."""
+    """``eagle3`` (EAGLE-3 and P-EAGLE), ``dflash``, ``dspark``, ``pard`` or ``medusa``."""
     layout: str
-    """eagle3: a ``LAYOUTS`` name; dflash: ``speculators`` or ``z-lab``; pard: ``vllm``; medusa: ``medusa`` (the
+    """eagle3: a ``LAYOUTS`` name; dflash and dspark: ``speculators`` or ``z-lab``; pard: ``vllm``; medusa: ``medusa`` (the
     Medusa repository's) or ``vllm``."""
 
 
@@ -149,7 +150,12 @@ def detect(ckpt: Checkpoint) -> Detected:
     state = ckpt.state
     if "pard_token" in config and "fc.weight" not in state and "mask_hidden" not in state:
         return Detected("pard", "vllm")  # a causal LM with a placeholder token (not P-EAGLE's)
-    # DFlash before the EAGLE layouts: z-lab's tensors look like vLLM's EAGLE-3
+    # DSpark before DFlash (its checkpoints are DFlash's plus heads), DFlash before the EAGLE layouts: z-lab's tensors
+    # look like vLLM's EAGLE-3
+    if config.get("speculators_model_type") == "dspark":
+        return Detected("dspark", "speculators")
+    if "dflash_config" in config and "markov_head.markov_w1.weight" in state:
+        return Detected("dspark", "z-lab")
     if config.get("speculators_model_type") == "dflash":
         return Detected("dflash", "speculators")
     if "dflash_config" in config:
@@ -163,7 +169,7 @@ def eagle_layout_of(config: dict, state: dict) -> str:
         kind = config["speculators_model_type"]
         if kind not in ("eagle3", "peagle"):
             raise DraftsmithError(
-                f"speculators_model_type {kind!r}: only eagle3, peagle and dflash checkpoints are imported"
+                f"speculators_model_type {kind!r}: only eagle3, peagle, dflash and dspark checkpoints are imported"
             )
         return "speculators"
     if any(k.startswith(LAYOUTS["sglang"].prefix) for k in state):
@@ -550,21 +556,33 @@ def dflash_fields(config: dict, layout: str) -> tuple[dict, dict]:
             "mask": dflash.get("mask_token_id"),
             "block": config.get("block_size"),
             "draft_vocab": config.get("draft_vocab_size", config.get("vocab_size")),
-            "sample_from_anchor": dflash.get("sample_from_anchor", False),
+            "sample_from_anchor": dflash.get("sample_from_anchor", config.get("sample_from_anchor", False)),
         },
     )
 
 
 def import_dflash(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) -> Path:
     """A DFlash checkpoint in the speculators or z-lab layout -> a native dflash drafter (see the module docstring)."""
-    from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
+    from draftsmith.families.dflash.network import DFlashModel
+
+    cfg, weights, where = dflash_parts(ckpt, layout, target, "DFlash")
+    network = DFlashModel(cfg)
+    load_weights(network, weights, where, "DFlash")
+    what = f"DFlash, {cfg.num_layers} layers, block {cfg.depth + 1}, feature layers {list(cfg.feature_layers)}"
+    return write_imported(network, ckpt, layout, target, out, what)
+
+
+def dflash_parts(ckpt: Checkpoint, layout: str, target: ImportTarget, family: str):
+    """A DFlash-backbone checkpoint (DFlash, DSpark) checked against the target: (its ``DFlashConfig``, the backbone's
+    weights with the target's embedding and head where it ships none, where it came from for messages)."""
+    from draftsmith.families.dflash.network import DFlashConfig
 
     src, config, state = ckpt.src, ckpt.config, ckpt.state
     layer, fields = dflash_fields(config, layout)
-    where = f"{src} ({layout} DFlash)"
-    check_layer(layer, where, "DFlash")
+    where = f"{src} ({layout} {family})"
+    check_layer(layer, where, family)
     if fields["sample_from_anchor"]:
-        raise DraftsmithError(f"{where}: sample_from_anchor=true (draftsmith's DFlash drafts only from its masks)")
+        raise DraftsmithError(f"{where}: sample_from_anchor=true (draftsmith's {family} drafts only from its masks)")
     if "sliding_attention" in (layer.get("layer_types") or []):
         raise DraftsmithError(f"{where}: sliding-window layers (layer_types); draftsmith's DFlash attends fully")
     tcfg = target.config
@@ -595,9 +613,21 @@ def import_dflash(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
     head = target_tensor(target.dir, ("lm_head.weight",), tied=embed) if head is None else head
     mask_embedding = torch.load(learned, map_location="cpu", weights_only=True) if learned.is_file() else embed[mask]
     weights |= {"embed_tokens.weight": embed, "lm_head.weight": head, "mask_embedding": mask_embedding}
-    network = DFlashModel(cfg)
-    load_weights(network, weights, where, "DFlash")
-    what = f"DFlash, {cfg.num_layers} layers, block {block}, feature layers {list(layers)}"
+    return cfg, weights, where
+
+
+def import_dspark(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) -> Path:
+    """A DSpark checkpoint in the speculators layout or z-lab's (SpecForge's, vLLM's) -> a native dspark drafter:
+    DFlash's import of the backbone, then the heads."""
+    from draftsmith.families.dspark.network import DSparkConfig, DSparkModel
+
+    backbone, weights, where = dflash_parts(ckpt, layout, target, "DSpark")
+    cfg = DSparkConfig(**dataclasses.asdict(backbone) | dspark.read_heads(ckpt.config, where))
+    state = ckpt.state
+    heads = {k: v for k, v in state.items() if k.startswith(dspark.HEADS)}
+    network = DSparkModel(cfg)
+    load_weights(network, weights | heads, where, "DSpark")
+    what = f"DSpark, {cfg.num_layers} layers, block {cfg.depth + 1}, Markov rank {cfg.markov_rank}"
     return write_imported(network, ckpt, layout, target, out, what)
 
 
@@ -614,5 +644,11 @@ def target_tensor(target: Path, suffixes: tuple[str, ...], tied: torch.Tensor | 
     raise DraftsmithError(f"{target}: no {'/'.join(suffixes)} tensor in its safetensors files (the drafter ships none)")
 
 
-IMPORTERS = {"eagle3": import_eagle3, "dflash": import_dflash, "pard": import_pard, "medusa": import_medusa}
+IMPORTERS = {
+    "eagle3": import_eagle3,
+    "dflash": import_dflash,
+    "dspark": import_dspark,
+    "pard": import_pard,
+    "medusa": import_medusa,
+}
 """One importer per family ``detect`` tells apart; each reads the layout it is given."""

@@ -36,6 +36,8 @@ class StepLogits:
 
     logits: list[torch.Tensor]
     d2t: torch.Tensor
+    confidence: list[torch.Tensor] | None = None
+    """DSpark: per mask, the confidence head's logits (1, T')."""
 
     def target_tokens(self) -> list[torch.Tensor]:
         """Per step, the target id of each position's most likely draft token (through ``d2t``)."""
@@ -73,6 +75,20 @@ def draftsmith_dflash_logits(network, input_ids: torch.Tensor, features: tuple[t
     with torch.no_grad():
         out = network(input_ids, features, torch.ones_like(input_ids), torch.arange(t - depth - 1)).float()
     return StepLogits([out[:, :, d] for d in range(depth)], torch.zeros(out.shape[-1], dtype=torch.long))
+
+
+def draftsmith_dspark_logits(network, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], depth: int):
+    """draftsmith's DSpark network as ``draftsmith_dflash_logits``, the Markov bias of each mask's true previous token
+    in its logits, and the confidence head's logits per mask."""
+    t = input_ids.shape[1]
+    with torch.no_grad():
+        logits, conf = network.forward_heads(
+            input_ids, features, torch.ones_like(input_ids), torch.arange(t - depth - 1)
+        )
+    d2t = torch.zeros(logits.shape[-1], dtype=torch.long)
+    return StepLogits(
+        [logits[:, :, d].float() for d in range(depth)], d2t, [conf[:, :, d].float() for d in range(depth)]
+    )
 
 
 def run_peer(python: Path, args: list[str], log: Path) -> None:
@@ -143,5 +159,6 @@ def peer_logits_many(
             out[name] = "\n".join(error.read_text().strip().splitlines()[-3:])
             continue
         tensors = load_file(work / f"{name}.safetensors")
-        out[name] = StepLogits([tensors[f"logits.{j}"] for j in range(steps)], tensors["d2t"].long())
+        confidence = [tensors[f"confidence.{j}"] for j in range(steps)] if "confidence.0" in tensors else None
+        out[name] = StepLogits([tensors[f"logits.{j}"] for j in range(steps)], tensors["d2t"].long(), confidence)
     return out

@@ -20,7 +20,9 @@ Vd) placeholders d of anchors 0..T-1-d, each seeing the real rows up to its anch
 (``DFlashDraftModel``; ``steps`` = its depth K) gives ``logits.d`` (1, T - K - 1, V) per mask d: anchor a's block is
 x[a+1] at position a + 1 then K masks, seeing the features of positions 0..a; mask d predicts x[a+d+2]; SpecForge
 runs a DFlash in z-lab's layout (``DFlashDraftModel``, draftsmith's vLLM export) so, with the target's embedding and
-LM head (``target``). ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
+LM head (``target``). A DSpark export (speculators' or SpecForge's ``DSparkDraftModel``) gives DFlash's ``logits.d``
+with each mask's Markov bias from its true previous token x[a+d+1], and ``confidence.d`` (1, T - K - 1) the confidence
+head's logits. ``write``: a randomly initialised EAGLE-3 for the target (one decoder layer with grouped-query attention,
 a scattered 48-token draft vocabulary, aux layers HF hidden_states 1, 2, 3), built and saved by the peer's own code
 (speculators: ``Eagle3DraftModel.from_training_args`` + ``save_pretrained``; SpecForge: ``LlamaForCausalLMEagle3``
 + ``load_embedding`` + ``save_pretrained``), norms perturbed away from 1. Only torch, safetensors and the peer are
@@ -178,6 +180,64 @@ def specforge_dflash_logits(export: str, x: torch.Tensor, features: torch.Tensor
     return [torch.stack(m, dim=1) for m in per_mask], torch.zeros(logits.shape[-1], dtype=torch.long)
 
 
+def speculators_dspark_logits(export: str, x: torch.Tensor, features: torch.Tensor, depth: int):
+    """DSpark's training forward (DFlash's backbone, its Markov bias from each slot's true previous token, its
+    confidence head) over a block at every anchor that fits, as ``speculators_dflash_logits``; its loss replaced by
+    a hook taking the logits and confidence logits it is given."""
+    import speculators.models.dflash.core as dflash_core
+    import speculators.models.dspark.core as core
+    from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
+
+    t = x.shape[1]
+    anchors = torch.arange(1, t - depth)
+    dflash_core.select_anchors = lambda *_: (anchors, torch.ones(len(anchors), dtype=torch.bool))
+    seen = {}
+    core.compute_metrics = lambda logits, targets, confidence, *_, **__: (
+        seen.update(logits=logits, confidence=confidence),
+        (torch.zeros(()), {}),
+    )[1]
+    config = DSparkSpeculatorConfig.from_pretrained(export)
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = DSparkDraftModel.from_pretrained(export, config=config).eval()
+    with torch.no_grad():
+        last = torch.zeros(1, t, model.config.transformer_layer_config.hidden_size)
+        model(features, x, torch.ones_like(x), last, torch.zeros_like(x), max_anchors=len(anchors))
+    blocks = seen["logits"].view(1, len(anchors), depth + 1, -1)  # slot 0: the anchor (not drafted)
+    confidence = seen["confidence"].view(1, len(anchors), depth + 1)
+    d2t = torch.zeros(blocks.shape[-1], dtype=torch.long)
+    return [blocks[:, :, d + 1] for d in range(depth)], d2t, [confidence[:, :, d + 1] for d in range(depth)]
+
+
+def specforge_dspark_logits(export: str, x: torch.Tensor, features: torch.Tensor, depth: int, target: str):
+    """SpecForge's ``DSparkDraftModel`` as ``specforge_dflash_logits`` calls its DFlash, then its own heads on the
+    masks' states: ``apply_logits_head`` (the Markov bias of each mask's true previous token) and
+    ``predict_confidence``."""
+    from specforge.modeling.draft.dspark import DSparkDraftModel
+    from transformers import AutoModelForCausalLM
+
+    model = DSparkDraftModel.from_pretrained(export).eval()
+    verifier = AutoModelForCausalLM.from_pretrained(target).eval()
+    masks = torch.full((1, depth), model.mask_token_id)
+    per_mask, per_conf = [[] for _ in range(depth)], [[] for _ in range(depth)]
+    with torch.no_grad():
+        for a in range(x.shape[1] - depth - 1):
+            block = verifier.get_input_embeddings()(torch.cat([x[:, a + 1 : a + 2], masks], dim=1))
+            hidden = model(
+                position_ids=torch.arange(a + 2 + depth)[None],
+                noise_embedding=block,
+                target_hidden=features[:, : a + 1],
+                is_causal=False,
+            )[:, 1:]
+            prev = x[:, a + 1 : a + 1 + depth]
+            logits = model.apply_logits_head(verifier.lm_head(hidden), prev_token_ids=prev, hidden_states=hidden)
+            confidence = model.predict_confidence(hidden, prev_token_ids=prev)
+            for d in range(depth):
+                per_mask[d].append(logits[:, d])
+                per_conf[d].append(confidence[:, d])
+    d2t = torch.zeros(logits.shape[-1], dtype=torch.long)
+    return [torch.stack(m, dim=1) for m in per_mask], d2t, [torch.stack(c, dim=1) for c in per_conf]
+
+
 def vocab_maps(vocab: int, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:draft_vocab].sort().values
     t2d = torch.zeros(vocab, dtype=torch.bool)
@@ -211,6 +271,40 @@ def write_speculators_dflash(out: str, target: str) -> None:
         draft_attn_impl="eager",
     )
     perturb(model)
+    model.save_pretrained(out)
+
+
+def markov_scaled(model: torch.nn.Module) -> None:
+    """Its Markov head's weights scaled up (their init keeps the bias near zero, where a dropped head would not
+    show)."""
+    with torch.no_grad():
+        model.markov_head.markov_w1.weight.normal_()
+        model.markov_head.markov_w2.weight.mul_(3.0)
+
+
+def write_speculators_dspark(out: str, target: str) -> None:
+    """A randomly initialised two-layer DSpark (DFlash's as ``write_speculators_dflash``, fill-in block:
+    ``sample_from_anchor`` false; vanilla Markov head of rank 8; confidence head reading the Markov embedding) built
+    by ``DSparkDraftModel.from_training_args`` and saved by speculators."""
+    from speculators.models.dspark import DSparkDraftModel
+    from transformers import AutoConfig
+
+    verifier = AutoConfig.from_pretrained(target)
+    verifier.num_hidden_layers, verifier.num_key_value_heads = 2, verifier.num_attention_heads // 2
+    model = DSparkDraftModel.from_training_args(
+        verifier,
+        draft_vocab_size=verifier.vocab_size,
+        block_size=5,
+        mask_token_id=verifier.vocab_size - 3,
+        verifier_name_or_path=target,
+        target_layer_ids=[1, 2, 3],
+        draft_attn_impl="eager",
+        sample_from_anchor=False,
+        markov_rank=8,
+        confidence_head_with_markov=True,
+    )
+    perturb(model)
+    markov_scaled(model)
     model.save_pretrained(out)
 
 
@@ -305,6 +399,42 @@ def write_specforge_dflash(out: str, target: str) -> None:
     model.save_pretrained(out)
 
 
+def write_specforge_dspark(out: str, target: str) -> None:
+    """A randomly initialised two-layer DSpark in SpecForge's layout (``write_specforge_dflash``'s DFlash with
+    ``dflash_config.projector_type`` dspark, a rank-8 vanilla Markov head, a confidence head reading the Markov
+    embedding), built by SpecForge's ``DSparkDraftModel`` and saved by it."""
+    from specforge.modeling.draft.dspark import DSparkDraftModel
+    from transformers import AutoConfig, Qwen3Config
+
+    verifier = AutoConfig.from_pretrained(target)
+    heads = verifier.num_attention_heads
+    config = Qwen3Config(
+        hidden_size=verifier.hidden_size,
+        intermediate_size=verifier.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=verifier.hidden_size // heads,
+        num_hidden_layers=2,
+        vocab_size=verifier.vocab_size,
+        rms_norm_eps=verifier.rms_norm_eps,
+        max_position_embeddings=verifier.max_position_embeddings,
+        architectures=["DSparkDraftModel"],
+    )
+    config.block_size, config.num_target_layers = 5, verifier.num_hidden_layers
+    config.dflash_config = {
+        "mask_token_id": verifier.vocab_size - 3,
+        "target_layer_ids": [0, 1, 2],
+        "markov_rank": 8,
+        "enable_confidence_head": True,
+        "confidence_head_with_markov": True,
+    }
+    torch.manual_seed(0)
+    model = DSparkDraftModel(config)
+    perturb(model)
+    markov_scaled(model)
+    model.save_pretrained(out)
+
+
 def main() -> None:
     if sys.argv[2] == "write":
         peer, _, out, target = sys.argv[1:5]
@@ -315,6 +445,8 @@ def main() -> None:
             "specforge": write_specforge,
             "specforge-peagle": lambda o, t: write_specforge(o, t, "peagle"),
             "specforge-dflash": write_specforge_dflash,
+            "speculators-dspark": write_speculators_dspark,
+            "specforge-dspark": write_specforge_dspark,
         }
         writers[peer](out, target)
         return
@@ -325,7 +457,7 @@ def main() -> None:
     folder = os.path.dirname(os.path.abspath(jobs_file))
     for name, export in jobs["runs"].items():  # one process for all: the imports cost more than the forwards
         try:
-            logits, d2t = run(peer, export, data, jobs.get("target"))
+            logits, d2t, *confidence = run(peer, export, data, jobs.get("target"))
         except Exception:  # noqa: BLE001 - a refusal to load is the run's result, reported to the caller
             import traceback
 
@@ -333,15 +465,22 @@ def main() -> None:
                 f.write(traceback.format_exc())
             continue
         tensors = {**{f"logits.{j}": v.float().contiguous() for j, v in enumerate(logits)}, "d2t": d2t}
+        tensors |= {
+            f"confidence.{j}": v.float().contiguous() for j, v in enumerate(confidence[0] if confidence else [])
+        }
         save_file(tensors, os.path.join(folder, f"{name}.safetensors"))
 
 
 def run(peer: str, export: str, data: dict, target: str | None):
-    """The peer's class for ``export``'s kind over the inputs: (per-step logits, d2t)."""
+    """The peer's class for ``export``'s kind over the inputs: (per-step logits, d2t[, per-mask confidence logits])."""
     args = (export, data["input_ids"], data["features"].float(), int(data["steps"]))
     with open(os.path.join(export, "config.json")) as f:
         config = json.load(f)
     kind = config.get("speculators_model_type")
+    if peer == "specforge" and "DSparkDraftModel" in (config.get("architectures") or []):
+        return specforge_dspark_logits(*args, target)
+    if peer == "speculators" and kind == "dspark":
+        return speculators_dspark_logits(*args)
     if peer == "specforge" and "dflash_config" in config:
         return specforge_dflash_logits(*args, target)  # the target's embedding and LM head
     if peer == "specforge" and "mask_token_id" in config:  # P-EAGLE (draftsmith's vLLM export, SpecForge's own)

@@ -38,12 +38,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import eagle_layout
+from draftsmith.export import dspark, eagle_layout
 from draftsmith.export.common import Source, cast, dtype_name, write
-from draftsmith.export.serve import DEFAULTS, Serving
+from draftsmith.export.serve import DEFAULTS, Serving, at_k, vllm_command
 from draftsmith.export.vllm import eagle3_tensors, norm_flags
 
-METHODS = ("eagle3", "peagle", "dflash")
+METHODS = ("eagle3", "peagle", "dflash", "dspark")
 SPECULATORS_VERSION = "0.3.0"
 """The speculators release whose config classes this layout follows (and that validates it in tests)."""
 
@@ -65,17 +65,19 @@ def speculators_config(src: Source, target: dict, speculative_tokens: int) -> di
     }
 
 
-def _dflash(src: Source, out: Path, dtype: str | None) -> None:
+def _dflash(src: Source, out: Path, dtype: str | None, heads: tuple[str, ...] = (), extra: dict | None = None) -> None:
+    """The DFlash layout; ``heads``: more tensor prefixes to write and ``extra``: more config keys (a DSpark's)."""
     cfg = src.network.cfg
     if not cfg.mask_from_token:
         raise DraftsmithError(
-            "speculators' DFlash embeds its masks as the target's embedding of mask_token_id and keeps no mask "
+            f"speculators' {src.method} embeds its masks as the target's embedding of mask_token_id and keeps no mask "
             "tensor; this drafter learned its own mask embedding: train it with model.mask_from_token: true to "
-            "export here (vLLM's layout, --to vllm, carries a learned one)"
+            "export here (vLLM's DFlash layout, --to vllm, carries a learned one)"
         )
     target = src.target_config("speculators")
     state = src.network.state_dict()
-    tensors = cast({k: v for k, v in state.items() if k.startswith(("fc.", "hidden_norm.", "norm.", "layers."))}, dtype)
+    keep = ("fc.", "hidden_norm.", "norm.", "layers.", *heads)
+    tensors = cast({k: v for k, v in state.items() if k.startswith(keep)}, dtype)
     layer = eagle_layout.llama_config(cfg, target, cfg.vocab_size) | {
         "model_type": "qwen3",
         "num_hidden_layers": cfg.num_layers,
@@ -99,7 +101,7 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> None:
         "sliding_window_non_causal": True,
         "torch_dtype": dtype_name(tensors),
     }
-    write(out, tensors, config, "speculators")
+    write(out, tensors, config | (extra or {}), "speculators")
 
 
 def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULTS) -> str:
@@ -107,7 +109,11 @@ def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULT
     depth); return the ``vllm serve`` command, the target in ``serving.dtype``."""
     command = f"vllm serve {out}" + (f" --dtype {serving.dtype}" if serving.dtype else "")
     command += "  # the verifier is read from speculators_config.verifier.name_or_path"
-    if src.method == "dflash":
+    if src.method in ("dflash", "dspark"):
+        if src.method == "dspark":
+            _dflash(src, out, dtype, dspark.HEADS, dspark.speculators_fields(src.network.cfg))
+            spec = dspark.speculative_config(out, src.network.cfg.depth)
+            return vllm_command(src.target_dir, at_k(spec, serving.k), serving.dtype)
         _dflash(src, out, dtype)
         return command
     speculative_tokens = serving.k or 4

@@ -48,11 +48,11 @@ import torch
 
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import eagle_layout
+from draftsmith.export import dspark, eagle_layout
 from draftsmith.export.common import DTYPES, Source, cast, dtype_name, write
 from draftsmith.export.serve import DEFAULTS, Serving, at_k, vllm_command
 
-METHODS = ("eagle1", "eagle3", "medusa1", "medusa2", "pard", "peagle", "dflash")
+METHODS = ("eagle1", "eagle3", "medusa1", "medusa2", "pard", "peagle", "dflash", "dspark")
 
 
 def eagle3_tensors(network, prefix: str) -> dict:
@@ -209,12 +209,21 @@ def _dflash(src: Source, out: Path, dtype: str | None) -> dict:
     return {"method": "dflash", "model": str(out), "num_speculative_tokens": cfg.depth}
 
 
-def dflash_dir(src: Source, out: Path, dtype: str | None, target: dict, fmt: str) -> None:
+def dflash_dir(
+    src: Source,
+    out: Path,
+    dtype: str | None,
+    target: dict,
+    fmt: str,
+    heads: tuple[str, ...] = (),
+    extra: dict | None = None,
+) -> None:
     """A DFlash drafter in z-lab's layout (vLLM's, SGLang's and SpecForge's ``DFlashDraftModel``), plus
-    ``mask_embedding.pt`` for a learned mask (which only vLLM reads)."""
+    ``mask_embedding.pt`` for a learned mask (which only vLLM reads). ``heads``: more tensor prefixes to write (a
+    DSpark's heads); ``extra``: config keys over these (``dflash_config`` merged)."""
     cfg = src.network.cfg
     state = src.network.state_dict()
-    keep = ("fc.", "hidden_norm.", "norm.", "layers.")
+    keep = ("fc.", "hidden_norm.", "norm.", "layers.", *heads)
     tensors = cast({k: v for k, v in state.items() if k.startswith(keep)}, dtype)
     config = {
         **eagle_layout.llama_config(cfg, target, cfg.vocab_size),
@@ -230,9 +239,30 @@ def dflash_dir(src: Source, out: Path, dtype: str | None, target: dict, fmt: str
         "num_target_layers": target["num_hidden_layers"],  # z-lab's too: SpecForge's class requires it
         "torch_dtype": dtype_name(tensors),
     }
-    write(out, tensors, config, fmt)
+    extra = dict(extra or {})
+    config["dflash_config"] |= extra.pop("dflash_config", {})
+    write(out, tensors, config | extra, fmt)
     if not cfg.mask_from_token:  # else every loader embeds the masks as mask_token_id, as the drafter does
         torch.save(state["mask_embedding"].to(tensors["fc.weight"].dtype), out / "mask_embedding.pt")
+
+
+def _dspark(src: Source, out: Path, dtype: str | None) -> dict:
+    """z-lab's DFlash layout with the heads, read by vLLM (top-level keys) and SpecForge (``dflash_config``)."""
+    cfg = src.network.cfg
+    if not cfg.mask_from_token:
+        raise DraftsmithError(
+            "vLLM's and SpecForge's DSpark embed the masks as the target's embedding of mask_token_id and drop a mask "
+            "tensor; this drafter learned its own: train it with model.mask_from_token: true to export here"
+        )
+    heads = dspark.head_fields(cfg)
+    extra = {
+        "architectures": ["DSparkDraftModel"],
+        "sample_from_anchor": False,  # the fill-in block: the committed token, then the masks draft
+        **heads,
+        "dflash_config": {"projector_type": "dspark", "attention_mode": "mha", **heads},
+    }
+    dflash_dir(src, out, dtype, src.target_config("vllm"), "vllm", dspark.HEADS, extra)
+    return dspark.speculative_config(out, cfg.depth)
 
 
 def _served_target(src: Source, out: Path) -> Path | str | None:
@@ -243,6 +273,6 @@ def _served_target(src: Source, out: Path) -> Path | str | None:
 def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULTS) -> str:
     """Write the vLLM drafter dir; return the ``vllm serve`` command, at ``serving``'s K and dtype."""
     writers = {"eagle3": _eagle3, "eagle1": _eagle1, "medusa1": _medusa, "medusa2": _medusa}
-    writers |= {"pard": _pard, "peagle": _peagle, "dflash": _dflash}
+    writers |= {"pard": _pard, "peagle": _peagle, "dflash": _dflash, "dspark": _dspark}
     spec = writers[src.method](src, out, dtype)
     return vllm_command(_served_target(src, out), at_k(spec, serving.k), serving.dtype)
