@@ -345,3 +345,25 @@ def test_default_n_names_a_member_of_the_default_family_unless_a_dir_has_that_na
     monkeypatch.chdir(tmp_path)
     (tmp_path / "default-2").mkdir()
     assert resolve("default-2") == Path("default-2")  # a local dir is not rebuilt as the family member
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_end_to_end_on_its_quick_setting(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "benchmarks/s2d.py", "--quick", "--out", str(tmp_path)], cwd=root,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads((tmp_path / "s2d_quick.json").read_text())
+    assert (
+        len(result["targets"]) == 3
+        and result["fits"]["s2d"]["steps"] == 3 * result["fits"]["per_target"]["tiny-1"]["steps"]
+    )
+    for t in result["targets"].values():
+        assert set(t["scores"]) == {"greedy", "T0.7"}
+        rows = {r["name"]: r for r in t["scores"]["greedy"]["drafters"]}
+        assert rows["S2D (sub-network by score)"]["s2d"]["layers"] in (1, 2)
+        assert all(r["greedy_exact"] == r["prompts"] for r in rows.values())
+    assert (tmp_path / "s2d_quick.md").is_file()
