@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 from common import machine, write
+from transformers import AutoConfig, AutoTokenizer
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
@@ -86,6 +87,19 @@ def trainer_args(args: argparse.Namespace, root: Path) -> dict:
     return quiet | {"logger": [csv]}
 
 
+def pretrained(args: argparse.Namespace, target_dir: Path, val: Path) -> Path:
+    """The shared start: a fresh draft LM pre-trained on the corpus (``train.draft_lm.pretrain``, against the first
+    target), saved as a plain HF dir with the targets' tokenizer, which every target's fit takes as ``init`` (a
+    checkpoint would be refused for the other targets: it records the first one's fingerprint)."""
+    budget = DraftLMBudget(shape=shape(args), pretrain_steps=args.pretrain_steps, lr=args.lr * 3)
+    checkpoint = pretrain(target_dir, val, args.out, budget)
+    out = args.out / "drafters" / "pretrained-hf"
+    network = load_network(checkpoint, Target.from_pretrained(target_dir))[0]
+    network.merged().model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(out)
+    return out
+
+
 def fit_common(args: argparse.Namespace, init: Path | None) -> dict:
     """What both kinds of fit share: the start, the loss, the learning rate."""
     start = {"init": str(init)} if init is not None else {"init": None, "shape": asdict(shape(args))}
@@ -118,7 +132,7 @@ def sorted_fit(args, target_dirs: list[Path], data: list[tuple[Path, Path]], ini
         "exits": list(range(1, args.student_layers + 1)),
     }
     if init is not None:
-        model["exits"] = list(range(1, load_network(init)[1]["config"]["hf_config"]["num_hidden_layers"] + 1))
+        model["exits"] = list(range(1, AutoConfig.from_pretrained(init).num_hidden_layers + 1))
     run = FitRun(out=args.out / "fit" / "s2d", steps=n * args.steps, lr=common["lr"], model=model,
                  data={"train": [str(d[0]) for d in data], "val": [str(d[1]) for d in data],
                        "batch_size": args.batch_size // n},
@@ -147,7 +161,11 @@ def markdown(result: dict) -> str:
         "## S2D: one sorted draft LM for three targets vs one draft LM per target\n\n"
         f"`{m['command']}` on {m['date']} ({m['platform']}, {m['threads']} threads, git {m['git']}).\n\n"
         f"Draft: {args['student_layers']} layers (sub-networks {fits['s2d']['exits']}), "
-        + ("pre-trained on the corpus, then " if not result["quick"] else "from one fresh init, then ")
+        + (
+            f"pre-trained {args['pretrain_steps']} steps on the corpus, then "
+            if args["pretrain_steps"] != "0"
+            else "from one fresh init, then "
+        )
         + f"distilled ({args['loss']}): S2D {fits['s2d']['steps']} steps × {fits['s2d']['batch_per_target']} sequences "
         f"of each of {len(result['targets'])} targets ({fits['s2d']['seconds']:.0f} s); each per-target draft LM "
         f"{args['steps']} steps × {args['batch_size']} sequences of its target "
@@ -168,7 +186,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=12, help="per-target sequences per step (S2D: / |T| each)")
     parser.add_argument("--student-layers", type=int, default=3)
     parser.add_argument("--student-hidden", type=int, default=128)
-    parser.add_argument("--pretrain-steps", type=int, default=300)
+    parser.add_argument("--pretrain-steps", type=int, default=None, help="corpus pre-training (default 300; --quick 0)")
     parser.add_argument("--loss", default="fkl")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--train-prompts", type=int, default=600)
@@ -178,6 +196,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench-s2d"))
     parser.add_argument("--quick", action="store_true", help="tiny random targets and budgets, results under --out")
     args = parser.parse_args()
+    if args.pretrain_steps is None:
+        args.pretrain_steps = 0 if args.quick else 300
     if args.quick:
         torch.set_num_threads(1)  # tiny models gain nothing from intra-op threads and lose much on a busy machine
         args.steps, args.batch_size, args.student_layers, args.student_hidden = 2, 3, 2, 32
@@ -191,10 +211,7 @@ def main() -> None:
     budget = Budget(args.train_prompts, args.new_tokens, args.score_prompts)
     data = [make_data(d, args.out / "data" / name, budget) for d, name in zip(target_dirs, names, strict=True)]
     phase("data", started)
-    init = None
-    if not args.quick:
-        pretrain_budget = DraftLMBudget(shape=shape(args), pretrain_steps=args.pretrain_steps)
-        init = pretrain(target_dirs[0], data[0][1], args.out, pretrain_budget)
+    init = pretrained(args, target_dirs[0], data[0][1]) if args.pretrain_steps else None
     fits: dict = {"per_target": {}}
     drafters = {}
     for name, d, dd in zip(names, target_dirs, data, strict=True):
