@@ -367,3 +367,21 @@ def test_the_benchmark_runs_end_to_end_on_its_quick_setting(tmp_path):
         assert rows["S2D (sub-network by score)"]["s2d"]["layers"] in (1, 2)
         assert all(r["greedy_exact"] == r["prompts"] for r in rows.values())
     assert (tmp_path / "s2d_quick.md").is_file()
+
+
+def test_the_draft_starts_from_a_draft_lm_pretrained_for_another_member_of_the_family(saved, tmp_path):
+    from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
+    from draftsmith.families.sorted_draft_lm.module import SortedDraftLMModule
+
+    student = make_llama(seed=4, layers=3, hidden=32)
+    start = save_native(DraftLMNetwork(DraftLMConfig(student.config.to_dict()), student), saved["targets"][0],
+                        tmp_path / "pretrained")  # fmt: skip
+    module = SortedDraftLMModule([str(d) for d in saved["dirs"][1:]], init=str(start))  # not the target it was made for
+    assert module.drafter.exits == (1, 2, 3)
+    assert all(torch.equal(a, b) for a, b in zip(module.drafter.model.state_dict().values(),
+                                                 student.state_dict().values(), strict=True))  # fmt: skip
+    foreign = make_tokenizer(salt="x")
+    other = Target(make_llama(seed=4, layers=3, hidden=32), foreign, name="foreign")
+    save_native(DraftLMNetwork(DraftLMConfig(student.config.to_dict()), student), other, tmp_path / "foreign")
+    with pytest.raises(DraftsmithError, match="model.init: .* another vocabulary or tokenizer"):
+        SortedDraftLMModule([str(saved["dirs"][0])], init=str(tmp_path / "foreign"))

@@ -162,16 +162,21 @@ class SortedDraftLMModule(DrafterModule):
         return SortedDraftLMNetwork(SortedDraftLMConfig(hf_config, exits), model)
 
     def _load_init(self, path: Path):
-        from draftsmith.core.native import is_native, read
+        """The causal LM ``init`` names: a HF dir (``load_student``), or a draft LM / sorted draft LM checkpoint or
+        native dir made for any target of this tokenizer (e.g. the corpus pre-training of another family member)."""
+        from draftsmith.core.native import is_native
         from draftsmith.families.registry import load_network
 
-        if (
-            path.exists()
-            and (path.suffix == ".ckpt" or is_native(path))
-            and read(path)[0]["method"] == "sorted_draft_lm"
-        ):
-            return load_network(path, self.target)[0].model.train()
-        return load_student(path, self.target)
+        if not (path.exists() and (path.suffix == ".ckpt" or is_native(path))):
+            return load_student(path, self.target)
+        network, info = load_network(path)
+        if info["method"] not in ("draft_lm", "sorted_draft_lm"):
+            raise DraftsmithError(f"model.init: {path} holds a {info['method']} drafter, not a draft LM")
+        made, ours = info["target"], self.target.fingerprint
+        if (made.get("vocab_size"), made.get("tokenizer_hash")) != (ours["vocab_size"], ours["tokenizer_hash"]):
+            raise DraftsmithError(f"model.init: {path} was made for a target of another vocabulary or tokenizer")
+        model = network.merged().model if info["method"] == "draft_lm" else network.model
+        return model.to(self.target.device).train()
 
     # -- Lightning -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
