@@ -371,10 +371,10 @@ def write_specforge(out: str, target: str, kind: str = "eagle3") -> None:
     model.save_pretrained(out)
 
 
-def write_specforge_dflash(out: str, target: str) -> None:
-    """A randomly initialised two-layer DFlash in z-lab's layout (grouped-query attention, block of 5, masks
-    vocab - 3, target layer ids 0, 1, 2), built by SpecForge's ``DFlashDraftModel`` and saved by it."""
-    from specforge.modeling.draft.dflash import DFlashDraftModel
+def specforge_block_config(target: str, architecture: str, **dflash_config):
+    """SpecForge's config of a randomly initialised two-layer block drafter for ``target`` in z-lab's layout
+    (grouped-query attention, block of 5, masks vocab - 3, target layer ids 0, 1, 2): DFlash's, and DSpark's with
+    its heads' keys added to ``dflash_config``."""
     from transformers import AutoConfig, Qwen3Config
 
     verifier = AutoConfig.from_pretrained(target)
@@ -389,45 +389,33 @@ def write_specforge_dflash(out: str, target: str) -> None:
         vocab_size=verifier.vocab_size,
         rms_norm_eps=verifier.rms_norm_eps,
         max_position_embeddings=verifier.max_position_embeddings,
-        architectures=["DFlashDraftModel"],
+        architectures=[architecture],
     )
     config.block_size, config.num_target_layers = 5, verifier.num_hidden_layers
-    config.dflash_config = {"mask_token_id": verifier.vocab_size - 3, "target_layer_ids": [0, 1, 2]}
+    config.dflash_config = {"mask_token_id": verifier.vocab_size - 3, "target_layer_ids": [0, 1, 2], **dflash_config}
+    return config
+
+
+def write_specforge_dflash(out: str, target: str) -> None:
+    """A randomly initialised two-layer DFlash (``specforge_block_config``), built by SpecForge's
+    ``DFlashDraftModel`` and saved by it."""
+    from specforge.modeling.draft.dflash import DFlashDraftModel
+
     torch.manual_seed(0)
-    model = DFlashDraftModel(config)
+    model = DFlashDraftModel(specforge_block_config(target, "DFlashDraftModel"))
     perturb(model)
     model.save_pretrained(out)
 
 
 def write_specforge_dspark(out: str, target: str) -> None:
-    """A randomly initialised two-layer DSpark in SpecForge's layout (``write_specforge_dflash``'s DFlash with
-    ``dflash_config.projector_type`` dspark, a rank-8 vanilla Markov head, a confidence head reading the Markov
-    embedding), built by SpecForge's ``DSparkDraftModel`` and saved by it."""
+    """A randomly initialised two-layer DSpark in SpecForge's layout (``specforge_block_config``'s DFlash with a
+    rank-8 vanilla Markov head, a confidence head reading the Markov embedding), built by SpecForge's
+    ``DSparkDraftModel`` and saved by it."""
     from specforge.modeling.draft.dspark import DSparkDraftModel
-    from transformers import AutoConfig, Qwen3Config
 
-    verifier = AutoConfig.from_pretrained(target)
-    heads = verifier.num_attention_heads
-    config = Qwen3Config(
-        hidden_size=verifier.hidden_size,
-        intermediate_size=verifier.intermediate_size,
-        num_attention_heads=heads,
-        num_key_value_heads=heads // 2,
-        head_dim=verifier.hidden_size // heads,
-        num_hidden_layers=2,
-        vocab_size=verifier.vocab_size,
-        rms_norm_eps=verifier.rms_norm_eps,
-        max_position_embeddings=verifier.max_position_embeddings,
-        architectures=["DSparkDraftModel"],
+    config = specforge_block_config(
+        target, "DSparkDraftModel", markov_rank=8, enable_confidence_head=True, confidence_head_with_markov=True
     )
-    config.block_size, config.num_target_layers = 5, verifier.num_hidden_layers
-    config.dflash_config = {
-        "mask_token_id": verifier.vocab_size - 3,
-        "target_layer_ids": [0, 1, 2],
-        "markov_rank": 8,
-        "enable_confidence_head": True,
-        "confidence_head_with_markov": True,
-    }
     torch.manual_seed(0)
     model = DSparkDraftModel(config)
     perturb(model)
