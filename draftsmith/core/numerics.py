@@ -49,9 +49,14 @@ def _packs_bf16(weight: torch.Tensor) -> bool:
         weight.dtype == torch.bfloat16
         and weight.device.type == "cpu"
         and not (torch.is_grad_enabled() and weight.requires_grad)
-        and torch.backends.mkldnn.is_available()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        and _onednn_bf16()
     )
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    """Whether this CPU's oneDNN has bf16 kernels (asked once, not in every Linear call)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
