@@ -325,6 +325,9 @@ def test_one_fit_trains_every_pair_on_each_targets_data(saved, tmp_path):
                      data=run.data | {"train": data["train"][::-1]})  # fmt: skip
     with pytest.raises(DraftsmithError):
         fit("s2d", swapped)
+    import wandb
+
+    assert wandb.run is None, "a failed fit closes its wandb run (a later fit would log into it)"
 
 
 def test_targets_with_another_tokenizer_are_refused(saved, tmp_path):

@@ -88,12 +88,6 @@ class DraftsmithCLI(LightningCLI):
                 recipe=self.recipe,
             )
 
-    def after_fit(self) -> None:
-        """Close the wandb run so a later fit in this process starts its own."""
-        import wandb
-
-        if wandb.run is not None:
-            wandb.finish()
 
 
 def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI:
@@ -103,12 +97,21 @@ def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI
     os.environ.setdefault("WANDB_SILENT", "true")
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
-    return DraftsmithCLI(
-        DrafterModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=["fit", *args] if isinstance(args, list) else {"subcommand": "fit", "fit": args},
-        recipe=recipe,
-    )
+    import wandb
+
+    before, failed = wandb.run, True
+    try:
+        cli = DraftsmithCLI(
+            DrafterModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=["fit", *args] if isinstance(args, list) else {"subcommand": "fit", "fit": args},
+            recipe=recipe,
+        )
+        failed = False
+        return cli
+    finally:  # close the run this fit opened, failed or not: a later fit in this process would log into it
+        if wandb.run is not None and wandb.run is not before:
+            wandb.finish(exit_code=1 if failed else 0)
