@@ -89,7 +89,6 @@ class DraftsmithCLI(LightningCLI):
             )
 
 
-
 def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI:
     """Run ``fit`` through ``DraftsmithCLI`` on command-line ``args`` (the CLI edge) or a config dict
     (``train.fit.fit``); returns it (``.trainer``, ``.model``). ``recipe``: recorded in the manifest."""
