@@ -123,3 +123,19 @@ def test_pack_command_writes_the_file_and_a_wrong_suffix_is_one_line(corpus, tmp
         main(["pack", str(corpus / "train"), "--out", str(tmp_path / "c.npz")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "must end in .tar.xz" in err and "Traceback" not in err
+
+
+def test_the_repositorys_smollm2_corpus_is_a_complete_million_token_draw_of_smollm2_in_bf16():
+    """``benchmarks/data/smollm2-1m.tar.xz``, the corpus every machine trains the recipe study on (issue 51), and its
+    validation data: complete, drawn from SmolLM2-135M-Instruct in bf16, at most ~10 MB."""
+    from draftsmith.data.packed import metadata
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+    train, val = metadata(root / "smollm2-1m.tar.xz"), metadata(root / "smollm2-val.tar.xz")
+    for meta in (train, val):
+        assert meta["status"] == "complete" and meta["settings"]["dtype"] == "bfloat16"
+        assert (meta["target"]["num_layers"], meta["target"]["vocab_size"]) == (30, 49152)
+        assert meta["target"]["tokenizer_hash"] == train["target"]["tokenizer_hash"]
+    assert train["generated_tokens"] >= 1_000_000 and train["rows"] == train["prompts_used"]
+    assert val["settings"]["temperature"] == 0.0
+    assert (root / "smollm2-1m.tar.xz").stat().st_size <= 10e6
