@@ -144,8 +144,16 @@ def test_the_fastest_servable_option_is_served_first_with_its_own_k_and_the_fuse
     assert (out / "export" / "eagle3" / "config.json").is_file()
     assert printed.index(serve["command"]) < printed.index(record["command"])
     # the report says the same, the fastest servable command first
+    # the lead sentence: what to serve, how much faster, against the free n-gram
+    assert record["verdict"] == (
+        "Serve ngram: it made the target 1.48× faster than plain decoding (K = 7, τ 2.10) without any training; "
+        "the best trained drafter, eagle3 (1.18× at K = 1), did not beat it."
+    )
+    assert printed.index(record["verdict"]) < printed.index(serve["command"])
     report([out], k=4)
-    section = (out / "report" / "report.md").read_text().split("## Exported for serving")[1]
+    md = (out / "report" / "report.md").read_text()
+    assert md.splitlines()[2] == f"**{record['verdict']}**"  # the report leads with it
+    section = md.split("## Exported for serving")[1]
     assert "| 1 | eagle3+rasd | 1.61× |" in section and "| 2 | ngram | 1.48× |" in section
     assert section.index(serve["command"]) < section.index(record["command"])
 
@@ -164,6 +172,14 @@ def test_a_slowdown_is_ranked_but_never_offered_to_serve(drafters, tmp_path, cap
     write_block(out, [row("ngram", 0.9, 1.3, auto=3), row("eagle3", 0.97, 1.5, auto=2)], "auto")
     record = export_best(out, specs, drafters["target"], "float32")
     assert record["serve"] is None and "serve the target without speculation" in record["advice"]
+    assert record["verdict"].startswith("Serve the target without speculation: nothing servable beat plain decoding")
+    assert "eagle3 (0.97× at K = 2); 0.90× for the free n-gram baseline" in record["verdict"]
+    write_block(out, [row("ngram", 1.2, 1.3, auto=3), row("eagle3", 1.6, 2.5, auto=2)], "auto")
+    record = export_best(out, specs, drafters["target"], "float32")
+    assert record["verdict"] == (
+        "Serve eagle3: it made the target 1.60× faster than plain decoding (K = 2, τ 2.50), against 1.20× for the "
+        "free n-gram baseline (prompt lookup, no training)."
+    )
 
 
 def test_the_fused_drafter_wraps_the_fastest_trained_tree_drafter(drafters, tmp_path):

@@ -62,6 +62,30 @@ def _serving(e: dict) -> list[str]:
     return [*lines, exported, "", f"```\n{e['command']}\n```"]
 
 
+RISING = 0.01
+"""A fit's ``val/tau_est`` "still rising" when its last validation beats every earlier one by more than this share."""
+
+
+def training_table(logs: dict[str, list[dict]]) -> str:
+    """Per fit: optimizer steps, ``val/tau_est`` at its first and last validation and its best, and whether it had
+    stopped rising (the last validation no better than an earlier one, within ``RISING``) or was still rising when
+    the budget ran out ("" without validations)."""
+    lines = []
+    for name, rows in logs.items():
+        val = [(int(r["step"]), r["val/tau_est"]) for r in rows if "val/tau_est" in r]
+        if not val:
+            continue
+        if not lines:
+            lines = ["| fit | steps | val τ_est first | last | best | at the end |", "|---|---|---|---|---|---|"]
+        steps = max(int(r["step"]) for r in rows if "step" in r)
+        earlier = max((v for _, v in val[:-1]), default=None)
+        rising = earlier is None or val[-1][1] > earlier * (1 + RISING)
+        state = "still rising: more steps would raise it" if rising else "stopped rising"
+        best = max(v for _, v in val)
+        lines.append(f"| {name} | {steps + 1} | {val[0][1]:.3f} | {val[-1][1]:.3f} | {best:.3f} | {state} |")
+    return "\n".join(lines)
+
+
 def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
     """Regenerate the comparison report of one or more run directories.
 
@@ -114,6 +138,7 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
     md = [
         "# draftsmith report",
         "",
+        *(f"**{e['verdict']}**\n" for e in exported if e.get("verdict")),
         f"Runs: {', '.join(f'`{r}`' for r in runs)}. Verifier: {config['num_prompts']} prompts from "
         f"`{config['prompts']}`, temperature {config['temperature']}, up to {config['max_new_tokens']} new "
         f"tokens; plain and speculative decoding of the same target measured in the same run.",
@@ -142,6 +167,9 @@ def report(runs: list[Path], out: Path | None = None, k: int = 4) -> Path:
             md += ["", f"## K chosen per drafter (--k auto){f': {run.name}' if len(runs) > 1 else ''}", ""]
             rows = read_rows(data["drafters"])
             md += [markdown_table(rows, PlainRow.from_dict(data["plain"])), "", auto_k_table(rows)]
+    trained = training_table(logs)
+    if trained:
+        md += ["", "## Training", "", trained]
     for e in exported:
         md += ["", "## Exported for serving", "", *_serving(e)]
     (out / "report.md").write_text("\n".join(md) + "\n")

@@ -59,14 +59,17 @@ def tau_vs_k(by_k: dict[int, list[ScoreRow]], path: Path) -> Path:
 
 
 def speedup_bars(rows: list[ScoreRow], plain: PlainRow, path: Path) -> Path:
-    """Measured speedup per drafter beside its ideal bound τ/(r+K̄c)."""
+    """Measured speedup per drafter beside its ideal bound τ/(r+K̄c); lines mark plain decoding and the n-gram."""
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows) + 2), 4))
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r.speedup for r in rows], width=0.4, label="measured")
     ax.bar([i + 0.2 for i in x], [r.ideal_speedup for r in rows], width=0.4, alpha=0.5, label="ideal τ/(r+K̄c)")
     for i, r in enumerate(rows):
         ax.text(i - 0.2, r.speedup, f"{r.speedup:.2f}×", ha="center", va="bottom", fontsize=8)
-    ax.axhline(1.0, ls=":", color="gray")
+    ax.axhline(1.0, ls=":", color="gray", label="plain decoding (1×)")
+    ngram = next((r for r in rows if r.name == "ngram"), None)
+    if ngram is not None:  # the free baseline a trained drafter must beat to be worth its training
+        ax.axhline(ngram.speedup, ls="--", color="tab:red", label=f"n-gram, no training ({ngram.speedup:.2f}×)")
     ax.set_xticks(list(x), [r.name for r in rows], rotation=20)
     ax.set(ylabel="× plain decoding", title=f"speedup (plain decoding: {plain.tokens_per_s:.0f} tokens/s)")
     ax.legend(fontsize=8)

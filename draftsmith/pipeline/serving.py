@@ -150,9 +150,30 @@ def export_best(out: Path, specs: list[Named], target_dir: Path, dtype: str) -> 
             if serve
             else "; nothing an engine serves beat plain decoding: serve the target without speculation"
         )
+    record["verdict"] = verdict(record)
     (out / "export" / "best.json").write_text(json.dumps(record, indent=2))
     _print(record, options, serve, block.relative_to(out))
     return record
+
+
+def verdict(record: dict) -> str:
+    """The one sentence a newcomer acts on (the report's lead): what to serve, how much faster it made the target,
+    and how that compares with the free n-gram baseline (prompt lookup, which needs no training)."""
+    ngram = next((o for o in record["options"] if o["name"] == "ngram"), None)
+    serve, trained = record["serve"], f"{record['name']} ({record['speedup']:.2f}× at K = {record['k']})"
+    free = f"{ngram['speedup']:.2f}× for the free n-gram baseline (prompt lookup, no training)" if ngram else ""
+    if serve is None:
+        return (
+            "Serve the target without speculation: nothing servable beat plain decoding here "
+            f"(the best trained drafter: {trained}{'; ' + free if free else ''})."
+        )
+    head = (
+        f"Serve {serve['name']}: it made the target {serve['speedup']:.2f}× faster than plain decoding "
+        f"(K = {serve['k']}, τ {serve['tau']:.2f})"
+    )
+    if serve["name"] == "ngram":
+        return f"{head} without any training; the best trained drafter, {trained}, did not beat it."
+    return f"{head}, against {free}." if free else f"{head}."
 
 
 def _export(src: Path, dest: Path, k: int) -> Exported:
@@ -165,6 +186,7 @@ def _export(src: Path, dest: Path, k: int) -> Exported:
 
 
 def _print(record: dict, options: list[Option], serve: Option | None, block: Path) -> None:
+    print(f"  {record['verdict']}")
     print(f"  by measured speed ({block}; each at its K, the target in {record['dtype']}):")
     for i, o in enumerate(options, 1):
         print(f"    {i}. {o.name}: {o.speedup:.2f}x at K={o.k} (τ {o.tau:.2f}): {o.served}")
