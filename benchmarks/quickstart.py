@@ -96,6 +96,7 @@ def markdown(result: dict) -> str:
         [
             f"# draftsmith quickstart --target {result['args']['target']}{' --fast' * result['args']['fast']}",
             "",
+            *([f"**{e['verdict']}**", ""] if e and e.get("verdict") else []),
             f"Wall time {wall:.0f} s ($DRAFTSMITH_HOME: {home} one); the pipeline's stages {t['total_seconds']:.0f} s: {stages}.",
             "",
             f"Target in {cfg.get('dtype', 'float32')}, {cfg['num_prompts']} held-out prompts from `{cfg['prompts']}` × "
@@ -118,7 +119,7 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="default", choices=["default", "smollm2"])
+    p.add_argument("--target", default="demo", choices=["demo", "default", "smollm2"])
     p.add_argument("--out", type=Path, default=Path("runs/bench-quickstart"))
     p.add_argument("--home", type=Path, help="$DRAFTSMITH_HOME for the run (default: an empty one under --out)")
     p.add_argument("--fast", action="store_true", help="the quickstart's --fast budgets (a smoke run)")
@@ -133,7 +134,7 @@ def main() -> None:
         raise SystemExit(f"quickstart: {args.out} holds a run this benchmark did not time; --rerun runs it afresh")
     result = {"args": {"target": args.target, "fast": args.fast, "out": str(args.out)}}
     result |= json.loads(record.read_text()) | collect(args.out)
-    name = "quickstart" if args.target == "default" else f"quickstart_{args.target}"
+    name = "quickstart" if args.target == "demo" else f"quickstart_{args.target}"
     write(name + "_fast" * args.fast, result, markdown(result))
 
 

@@ -225,10 +225,21 @@ def test_an_output_dir_holding_another_targets_run_is_one_line(llama, gpt2, tmp_
 
 
 @pytest.mark.slow
-def test_a_builtin_prompt_set_is_scored_on_its_own_heldout_half(llama, tmp_path, capsys):
+def test_a_builtin_prompt_set_is_scored_on_its_own_heldout_half_and_the_target_is_resolved_once(
+    llama, tmp_path, capsys, monkeypatch
+):
+    from draftsmith import targets
+
+    parsed, parse = [], targets.parse_target
+    monkeypatch.setattr(targets, "parse_target", lambda t, dtype=None: parsed.append(t) or parse(t, dtype))
     run = tmp_path / "run"
     main(["pipeline", "--target", str(llama), "--prompts", "builtin:train", "--families", "medusa1", "--fast"]
          + ["--out", str(run)])  # fmt: skip
+    # the user's string is parsed once, at the entry; below it the stages take the resolved target, and a fit's
+    # config carries its concrete DIR:DTYPE (nothing below decides the dtype or finds the directory again)
+    strings = [str(t) for t in parsed if isinstance(t, str | Path)]
+    assert strings.count(str(llama)) == 1, strings
+    assert set(strings) - {str(llama)} <= {f"{llama}:float32"}, strings
     assert "prompts: builtin:train for training, builtin:heldout held out" in capsys.readouterr().out
     assert not (run / "prompts").exists()
     meta = json.loads((run / "data" / "val" / "draftsmith.json").read_text())

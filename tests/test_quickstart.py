@@ -26,11 +26,11 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     for name, temperature in [("train", 1.0), ("val", 0.0), ("head", 0.0)]:
         meta = json.loads((run / "data" / name / "draftsmith.json").read_text())
         assert meta["status"] == "complete" and meta["settings"]["temperature"] == temperature
-    for name in PLANS["default"].drafters:
+    for name in PLANS["demo"].drafters:
         saved = json.loads((run / "drafters" / name / "config.json").read_text())
         assert saved["method"] == name and saved["val_tau_est"] >= 1.0
-    trained = [*PLANS["default"].drafters, "draft_lm"]
-    names = ["ngram", "sibling", *PLANS["default"].drafters, "draft_lm", "eagle1-adaptive"]
+    trained = [*PLANS["demo"].drafters, "draft_lm"]
+    names = ["ngram", "sibling", *PLANS["demo"].drafters, "draft_lm", "eagle1-adaptive"]
     for k in (2, 4, 6):
         report = json.loads((run / "score" / f"k{k}" / "report.json").read_text())
         assert [r["name"] for r in report["drafters"]] == names
@@ -54,6 +54,12 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
     assert sorted(summary["by_k"]) == ["2", "4", "6"] and len(summary["drafters"]) == len(names)
     assert all((run / "report" / name).read_bytes()[:4] == b"\x89PNG" for name in pictures)
     assert all(f"]({name})" in (run / "report" / "report.md").read_text() for name in pictures)
+    md = (run / "report" / "report.md").read_text()
+    assert md.splitlines()[2] == f"**{record['verdict']}**"  # it leads with what to serve, against the n-gram
+    assert "ngram" in record["verdict"] or "n-gram" in record["verdict"]
+    training = md.split("## Training")[1].split("##")[0]  # each fit's val τ_est: stopped rising, or still rising
+    assert all(f"| {name} |" in training for name in PLANS["demo"].drafters)
+    assert training.count("stopped rising") + training.count("still rising") >= len(PLANS["demo"].drafters)
     exported_section = (run / "report" / "report.md").read_text().split("## Exported for serving")[1]
     assert best["name"] in exported_section and (record["command"] in exported_section) == record["beats_plain"]
     # draftsmith report regenerates it from the saved scores and logs alone
@@ -71,7 +77,7 @@ def test_quickstart_fast_runs_every_stage_and_reuses_artifacts(tmp_path, monkeyp
         "drafters/*/manifest.json",
     ]
     stamps = {p: p.stat().st_mtime for p in [target_dir / "build.json", *(q for g in reused for q in run.glob(g))]}
-    exports = len(PLANS["default"].drafters) + 2  # and the draft LM and the acceptance head
+    exports = len(PLANS["demo"].drafters) + 2  # and the draft LM and the acceptance head
     assert len(stamps) == 1 + 2 * exports + 3 + 3  # target, exports with manifests, data (train, val, head), scores
     main(["quickstart", "--fast", "--out", str(run)])
     assert {p: p.stat().st_mtime for p in stamps} == stamps

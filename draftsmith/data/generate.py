@@ -30,7 +30,7 @@ from draftsmith.data.engines import HFEngine, Request, VLLMEngine, check_engine,
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target, parse_target, resolve, target_dtype
+from draftsmith.targets import Targetlike, load_target, resolve, resolve_target
 
 __all__ = ["GenerateRun", "GenerateSettings", "check_dataset_target", "generate", "generate_data", "load_generated"]
 
@@ -189,7 +189,8 @@ def generate(
     target fingerprint, settings, counts and timing.
 
     Args:
-        target: local Hugging Face model directory of the target.
+        target: ``default``, ``smollm2`` or a local Hugging Face model directory, optionally ``:DTYPE`` (from Python
+            also a ``targets.ResolvedTarget``, resolved once by the caller).
         prompts: ``builtin:train`` / ``builtin:heldout`` (the default target's prompts), a JSONL file
             (``{"prompt": ...}`` or chat ``{"messages": [...]}`` per line) or a local dataset dir / data file.
         out: output directory (must be empty unless --resume or --overwrite).
@@ -232,6 +233,7 @@ def generate(
     load_prompts(
         str(prompts), prompt_field, num_prompts
     )  # the cheap input first: a built-in target may build for minutes
+    target = resolve_target(target, dtype)  # once: the layers below take the resolved target
     settings = GenerateSettings(
         prompts=str(prompts),
         prompt_field=prompt_field,
@@ -245,7 +247,7 @@ def generate(
         shard_size=shard_size,
         store_topk=store_topk,
         greedy_share=greedy_share,
-        dtype=target_dtype(parse_target(target, dtype), resolve(target)),
+        dtype=target.dtype,
         engine=engine,
     )
     run = GenerateRun(
@@ -255,8 +257,9 @@ def generate(
     return generate_data(target, Path(out), settings, run)
 
 
-def generate_data(target: str | Path, out: Path, settings: GenerateSettings, run: GenerateRun = GenerateRun()) -> Path:
+def generate_data(target: Targetlike, out: Path, settings: GenerateSettings, run: GenerateRun = GenerateRun()) -> Path:
     """``generate`` with typed settings: the target's continuations of ``settings.prompts`` into ``out``."""
+    target = resolve_target(target, settings.dtype)
     sampling = _validate(settings, run.batch_size)
     if run.tensor_parallel_size < 1:
         raise DraftsmithError(f"--tensor-parallel-size must be a positive integer, got {run.tensor_parallel_size}")

@@ -27,7 +27,7 @@ from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, check
 from draftsmith.families.rasd.drafter import RasdDrafter
 from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.targets import TargetSpec, load_target, parse_target
+from draftsmith.targets import Targetlike, load_target, parse_target
 
 
 def score_drafters(
@@ -415,9 +415,10 @@ def score(
 
 
 def score_specs(
-    target: str | Path | TargetSpec, drafters: list[Named], cfg: ScoreConfig, out: Path, stage: dict | None = None
+    target: Targetlike, drafters: list[Named], cfg: ScoreConfig, out: Path, stage: dict | None = None
 ) -> dict:
-    """Score ``drafters`` on ``target`` (a built-in name or model dir, ``:DTYPE`` optional) as ``cfg`` says; writes
+    """Score ``drafters`` on ``target`` (a built-in name or model dir, ``:DTYPE`` optional, or a resolved target) as
+    ``cfg`` says; writes
     ``out/report.{json,md}`` and its manifest (``stage``: the inputs ``is_current`` compares), returns the report."""
     check_paths(drafters)  # the cheap inputs first: a built-in target may build for minutes
     loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)

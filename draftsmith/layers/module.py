@@ -74,8 +74,9 @@ class DrafterModule(L.LightningModule):
         self.optim = optim or OptimConfig()
         self.estimate = estimate or EstimateConfig()
         # training runs the target on whole sequences, never one row: the fastest kernels, no batch invariance
-        layers = self.feature_layers_for(str(targets.resolve(target)))
-        self.target = targets.load_target(target, feature_layers=layers, batch_invariant=False)
+        resolved = targets.resolve_target(target)  # the fit's config carries it as a string (``DIR:DTYPE``)
+        layers = self.feature_layers_for(str(resolved.path))
+        self.target = targets.load_target(resolved, feature_layers=layers, batch_invariant=False)
         self.drafter = self.build_drafter()
 
     # -- hooks for families ------------------------------------------------------------

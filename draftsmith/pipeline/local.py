@@ -63,7 +63,7 @@ class TargetInfo:
     chat_template: bool
 
 
-def inspect_target(target: str | targets.TargetSpec) -> TargetInfo:
+def inspect_target(target: targets.Targetlike) -> TargetInfo:
     """The target's directory (a built-in is built or converted on first use) and shape; a directory that is not a
     causal LM with a tokenizer is refused in one line."""
     from transformers import AutoConfig, AutoTokenizer
@@ -263,7 +263,7 @@ def _check_out(out: Path, fingerprint: dict) -> None:
 
 
 def run_pipeline(
-    target: str | Path,
+    target: targets.ResolvedTarget | Path,
     plan: Plan,
     out: Path,
     budget: Budget,
@@ -272,7 +272,8 @@ def run_pipeline(
     runs: dict[str, FitRun] | None = None,
     record: dict | None = None,
 ) -> Path:
-    """The pipeline's stages on ``target`` (a built-in name or a model dir) as ``plan`` says; returns the report's
+    """The pipeline's stages on ``target`` (resolved once by the caller, or a model dir resolved here in the plan's
+    dtype) as ``plan`` says; every stage takes the resolved target; returns the report's
     path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records. The
     libraries' logging is quieted for the run only (``quiet_libraries``)."""
     with quiet_libraries():
@@ -301,7 +302,7 @@ def quiet_libraries() -> Iterator[None]:
 
 
 def _run_stages(
-    target: str | Path,
+    target: targets.ResolvedTarget | Path,
     plan: Plan,
     out: Path,
     budget: Budget,
@@ -312,15 +313,15 @@ def _run_stages(
 ) -> Path:
     progress = Progress(list(STAGES))
     progress.start("target")
-    target_dir = targets.resolve(target)
-    spec = plan.target(target_dir)
-    loaded = targets.load_target(spec, batch_invariant=False)
+    target = plan.resolved(target)
+    target_dir = target.path
+    loaded = targets.load_target(target, batch_invariant=False)
     fingerprint, dtype = loaded.fingerprint, loaded.dtype
     _check_out(out, fingerprint)
     speeds = measure_speeds(loaded)
     del loaded
     if plan.drafters:
-        check_families(plan, spec, runs or {})
+        check_families(plan, str(target), runs or {})
     print(
         f"  one decoding step {1e3 * speeds.step_s:.1f} ms; 16 sequences {1e3 * speeds.batch_step_s:.1f} ms; "
         f"forward {speeds.forward_tokens_s:.0f} tokens/s"
@@ -330,13 +331,13 @@ def _run_stages(
     ks = sorted({*plan.ks, k})
     guess = _estimates(speeds, budget, plan, len(plan.drafters) + 3 + plan.acceptance_head, len(ks) + 1)  # + rasd
     progress.start("generate", guess["generate"])
-    data = make_data(target_dir, out, budget, plan)
+    data = make_data(target, out, budget, plan)
     store = datastore(data[0])
     progress.start("features", guess["features"] or None)
     if not plan.features:
         print("  skipped: training runs the target in each step (the cache pays on deep targets; --features true)")
     progress.start("fit", guess["fit"])
-    trained = train_all(target_dir, data, out, budget, plan, fast, runs)
+    trained = train_all(target, data, out, budget, plan, fast, runs)
     progress.start("score", guess["score"])
     specs += [Named(name, Trained(str(path))) for name, path in trained.items() if not name.endswith("-head")]
     if "eagle1-head" in trained:
@@ -358,7 +359,7 @@ def _run_stages(
                 f"  K = {kk}"
                 + (f" (and {fused.name}: retrieval fused into its tree)" if kk == AUTO_K and fused else "")
             )
-            score_specs(spec, specs, config, path, stage)
+            score_specs(target, specs, config, path, stage)
     progress.start("export")
     if any(isinstance(s.spec, Trained) for s in specs):
         export_best(out, specs, target_dir, dtype)
@@ -457,11 +458,12 @@ def pipeline(
             load_prompts(source, prompt_field)
     print("[choices] (each can be overridden; see draftsmith pipeline --help)")
     info = inspect_target(spec)
+    resolved = targets.ResolvedTarget(spec, info.dir, targets.target_dtype(spec, info.dir))  # once, for every stage
     print(
         f"  target {info.dir}: {info.model_type}, {info.layers} layers, hidden {info.hidden}, vocab {info.vocab}, "
         f"{'a' if info.chat_template else 'no'} chat template"
     )
-    computed = targets.target_dtype(spec, info.dir)
+    computed = resolved.dtype
     print(f"  dtype {computed} (--dtype {spec.dtype})")
     recipe_dir, why = _recipe_set(info, recipes)
     print(f"  recipes {recipe_dir or 'default'}: {why} (--recipes)")
@@ -505,4 +507,4 @@ def pipeline(
         f"  data: {budget.train_prompts} training prompts sampled at T 0.7 / top-p 0.9, {budget.score_prompts} "
         f"held out greedy, {budget.new_tokens} new tokens each (--num-prompts, --heldout, --max-new-tokens)"
     )
-    return run_pipeline(spec.source, plan, out, budget, fast, k, runs, record={"pipeline": "local"})
+    return run_pipeline(resolved, plan, out, budget, fast, k, runs, record={"pipeline": "local"})

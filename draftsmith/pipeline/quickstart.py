@@ -29,12 +29,15 @@ from draftsmith.train.suite import FAST, PLANS
 
 def _target_dir(target: str, fast: bool) -> Path:
     """The built-in ``target``'s directory, built or converted on first use; prints what it is."""
-    if target == "default":
-        path = default_target.build(default_target.FAST if fast else default_target.TargetBuildConfig())
+    if target in ("default", "demo"):
+        config = {"default": default_target.TargetBuildConfig(), "demo": default_target.DEMO}[target]
+        path = default_target.build(default_target.FAST if fast else config)
         build = json.loads((path / "build.json").read_text())
+        shape = build["config"]["target"]
         print(
-            f"  {path}: held-out perplexity {build['target']['heldout_ppl']} "
-            f"(unigram {build['unigram_heldout_ppl']}), {build['target']['params'] / 1e6:.1f}M parameters"
+            f"  {path}: {shape['layers']} layers, hidden {shape['hidden']}, held-out perplexity "
+            f"{build['target']['heldout_ppl']} (unigram {build['unigram_heldout_ppl']}), "
+            f"{build['target']['params'] / 1e6:.1f}M parameters"
         )
         return path
     path = targets.resolve(target)
@@ -46,7 +49,7 @@ def _target_dir(target: str, fast: bool) -> Path:
 
 
 def quickstart(
-    out: Path | None = None, fast: bool = False, k: int = 4, target: str = "default", dtype: str = "auto"
+    out: Path | None = None, fast: bool = False, k: int = 4, target: str = "demo", dtype: str = "auto"
 ) -> Path:
     """Build (or reuse) a built-in target, generate on-policy data, train every drafter family, score them all
     at several draft lengths, and write the comparison report with plots to ``out/report``.
@@ -56,8 +59,9 @@ def quickstart(
             stage's artifact is reused when present.
         fast: tiny budgets everywhere (for tests and smoke runs).
         k: tokens drafted per round in the main table (also scored: the plan's other K).
-        target: ``default`` (the embedded toy target, minutes) or ``smollm2`` (SmolLM2-135M-Instruct, about an hour
-            on 2 CPU cores).
+        target: ``demo`` (the embedded target in a real LLM's deep, narrow shape, where a one-layer drafter costs a
+            few percent of a step; minutes), ``default`` (its 4-layer shape, where every drafter costs a third of a
+            step) or ``smollm2`` (SmolLM2-135M-Instruct, about an hour on 2 CPU cores).
         dtype: the dtype the target computes in everywhere (``auto``: its released one, bf16 for ``smollm2``, in
             bf16 only where this machine multiplies it natively).
     """
@@ -67,12 +71,12 @@ def quickstart(
             "(draftsmith pipeline --target DIR runs the same stages on any causal LM)"
         )
     plan = PLANS[target]
-    out = Path(out or ("runs/quickstart" if target == "default" else f"runs/quickstart-{target}"))
+    out = Path(out or ("runs/quickstart" if target == "demo" else f"runs/quickstart-{target}"))
     budget = FAST if fast else plan.budget
     print(f"quickstart: the pipeline on the built-in target {target!r}")
-    target_dir = _target_dir(target, fast)
-    resolved = targets.target_dtype(targets.parse_target(target, dtype), target_dir)
-    if resolved != targets.checkpoint_dtype(targets.TargetSpec(str(target_dir)), target_dir):
-        plan = replace(plan, dtype=resolved)
-    print(f"  computing in {resolved}")
-    return run_pipeline(target_dir, plan, out, budget, fast, k, record={"quickstart": target})
+    spec, target_dir = targets.parse_target(target, dtype), _target_dir(target, fast)
+    resolved = targets.ResolvedTarget(spec, target_dir, targets.target_dtype(spec, target_dir))  # once, for every stage
+    if resolved.dtype != targets.checkpoint_dtype(targets.TargetSpec(str(target_dir)), target_dir):
+        plan = replace(plan, dtype=resolved.dtype)
+    print(f"  computing in {resolved.dtype}")
+    return run_pipeline(resolved, plan, out, budget, fast, k, record={"quickstart": target})

