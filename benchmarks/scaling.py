@@ -89,9 +89,18 @@ RECIPES = {
     "medusa1": "smollm2/medusa1",
     "hydra": "smollm2/hydra",
     "hydrapp": "smollm2/hydrapp",
+    "eagle3_31": "smollm2/eagle3_31",
+    "eagle3_lk": "smollm2/eagle3_lk",
+    "dflash": "smollm2/dflash",
+    "dspark": "smollm2/dspark",
 }
 """The families: EAGLE-3, EAGLE-1 and P-EAGLE (started from the EAGLE-3 of the same subset) on every subset; the
-heads (Medusa-1, Hydra, Hydra++) on the ``HEADS_AT`` subset."""
+heads (Medusa-1, Hydra, Hydra++) on the ``HEADS_AT`` subset; the recipe study's rows (EAGLE-3.1's norms, the LK
+loss, DFlash, DSpark: ``STUDY``) on the largest subset only, and only when ``--families`` names them."""
+STUDY = ("eagle3_31", "eagle3_lk", "dflash", "dspark")
+"""Families trained on the full corpus only (issue 51's recipe study on the packed corpus), not by default."""
+STUDY_AT = 1_000_000
+"""The subset the ``STUDY`` families are trained on."""
 HEADS = ("medusa1", "hydra", "hydrapp")
 HEADS_AT = 300_000
 """The one subset the heads are trained on: the papers' ordering Hydra++ > Hydra > Medusa-1 is asked for from 300k
@@ -107,6 +116,8 @@ tokens or more."""
 
 
 def trained_at(family: str, size: int) -> bool:
+    if family in STUDY:
+        return size == STUDY_AT
     return family not in HEADS or size == HEADS_AT
 
 
@@ -401,7 +412,7 @@ def main() -> None:
     parser.add_argument("--engine", default="vllm", choices=["hf", "vllm"])
     parser.add_argument("--batch-size", type=int, default=256, help="generation batch (vLLM: max_num_seqs)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[22_000, 100_000, 300_000, 1_000_000])
-    parser.add_argument("--families", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--families", nargs="+", default=[f for f in RECIPES if f not in STUDY], choices=list(RECIPES))
     parser.add_argument("--epochs", type=float, default=2.0, help="passes over each subset")
     parser.add_argument("--min-steps", type=int, default=100, help="optimizer steps at least (small subsets)")
     parser.add_argument("--num-prompts", type=int, default=32, help="held-out prompts per scored set")
