@@ -257,11 +257,21 @@ def write_speculators_dflash(out: str, target: str) -> None:
     """A randomly initialised two-layer DFlash (grouped-query attention, block of 5, masks the target's embedding of
     vocab - 3) for ``target``, built by ``DFlashDraftModel.from_training_args`` and saved by speculators."""
     from speculators.models.dflash import DFlashDraftModel
+
+    model = speculators_block_drafter(DFlashDraftModel, target)
+    perturb(model)
+    model.save_pretrained(out)
+
+
+def speculators_block_drafter(cls: type, target: str, **extra) -> torch.nn.Module:
+    """``cls.from_training_args`` (speculators' DFlash or DSpark class) for ``target``: two layers, grouped-query
+    attention, a block of 5, the target's token ``vocab - 3`` as the mask, the features of layers 1-3; ``extra``:
+    the class's own arguments."""
     from transformers import AutoConfig
 
     verifier = AutoConfig.from_pretrained(target)
     verifier.num_hidden_layers, verifier.num_key_value_heads = 2, verifier.num_attention_heads // 2
-    model = DFlashDraftModel.from_training_args(
+    return cls.from_training_args(
         verifier,
         draft_vocab_size=verifier.vocab_size,
         block_size=5,
@@ -269,9 +279,8 @@ def write_speculators_dflash(out: str, target: str) -> None:
         verifier_name_or_path=target,
         target_layer_ids=[1, 2, 3],
         draft_attn_impl="eager",
+        **extra,
     )
-    perturb(model)
-    model.save_pretrained(out)
 
 
 def markov_scaled(model: torch.nn.Module) -> None:
@@ -287,21 +296,9 @@ def write_speculators_dspark(out: str, target: str) -> None:
     ``sample_from_anchor`` false; vanilla Markov head of rank 8; confidence head reading the Markov embedding) built
     by ``DSparkDraftModel.from_training_args`` and saved by speculators."""
     from speculators.models.dspark import DSparkDraftModel
-    from transformers import AutoConfig
 
-    verifier = AutoConfig.from_pretrained(target)
-    verifier.num_hidden_layers, verifier.num_key_value_heads = 2, verifier.num_attention_heads // 2
-    model = DSparkDraftModel.from_training_args(
-        verifier,
-        draft_vocab_size=verifier.vocab_size,
-        block_size=5,
-        mask_token_id=verifier.vocab_size - 3,
-        verifier_name_or_path=target,
-        target_layer_ids=[1, 2, 3],
-        draft_attn_impl="eager",
-        sample_from_anchor=False,
-        markov_rank=8,
-        confidence_head_with_markov=True,
+    model = speculators_block_drafter(
+        DSparkDraftModel, target, sample_from_anchor=False, markov_rank=8, confidence_head_with_markov=True
     )
     perturb(model)
     markov_scaled(model)
