@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from draftsmith.eval.score import divergences, score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.layers.tree_draft import TreeKind, TreePolicy
 
 WIDE_V = 512
 
@@ -156,6 +158,56 @@ def test_invariant_attention_gives_a_block_query_the_value_of_its_one_token_step
             assert torch.equal(block, alone), (kv, n, masked)
 
 
+def tree_block_and_alone(trial: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random tree of ``n`` queries after a random cache in one call (its additive tree mask: the cache and each
+    query's ancestors, listed before it), and each query computed alone over the cache and its ancestors at
+    consecutive positions (the one-token step it stands for), SmolLM2-shaped in bf16."""
+    rnd = random.Random(trial)
+    n, past = rnd.choice([4, 9, 17, 33]), rnd.randrange(5, 300)
+    parents = [-1] + [rnd.randrange(-1, j) for j in range(1, n)]
+    kv = past + n
+    g = torch.Generator().manual_seed(trial)
+    q = torch.randn(1, n, 9, 64, generator=g).to(torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(1, 3, kv, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 3, False
+    paths = []
+    for j in range(n):
+        path = [j]
+        while parents[path[-1]] != -1:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    seen = torch.zeros(n, kv, dtype=torch.bool)
+    seen[:, :past] = True
+    for j, path in enumerate(paths):
+        seen[j, [past + a for a in path]] = True
+    mask = torch.where(seen, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16)[None, None]
+    block = invariant_attention(module, q, k, v, mask, 0.125)[0][0]
+    alone = []
+    for j, path in enumerate(paths):
+        keys = list(range(past)) + [past + a for a in path]
+        alone.append(
+            invariant_attention(module, q[:, :, j : j + 1], k[:, :, keys], v[:, :, keys], None, 0.125)[0][0, 0]
+        )
+    return block, torch.stack(alone)
+
+
+def test_invariant_attention_gives_a_tree_query_the_value_of_its_one_token_step(monkeypatch):
+    """A tree's query sees its ancestors at block places other than the consecutive positions its one-token step
+    sees them at; ``_tree_groups`` lays each query's keys out as that step does, so every row is the step's, bit
+    for bit. The negative control: the same trees through the chain layout (tree groups off) leave some rows
+    another rounding here (skipped where this machine's kernels happen to agree)."""
+    trials = range(120)
+    for trial in trials:
+        block, alone = tree_block_and_alone(trial)
+        assert torch.equal(block, alone), trial
+    monkeypatch.setattr(numerics, "_tree_groups", lambda *args: None)
+    differ = [t for t in trials if not torch.equal(*tree_block_and_alone(t))]
+    if not differ:
+        pytest.skip("this machine's kernels give a tree query the step's value in the chain layout too")
+    assert differ
+
+
 def test_invariant_attention_builds_a_forwards_masks_once_per_model_and_never_reuses_another_masks():
     """Every layer of one forward passes the same mask tensor (one per layer type): its groups are built once, kept
     in the model's own ``MaskCache`` while the mask lives, the masks of both layer types of a mixed model at once. A
@@ -240,6 +292,28 @@ def test_bf16_greedy_speculative_output_equals_plain_greedy(bf16_target, drafter
         assert spec.tokens == plain, f"the {n}-token prompt"
         if drafter_kind == "self":
             assert all(a == d for a, d in zip(spec.accepted, spec.drafted, strict=True))
+
+
+@pytest.mark.parametrize("drafter_kind", ["noisy_lm", "self", "ngram"])
+def test_bf16_greedy_tree_speculative_output_equals_plain_greedy(bf16_target, drafter_kind):
+    """Dynamic trees (draft LMs) and n-gram trees of several continuations verified by the batch-invariant bf16
+    target: the tree's queries are laid out per path (``numerics._tree_groups``), so greedy output is plain
+    greedy's token for token."""
+    if drafter_kind == "ngram":
+        drafter = NGramDrafter(max_ngram=2, width=3)
+    else:
+        lm = bf16_target.model if drafter_kind == "self" else make_llama(seed=5, layers=1, hidden=32, vocab=WIDE_V)
+        drafter = DraftLM(lm)
+        drafter.set_tree(TreePolicy(TreeKind.DYNAMIC, 12, 3), 4)
+    decoder = SpeculativeDecoder(bf16_target, drafter, 4, Sampling())
+    g, widest = torch.Generator().manual_seed(2), 0
+    for n in (6, 40, 120):
+        prompt = torch.randint(0, WIDE_V, (n,), generator=g).tolist()
+        prompt = prompt + prompt[: n // 2]
+        spec = decoder.generate(prompt, 40)
+        assert spec.tokens == plain_decode(bf16_target, prompt, 40, Sampling()).tokens, f"the {n}-token prompt"
+        widest = max(widest, *spec.drafted)
+    assert widest > 4  # trees: more candidates in a round than a chain of 4
 
 
 def test_without_batch_invariance_bf16_greedy_speculative_output_leaves_plain_greedy():

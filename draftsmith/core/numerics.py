@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from dataclasses import dataclass
 from types import MethodType
 
 import torch
@@ -226,7 +227,11 @@ def invariant_attention(module, query, key, value, attention_mask, scaling, drop
     window = kwargs.get("sliding_window")
     out = query.new_empty(b, h, n, value.shape[-1])
     cache = getattr(module, MASK_CACHE, None)
-    for start, end, width, mask in _group_masks(attention_mask, b, n, kv, query.dtype, query.device, window, cache):
+    for group in _group_masks(attention_mask, b, n, kv, query.dtype, query.device, window, cache):
+        if isinstance(group, TreeGroups):
+            out[:, :, group.queries] = _tree_attention(query, key, value, group, scaling, softcap)
+            continue
+        start, end, width, mask = group
         m = end - start
         q = torch.nn.functional.pad(query[:, :, start:end], (0, 0, 0, QUERY_ROWS - m))
         k = torch.nn.functional.pad(key[:, :, :width], (0, 0, 0, max(0, width - kv)))
@@ -237,6 +242,91 @@ def invariant_attention(module, query, key, value, attention_mask, scaling, drop
         w = torch.nn.functional.softmax(w + mask, dim=-1, dtype=torch.float32).to(query.dtype)
         out[:, :, start:end] = torch.matmul(w, v)[:, :, :m]
     return out.transpose(1, 2).contiguous(), None
+
+
+@dataclass(frozen=True)
+class TreeGroups:
+    """Query groups of a tree block whose keys all have one width, each laid out as a chain (``_tree_groups``):
+    ``G`` groups of ``QUERY_ROWS`` query rows (block indices; padded rows repeat a real one and are dropped) over
+    ``width`` gathered keys each, with the additive mask of each group's rows."""
+
+    rows: torch.Tensor  # (G, QUERY_ROWS) block indices of the queries, padded
+    real: torch.Tensor  # (G, QUERY_ROWS) bool: a real query row
+    keys: torch.Tensor  # (G, width) key indices, padded
+    mask: torch.Tensor  # (1, 1, G, QUERY_ROWS, width) additive
+    queries: torch.Tensor  # (real rows,) the block indices the real rows compute, in the order of rows[real]
+
+
+def _tree_attention(query, key, value, group: TreeGroups, scaling: float, softcap) -> torch.Tensor:
+    """The real rows of ``group``, each computed over its chain layout of keys with the shapes of a chain's
+    group: (b, h, real rows, head dim)."""
+    q = torch.where(group.real[:, :, None], query[:, :, group.rows], 0)  # (b, h, G, QUERY_ROWS, d): padded rows 0
+    k, v = key[:, :, group.keys], value[:, :, group.keys]  # (b, h, G, width, d)
+    w = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (b, h, G, QUERY_ROWS, width)
+    if softcap is not None:
+        w = torch.tanh(w / softcap) * softcap
+    w = torch.nn.functional.softmax(w + group.mask, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(w, v)[:, :, group.real]  # (b, h, real rows, d)
+
+
+def _tree_groups(seen: torch.Tensor, n: int, kv: int, dtype, device) -> list[TreeGroups] | None:
+    """A tree block's queries grouped so each computes over its keys laid out as the one-token step at its
+    position lays them out; None when the block is a chain (each query sees every earlier block query).
+
+    ``seen`` (n, kv) bool: which keys each of the block's ``n`` queries (the last ``n`` of ``kv`` keys) sees. A
+    tree query sees the cache and its ancestors in the block (listed before it, as a tree's nodes are), so its
+    one-token step would see the cache and the same ancestors at consecutive positions after it: that layout is
+    gathered (``[0, kv - n)`` and the ancestors' block keys in order), and padded as ``_group_masks`` pads a
+    step's keys (to the next multiple of ``KEY_BLOCK``, masked). Queries along one path share the layout of its
+    deepest member, so a query joins its parent's group while that group ends at its parent, holds fewer than
+    ``QUERY_ROWS`` and has the same width (a chain's grouping, per path); its other children start groups of their
+    own. Groups of one width are stacked, so each matmul has a chain group's shape, batched."""
+    block = seen[:, kv - n :].cpu()
+    if all(bool(block[j, : j + 1].all()) for j in range(n)):
+        return None
+    ancestors = [[i for i in range(j + 1) if block[j, i]] for j in range(n)]
+    members: list[list[int]] = []
+    widths: list[int] = []
+    open_at: dict[int, int] = {}  # block index -> the group that ends there
+    for j in range(n):
+        width = -(-(kv - n + len(ancestors[j])) // KEY_BLOCK) * KEY_BLOCK
+        parent = ancestors[j][-2] if len(ancestors[j]) > 1 else None
+        g = open_at.pop(parent, None) if parent is not None else None
+        if g is not None and (len(members[g]) == QUERY_ROWS or widths[g] != width):
+            g = None
+        if g is None:
+            members.append([])
+            widths.append(width)
+            g = len(members) - 1
+        members[g].append(j)
+        open_at[j] = g
+    lowest = torch.finfo(dtype).min
+    out = []
+    for width in sorted(set(widths)):
+        rows, real, keys, masks = [], [], [], []
+        for g in (g for g, w in enumerate(widths) if w == width):
+            layout = list(range(kv - n)) + [kv - n + i for i in ancestors[members[g][-1]]]
+            index = torch.tensor(layout + [0] * (width - len(layout)))
+            mask = torch.full((QUERY_ROWS, width), 0.0)
+            for r, j in enumerate(members[g]):
+                mask[r] = torch.where(seen[j].cpu()[index], 0.0, lowest)
+                mask[r, len(layout) :] = lowest
+            rows.append(members[g] + [members[g][0]] * (QUERY_ROWS - len(members[g])))
+            real.append([r < len(members[g]) for r in range(QUERY_ROWS)])
+            keys.append(index)
+            masks.append(mask)
+        real_t = torch.tensor(real, device=device)
+        rows_t = torch.tensor(rows, device=device)
+        out.append(
+            TreeGroups(
+                rows=rows_t,
+                real=real_t,
+                keys=torch.stack(keys).to(device),
+                mask=torch.stack(masks).to(dtype=dtype, device=device)[None, None],
+                queries=rows_t[real_t],
+            )
+        )
+    return out
 
 
 def _group_masks(
@@ -251,6 +341,11 @@ def _group_masks(
         build = functools.partial(_group_masks, attention_mask, b, n, kv, dtype, device, window)
         return cache.groups(attention_mask, (b, n, kv, dtype, device), build)
     lowest = torch.finfo(dtype).min
+    if attention_mask is not None and b == 1 and n > 1:  # a tree's block: its queries laid out per path
+        seen = attention_mask[0, 0, :, :kv]
+        trees = _tree_groups(seen if seen.dtype == torch.bool else seen == 0, n, kv, dtype, device)
+        if trees is not None:
+            return trees
     blocks = [-(-(kv - n + j + 1) // KEY_BLOCK) * KEY_BLOCK for j in range(n)]
     groups, start = [], 0
     while start < n:

@@ -16,13 +16,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
 from draftsmith.core.dtypes import DTYPES, torch_dtype
-from draftsmith.core.numerics import is_batch_invariant, make_batch_invariant
+from draftsmith.core.numerics import INVARIANT_ATTENTION, is_batch_invariant, make_batch_invariant
 from draftsmith.errors import DraftsmithError
 
 # Layer types whose attention draftsmith can express in one additive mask (see ``Target.layer_masks``).
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
-# Attention implementations that apply a custom 4D mask as given (flash attention ignores it).
-MASKED_ATTENTION = ("eager", "sdpa")
+# Attention implementations that apply a custom 4D mask as given (flash attention ignores it); the batch-invariant
+# one lays each tree query's keys out as its one-token step does (``numerics._tree_groups``).
+MASKED_ATTENTION = ("eager", "sdpa", INVARIANT_ATTENTION)
 
 
 @dataclass
