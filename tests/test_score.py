@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import make_llama
 
 from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.eval.rows import PlainRow
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.draft_lm.network import DraftLM
 
@@ -125,6 +128,21 @@ def test_a_live_row_serialises_as_before(target, tokenizer, prompts):
     assert not {"auto_k", "lossy", "verify", "target", "checked", "divergences"} & set(saved)  # only where set
     assert json.loads(json.dumps(saved)) == saved and ScoreRow.from_dict(saved) == rows[0]
     assert set(plain.to_dict()) == {"tokens", "seconds", "tokens_per_s", "target_calls"}
+
+
+def test_reference_targets_decode_plainly_in_the_same_run_and_the_fastest_is_named(target, tokenizer, prompts):
+    other = Target(make_llama(seed=5), tokenizer, feature_layers=(1, 2), name="other")
+    plain, rows = score_drafters(
+        target, {"self": DraftLM(target.model, tokenizer)}, prompts, 2, Sampling(0.0), 6, progress=False,
+        references={"other": other},
+    )  # fmt: skip
+    ref = plain.references["other"]
+    assert ref.tokens == plain.tokens == 6 * len(prompts) and ref.target_calls == 6 * len(prompts)
+    assert ref.tokens_per_s != plain.tokens_per_s  # its own decodes, timed apart
+    assert plain.fastest is max(plain, ref, key=lambda m: m.tokens_per_s)
+    assert rows[0].speedup == pytest.approx(rows[0].tokens_per_s / plain.tokens_per_s, rel=1e-3)  # still own plain
+    saved = json.loads(json.dumps(plain.to_dict()))
+    assert set(saved["references"]) == {"other"} and PlainRow.from_dict(saved) == plain
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--tree", "bushy"), ("--verify", "spectre")], ids=["tree", "verify"])

@@ -20,17 +20,28 @@ class PlainRow(PlainMetrics):
 
     checked: int | None = None
     checks_passed: int | None = None
+    references: dict[str, PlainMetrics] | None = None
+    """Plain decoding of other targets in the same interleaved run (``score_drafters(references=...)``: the same
+    weights with the fastest kernels, or in float32), by name; None without."""
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(PlainMetrics)}
         if self.checked is not None:
             out |= {"checked": self.checked, "checks_passed": self.checks_passed}
+        if self.references is not None:
+            out["references"] = {name: m.to_dict() for name, m in self.references.items()}
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> PlainRow:
         metrics = {f.name: d[f.name] for f in fields(PlainMetrics)}
-        return cls(**metrics, checked=d.get("checked"), checks_passed=d.get("checks_passed"))
+        refs = {name: PlainMetrics(**m) for name, m in d["references"].items()} if "references" in d else None
+        return cls(**metrics, checked=d.get("checked"), checks_passed=d.get("checks_passed"), references=refs)
+
+    @property
+    def fastest(self) -> PlainMetrics:
+        """The fastest plain decoding of the run: this target's or a reference's."""
+        return max([self, *(self.references or {}).values()], key=lambda m: m.tokens_per_s)
 
 
 OPTIONAL_METRICS = ("tau_full", "verify_ratio")

@@ -43,6 +43,7 @@ def score_drafters(
     verify: VerifyRule | dict[str, VerifyRule] = VerifyRule.SPECINFER,
     judges: dict | None = None,
     checks: list[dict | None] | None = None,
+    references: dict[str, Target] | None = None,
 ) -> tuple[PlainRow, list[ScoreRow]]:
     """Decode every prompt plainly and with each drafter, interleaved so all see the same machine state.
 
@@ -53,6 +54,9 @@ def score_drafters(
     multi-candidate rule, one for all drafters or one per drafter name (SpecInfer for those it does not name).
     ``judges``: drafter name -> judge head: that drafter is verified by Judge decoding (lossy: its row says so).
     ``checks`` (one per prompt, ``data/checks.py``): every row, plain decoding's too, counts the answers that pass.
+    ``references``: other targets (the same weights with the fastest kernels, or in float32) decoded plainly in the
+    same loop, so that a speedup can be given over the fastest plain decoding the machine offers too
+    (``PlainRow.references``, ``PlainRow.fastest``).
 
     Returns:
         (plain decoding of ``target``, one row per drafter); ``to_dict`` gives what a report saves.
@@ -72,7 +76,8 @@ def score_drafters(
         name: SpeculativeDecoder(targets[name], d, ks[name], sampling, rules[name], judges.get(name))
         for name, d in drafters.items()
     }
-    baselines = {id(t): t for t in [target, *targets.values()]}
+    references = references or {}
+    baselines = {id(t): t for t in [target, *targets.values(), *references.values()]}
     # warm-up: first calls pay one-off allocation costs that would bias whichever runs first; a compiled target
     # also compiles a graph per new shape family (prefill lengths, each drafted length), so it warms up on two
     # whole prompts
@@ -119,6 +124,8 @@ def score_drafters(
             row.checked, row.checks_passed = checked(targets[name], spec[name], checks)
         rows.append(row)
     plain_row = PlainRow(**vars(plain_metrics(plain[id(target)])))
+    if references:
+        plain_row.references = {name: plain_metrics(plain[id(t)]) for name, t in references.items()}
     if checks is not None:
         plain_row.checked, plain_row.checks_passed = checked(target, plain[id(target)], checks)
     return plain_row, rows
