@@ -458,7 +458,7 @@ def pipeline(
             load_prompts(source, prompt_field)
     print("[choices] (each can be overridden; see draftsmith pipeline --help)")
     info = inspect_target(spec)
-    resolved = targets.ResolvedTarget(spec, info.dir, targets.target_dtype(spec, info.dir))  # once, for every stage
+    resolved = targets.resolve_target(spec, path=info.dir)  # once, for every stage
     print(
         f"  target {info.dir}: {info.model_type}, {info.layers} layers, hidden {info.hidden}, vocab {info.vocab}, "
         f"{'a' if info.chat_template else 'no'} chat template"

@@ -74,8 +74,8 @@ def quickstart(
     out = Path(out or ("runs/quickstart" if target == "demo" else f"runs/quickstart-{target}"))
     budget = FAST if fast else plan.budget
     print(f"quickstart: the pipeline on the built-in target {target!r}")
-    spec, target_dir = targets.parse_target(target, dtype), _target_dir(target, fast)
-    resolved = targets.ResolvedTarget(spec, target_dir, targets.target_dtype(spec, target_dir))  # once, for every stage
+    target_dir = _target_dir(target, fast)
+    resolved = targets.resolve_target(target, dtype, path=target_dir)  # once, for every stage
     if resolved.dtype != targets.checkpoint_dtype(targets.TargetSpec(str(target_dir)), target_dir):
         plan = replace(plan, dtype=resolved.dtype)
     print(f"  computing in {resolved.dtype}")

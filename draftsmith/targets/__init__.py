@@ -62,14 +62,15 @@ Targetlike = str | Path | TargetSpec | ResolvedTarget
 
 
 def resolve_target(
-    target: Targetlike, dtype: str | None = None, device: str = "cpu", quiet: bool = False
+    target: Targetlike, dtype: str | None = None, device: str = "cpu", quiet: bool = False, path: Path | None = None
 ) -> ResolvedTarget:
-    """``target`` resolved: parsed, its directory found (a built-in built on first use), its dtype decided. A
-    ``ResolvedTarget`` is returned as it is unless ``dtype`` asks for another one."""
+    """``target`` resolved: parsed, its directory found (a built-in built on first use; ``path``: the directory a
+    caller already found, e.g. while inspecting it), its dtype decided. A ``ResolvedTarget`` is returned as it is
+    unless ``dtype`` asks for another one."""
     if isinstance(target, ResolvedTarget) and dtype in (None, AUTO, target.dtype):
         return target
     spec = parse_target(target, dtype)
-    path = resolve(spec)
+    path = path if path is not None else resolve(spec)
     return ResolvedTarget(spec, path, target_dtype(spec, path, device, quiet))
 
 
