@@ -137,6 +137,22 @@ def test_greedy_rasd_over_feature_drafters_equals_plain_greedy(target, policy, f
     assert retrieved > 0 and accepted > 0  # retrieval nodes were verified beside the model's, and accepted
 
 
+def test_retrieval_goes_deeper_than_a_model_drafting_at_its_own_depth(target):
+    """``depth=1``: the model drafts one token a round, retrieval's paths go on to K = 4 below it; greedy output
+    stays plain greedy's, and rounds accept more than the model's one token (retrieval's deeper nodes)."""
+    prompts = repetitive(0)
+    known = [p + plain_decode(target, p, 10, Sampling()).tokens for p in prompts]
+    drafter = RasdDrafter(eagle(target, 3), datastore=SuffixIndex.build(known), nodes=6, depth=1)
+    asked, propose = [], drafter.inner.propose
+    drafter.inner.propose = lambda state, k, *rest: asked.append(k) or propose(state, k, *rest)
+    decoder, deep = SpeculativeDecoder(target, drafter, 4, Sampling()), 0
+    for prompt in prompts:
+        result = decoder.generate(prompt, 23)
+        assert result.tokens == plain_decode(target, prompt, 23, Sampling()).tokens, prompt
+        deep += sum(a > 1 for a in result.accepted)
+    assert set(asked) == {1} and deep > 0
+
+
 @pytest.mark.parametrize("name", ["qwen2_mixed", "gpt2"])
 @pytest.mark.parametrize("kind", ["chain", "dynamic"])
 def test_greedy_rasd_over_a_draft_lm_equals_generate(name, kind):
@@ -239,7 +255,9 @@ def test_rasd_specs_parse_and_build_in_one_line(target):
     assert parse_spec("rasd:runs/x/eagle3") == Named("rasd:runs/x/eagle3", Rasd("runs/x/eagle3"))
     named = parse_spec("fused=rasd:datastore=/data/store,nodes=8,prune=0,context=0:target")
     assert named == Named("fused", Rasd("target", "/data/store", False, 8, 4, 0))
-    for bad in ("rasd:nodes=0:target", "rasd:bogus=1:target", "rasd:context=yes:target", "rasd:datastore=:target"):
+    assert parse_spec("rasd:depth=2:target").spec == Rasd("target", depth=2)
+    bad_specs = ("rasd:nodes=0:target", "rasd:bogus=1:target", "rasd:context=yes:target", "rasd:datastore=:target")
+    for bad in (*bad_specs, "rasd:depth=0:target"):
         with pytest.raises(DraftsmithError, match="expected rasd:DRAFTER") as e:
             parse_spec(bad)
         assert "\n" not in str(e.value)

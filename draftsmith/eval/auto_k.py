@@ -63,6 +63,8 @@ class Shape(KChoice):
     nodes_candidates: list[dict] | None = None
     """RASD: each depth and retrieval budget considered: ``k``, ``nodes``, ``tau``, ``verified`` (m), ``cost`` (C: the
     drafter's time per round, retrieval included, in decode steps) and ``speedup``."""
+    model_depth: int | None = None
+    """RASD: the model drafter's depth per round (its own K alone); retrieval's paths go to ``k``."""
 
     @classmethod
     def of(cls, choice: KChoice, cost: float, source: str) -> Shape:
@@ -70,21 +72,30 @@ class Shape(KChoice):
 
     def to_dict(self) -> dict:
         """As a report saves it (rounded)."""
-        return {
-            "k": self.k,
-            "tree_size": self.tree_size,
-            "predicted_tau": round(self.predicted_tau, 4),
-            "predicted_speedup": round(self.predicted_speedup, 4),
-            "cost": round(self.cost, 5),
-            "source": self.source,
-            "candidates": self.candidates,
-        } | ({"nodes": self.nodes, "nodes_candidates": self.nodes_candidates} if self.nodes is not None else {})
+        return (
+            {
+                "k": self.k,
+                "tree_size": self.tree_size,
+                "predicted_tau": round(self.predicted_tau, 4),
+                "predicted_speedup": round(self.predicted_speedup, 4),
+                "cost": round(self.cost, 5),
+                "source": self.source,
+                "candidates": self.candidates,
+            }
+            | ({"nodes": self.nodes, "nodes_candidates": self.nodes_candidates} if self.nodes is not None else {})
+            | ({"model_depth": self.model_depth} if self.model_depth is not None else {})
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> Shape:
         """A saved report's ``auto_k``."""
         fields = ("k", "tree_size", "predicted_tau", "predicted_speedup", "candidates", "cost", "source")
-        return cls(**{f: d[f] for f in fields}, nodes=d.get("nodes"), nodes_candidates=d.get("nodes_candidates"))
+        rasd = {
+            "nodes": d.get("nodes"),
+            "nodes_candidates": d.get("nodes_candidates"),
+            "model_depth": d.get("model_depth"),
+        }
+        return cls(**{f: d[f] for f in fields}, **rasd)
 
 
 def chain_tau(accept: Sequence[float], k: int) -> float:

@@ -100,7 +100,7 @@ class FusedChoice:
     """The fused tree's depth and retrieval budget chosen (``choose_fused``).
 
     Attributes:
-        k: draft depth per round (the model drafter's, and retrieval's deepest path).
+        k: draft depth per round: retrieval's deepest path (and the model drafter's, up to its ``depth``).
         nodes: retrieval nodes per round.
         predicted_tau: τ measured at (k, nodes) in calibration.
         predicted_speedup: S at (k, nodes).

@@ -145,7 +145,7 @@ def most_verified(drafter: Drafter, k: int) -> int:
     from draftsmith.families.ngram.drafter import NGramDrafter
 
     if isinstance(drafter, RasdDrafter):
-        return most_verified(drafter.inner, k) + drafter.nodes
+        return most_verified(drafter.inner, min(k, drafter.depth or k)) + drafter.nodes
     if isinstance(drafter, TreeDrafter) and drafter.tree.kind is TreeKind.SAMPLED:
         return drafter.tree.sampled_nodes(k) + 1
     if isinstance(drafter, TreeDrafter) and drafter.tree.kind is not TreeKind.CHAIN:
@@ -175,7 +175,7 @@ def choose_shapes(
     for name, drafter in drafters.items():
         target = targets[name]
         if isinstance(drafter, RasdDrafter):
-            drafter.nodes = 0
+            drafter.nodes, drafter.depth = 0, None  # the model drafter alone, at every depth
         ratios, _ = verify_ratios(target, prompt, counts, 3)
         tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
         if tree is not None:  # calibrate as a chain: one drafter forward per drafted token
@@ -208,11 +208,13 @@ def fused_nodes(
     target: Target, drafter: RasdDrafter, prompt: list[int], sampling: Sampling, seed: int, shape: auto_k.Shape
 ) -> auto_k.Shape:
     """``shape`` (the model drafter's) with the fused tree's depth and retrieval budget of highest predicted speed
-    τ / (r(m) + C), C the drafter's time per round with retrieval's, at the model's K and deeper (retrieval drafts no
-    deeper than K; ``eval.rasd.choose_fused``), r(m) measured up to the widest fused tree; the drafter is left set
-    to them."""
+    τ / (r(m) + C), C the drafter's time per round with retrieval's (``eval.rasd.choose_fused``), r(m) measured up
+    to the widest fused tree; the drafter is left set to them. The model drafts at the K chosen for it alone
+    (``RasdDrafter.depth``: as deep as its own drafts pay); retrieval's paths, nearly free per node, may go deeper,
+    to the fused K chosen among the model's K, 4 and 8 (the n-gram copies long runs where the text repeats)."""
+    drafter.depth = shape.k
     depths = sorted({shape.k, AUTO_MAX_K // 2, AUTO_MAX_K})
-    counts = {most_verified(drafter.inner, k) + n for k in depths for n in rasd.BUDGETS}
+    counts = {most_verified(drafter.inner, min(k, shape.k)) + n for k in depths for n in rasd.BUDGETS}
     ratios, step = verify_ratios(target, prompt, sorted(counts), 3)
     choice = rasd.choose_fused(target, drafter, prompt, depths, sampling, ratios, step, seed=seed)
     return replace(
@@ -222,6 +224,7 @@ def fused_nodes(
         predicted_speedup=choice.predicted_speedup,
         nodes=choice.nodes,
         nodes_candidates=choice.candidates,
+        model_depth=drafter.depth,
     )
 
 

@@ -105,6 +105,8 @@ class Rasd:
     """Longest context suffix matched."""
     prune: int = 8
     """Keep retrieval paths whose first token is among the drafter's this many most likely (0: all)."""
+    depth: int | None = None
+    """The model drafter's depth per round (None: the round's K); retrieval's paths go as deep as K."""
 
 
 DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers | CrossVocab | Rasd
@@ -197,7 +199,7 @@ def _skip(text: str) -> SkipLayers:
 def _rasd(text: str) -> Rasd:
     form = (
         f"drafter {text!r}: expected rasd:DRAFTER or rasd:KEY=VALUE,...:DRAFTER with keys datastore, context (0/1), "
-        "nodes, ngram (positive) and prune (>= 0)"
+        "nodes, ngram, depth (positive) and prune (>= 0)"
     )
     first, _, rest = text.removeprefix("rasd:").partition(":")
     if "=" not in first or not rest:
@@ -209,7 +211,7 @@ def _rasd(text: str) -> Rasd:
             options[key] = value
         elif key == "context" and value in ("0", "1"):
             options[key] = value == "1"
-        elif key in ("nodes", "ngram", "prune") and value.isdigit() and (int(value) > 0 or key == "prune"):
+        elif key in ("nodes", "ngram", "prune", "depth") and value.isdigit() and (int(value) > 0 or key == "prune"):
             options[key] = int(value)
         else:
             raise DraftsmithError(form)
@@ -269,7 +271,7 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
 
             store = None if spec.datastore is None else SuffixIndex.load(spec.datastore, target.fingerprint)[0]
             inner = build_drafter(_parse(spec.drafter), target)
-            return RasdDrafter(inner, store, spec.context, spec.nodes, spec.ngram, spec.prune)
+            return RasdDrafter(inner, store, spec.context, spec.nodes, spec.ngram, spec.prune, depth=spec.depth)
         case CrossVocab(path):
             from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
 

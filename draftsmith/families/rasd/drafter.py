@@ -112,6 +112,8 @@ class RasdDrafter(TreeDrafter):
         prune_top_k: keep a retrieval path only when its first token is among the drafter's this many most likely
             first tokens (0: keep every path).
         length: deepest retrieval path (None: the round's K).
+        depth: the model drafter's depth per round (None: the round's K). Below the round's K, the model drafts as
+            deep as it pays alone and retrieval's paths, nearly free per node, go on to K below its nodes.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class RasdDrafter(TreeDrafter):
         max_ngram: int = 4,
         prune_top_k: int = 8,
         length: int | None = None,
+        depth: int | None = None,
     ) -> None:
         if not isinstance(inner, TreeDrafter):
             raise DraftsmithError(
@@ -131,13 +134,14 @@ class RasdDrafter(TreeDrafter):
             )
         if datastore is None and not context:
             raise DraftsmithError("rasd: no retrieval source: give a datastore or keep context retrieval on")
-        if nodes < 0 or max_ngram < 1 or prune_top_k < 0 or (length is not None and length < 1):
+        if nodes < 0 or max_ngram < 1 or prune_top_k < 0 or any(x is not None and x < 1 for x in (length, depth)):
             raise DraftsmithError(
-                f"rasd: ngram and length must be positive, nodes and prune >= 0, got nodes={nodes}, "
-                f"ngram={max_ngram}, prune={prune_top_k}, length={length}"
+                f"rasd: ngram, length and depth must be positive, nodes and prune >= 0, got nodes={nodes}, "
+                f"ngram={max_ngram}, prune={prune_top_k}, length={length}, depth={depth}"
             )
         self.inner, self.datastore, self.context = inner, datastore, context
         self.nodes, self.max_ngram, self.prune_top_k, self.length = nodes, max_ngram, prune_top_k, length
+        self.depth = depth
         self.vocab_size, self.tokenizer_hash = inner.vocab_size, inner.tokenizer_hash
         self.needs_features, self.feature_layers, self.own_target = (
             inner.needs_features,
@@ -207,7 +211,7 @@ class RasdDrafter(TreeDrafter):
     @torch.no_grad()
     def propose(self, state: RasdState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
         with _recording_root(self.inner) as seen:
-            draft = self.inner.propose(state.inner, k, sampling, generator)
+            draft = self.inner.propose(state.inner, min(k, self.depth or k), sampling, generator)
         start = time.perf_counter()
         first = seen[0] if seen else (draft.q[0] if draft.q is not None and len(draft) else None)
         paths = self.prune(self.retrieve(state, min(k, self.length or k)), first)
