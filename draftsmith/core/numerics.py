@@ -282,7 +282,12 @@ def _tree_groups(seen: torch.Tensor, n: int, kv: int, dtype, device) -> list[Tre
     ``QUERY_ROWS`` and has the same width (a chain's grouping, per path); its other children start groups of their
     own. Groups of one width are stacked, so each matmul has a chain group's shape, batched."""
     block = seen[:, kv - n :].cpu()
-    if all(bool(block[j, : j + 1].all()) for j in range(n)):
+
+    def contiguous(j: int) -> bool:  # a chain's (or a sliding window's) keys: one run of block keys ending at j
+        keys = block[j, : j + 1].nonzero().flatten().tolist()
+        return not keys or (keys[-1] == j and keys[-1] - keys[0] == len(keys) - 1)
+
+    if all(contiguous(j) for j in range(n)):
         return None
     ancestors = [[i for i in range(j + 1) if block[j, i]] for j in range(n)]
     members: list[list[int]] = []
