@@ -28,6 +28,18 @@ def mtbench_subset(n: int) -> list:
     return [p for group in picked.values() for p in group]
 
 
+def heldout_sets(tokenizer, n: int) -> dict[str, tuple[list[list[int]], list | None]]:
+    """The two held-out sets SmolLM2's benchmarks score on, encoded: ``mt-bench`` (``mtbench_subset(n)``, with each
+    prompt's category) and ``chat-heldout`` (its first ``n``): name -> (prompts, categories or None)."""
+    from draftsmith.data.prompts import encode, load_prompts
+
+    mt = mtbench_subset(n)
+    return {
+        "mt-bench": ([encode(p, tokenizer) for p in mt], [p.category for p in mt]),
+        "chat-heldout": ([encode(p, tokenizer) for p in load_prompts("builtin:chat-heldout", limit=n)], None),
+    }
+
+
 def draft_vocab_coverage(drafter: Path, data: Path) -> dict:
     """Share of the generated tokens of ``data`` that an EAGLE-3 drafter's draft vocabulary holds (``t2d``): a token
     outside it can never be drafted, so it ends every chain that reaches it."""

@@ -29,13 +29,12 @@ import json
 import os
 from pathlib import Path
 
-from common import RESULTS, machine, measured_on, mtbench_subset, saved_block, write
+from common import RESULTS, heldout_sets, machine, measured_on, saved_block, write
 
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.datastore import build
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import AUTO_K, score_drafters
 from draftsmith.families.specs import Named, NGram, Rasd, Trained, build_drafter
@@ -191,12 +190,7 @@ def main() -> None:
     if args.float32 and dtype != "float32":
         references["float32"] = Target.from_pretrained(path, dtype="float32")
     tokenizer = verified.tokenizer
-    chat = load_prompts("builtin:chat-heldout", limit=args.num_prompts)
-    mt = mtbench_subset(args.num_prompts)
-    sets = {
-        "mt-bench": ([encode(p, tokenizer) for p in mt], [p.category for p in mt]),
-        "chat-heldout": ([encode(p, tokenizer) for p in chat], None),
-    }
+    sets = heldout_sets(tokenizer, args.num_prompts)
     blocks = {}
     for mode in args.modes:
         for set_name, (prompts, categories) in sets.items():

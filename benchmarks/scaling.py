@@ -46,7 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import RESULTS, draft_vocab_coverage, machine, mtbench_subset, write
+from common import RESULTS, draft_vocab_coverage, heldout_sets, machine, write
 
 from draftsmith.core import native
 from draftsmith.core.machine import native_bf16
@@ -58,7 +58,6 @@ from draftsmith.data.generate import load_generated
 from draftsmith.data.magpie import write_instructions_generated
 from draftsmith.data.packed import is_packed, unpack
 from draftsmith.data.packed import metadata as packed_metadata
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.data.shards import read_metadata, snapshot
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
@@ -467,12 +466,7 @@ def main() -> None:
     if "score" not in args.stages and "report" not in args.stages:
         return
     tokenizer = load_target(TARGET).tokenizer
-    chat = load_prompts("builtin:chat-heldout", limit=args.num_prompts)
-    mt = mtbench_subset(args.num_prompts)
-    sets = {
-        "mt-bench": ([encode(p, tokenizer) for p in mt], [p.category for p in mt]),
-        "chat-heldout": ([encode(p, tokenizer) for p in chat], None),
-    }
+    sets = heldout_sets(tokenizer, args.num_prompts)
     scores = {}
     for size in subsets:
         done = [f for f in args.families if (args.out / "drafters" / f"{f}-{label(size)}" / "config.json").is_file()]
