@@ -82,15 +82,16 @@ def measured_on(m: dict) -> str:
 
 
 def saved_block(path: Path, names: list[str], run) -> dict:
-    """A scored block's result, computed once (``run()``) and saved, so an interrupted benchmark resumes; a saved
-    block of other drafters is computed again."""
+    """A scored block's result, computed once (``run()``) and saved with the git SHA and date it was measured at, so
+    an interrupted benchmark resumes; a saved block of other drafters is computed again."""
     from draftsmith.eval.rows import read_rows
 
     if path.is_file():
         saved = json.loads(path.read_text())
         if [row.name for row in read_rows(saved["drafters"])] == names:
             return saved
-    result = run()
+    m = machine()
+    result = run() | {"measured": {"git": m["git"], "date": m["date"]}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     return result

@@ -116,7 +116,9 @@ def markdown(result: dict) -> str:
     for key, block in result["blocks"].items():
         plain, _ = read_block(block)
         refs = "".join(f"; {n} {p.tokens_per_s:.1f}" for n, p in (plain.references or {}).items())
-        lines.append(f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}")
+        at = block.get("measured", {})
+        when = f"; measured at `{at['git']}` on {at['date']}" if at else ""
+        lines.append(f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}{when}")
     lines += ["", "## Goals (issue 53)", ""]
     for line in goals(result):
         lines.append(f"- {line}")
