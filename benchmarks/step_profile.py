@@ -8,7 +8,7 @@ attention projections (q, k, v, o), the attention core (the attention module les
 embedding, the cache update, the scores, softmax and weighted sum; ``invariant_attention`` in batch-invariant
 mode), the MLP's Linears (gate, up, down) and the rest of the MLP (activation and product), the RMSNorms, the LM
 head, and the rest of the step (embedding, masks, HF's Python between modules). The hooks cost time of their own,
-so the step is also timed without them; the modes are interleaved ``--rounds`` times (medians). The prefill is not
+so the step is also timed with one hook on the whole model only (``bare``); the modes are interleaved ``--rounds`` times (medians). The prefill is not
 counted. Writes ``benchmarks/results/step_profile.{json,md}`` (``--results``).
 """
 
@@ -35,11 +35,11 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 class PartTimer:
     """Forward hooks that add each module's wall time to its part, during one-token steps only."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, parts: bool = True) -> None:
         self.totals, self.steps, self.active, self.handles = defaultdict(float), 0, False, []
         self._start: dict[int, float] = {}
         self._hook(model, "step")
-        for name, module in model.named_modules():
+        for name, module in model.named_modules() if parts else ():
             leaf = name.rsplit(".", 1)[-1]
             if leaf == "self_attn":
                 self._hook(module, "attention")
@@ -117,8 +117,10 @@ def main() -> None:
     load = os.getloadavg()[0]
     for _ in range(args.rounds):
         for name, t in targets.items():
-            r = plain_decode(t, prompt, args.steps + 1, greedy)
-            bare[name].append(r.seconds / (r.target_calls - 1))  # the prefill's share is small at 48 steps
+            timer = PartTimer(t.model, parts=False)  # the whole step alone: one hook pair per step, no prefill
+            plain_decode(t, prompt, args.steps + 1, greedy)
+            timer.remove()
+            bare[name].append(timer.totals["step"] / timer.steps)
             timer = PartTimer(t.model)
             plain_decode(t, prompt, args.steps + 1, greedy)
             timer.remove()
@@ -150,13 +152,14 @@ def markdown(result: dict) -> str:
         f"{measured_on(result['machine'])}. One-token decode steps after a {result['context']}-token prompt, "
         f"{result['steps']} steps per run, medians of {result['rounds']} interleaved rounds; load "
         f"{result['load']}. Milliseconds per step, from forward hooks on the model's modules (the hooked step is "
-        "slower than the bare one by the hooks' own cost, which falls on the parts in proportion to their calls).",
+        "slower than the bare one, timed by one hook on the whole model only, by the module hooks' own cost, which "
+        "falls on the parts in proportion to their calls).",
         "",
         "| part | " + " | ".join(names) + (" | batch-invariant − fast |" if inv and fast else " |"),
         "|---|" + "---|" * len(names) + ("---|" if inv and fast else ""),
     ]
     for part in (*PARTS, "hooked step", "step_ms"):
-        label = {"step_ms": "**step without hooks**", "hooked step": "step with hooks"}.get(part, part)
+        label = {"step_ms": "**step without module hooks**", "hooked step": "step with module hooks"}.get(part, part)
         cells = " | ".join(f"{modes[n][part]:.2f}" for n in names)
         diff = f" | {inv[part] - fast[part]:+.2f}" if inv and fast else ""
         lines.append(f"| {label} | {cells}{diff} |")
