@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from common import machine, write
+from common import machine, measured_on, write
 from transformers import AutoConfig, AutoTokenizer
 
 from draftsmith.core.sampling import Sampling
@@ -157,9 +157,15 @@ def markdown(result: dict) -> str:
                              f"| {r.speedup:.2f}× | {exact} |")  # fmt: skip
     fits = result["fits"]
     goal = [f"{name} {mode}: {g:.3f}" for name, t in result["targets"].items() for mode, g in t["s2d_ratio"].items()]
+    deepest = f"S2D sub-network {fits['s2d']['exits'][-1]} alone"
+    same_depth = []
+    for name, t in result["targets"].items():
+        for mode, block in t["scores"].items():
+            by = {r.name: r.tau for r in read_block(block)[1]}
+            same_depth.append(f"{name} {mode}: {by[deepest] / by['per-target draft LM']:.3f}")
     return (
         "## S2D: one sorted draft LM for three targets vs one draft LM per target\n\n"
-        f"`{m['command']}` on {m['date']} ({m['platform']}, {m['threads']} threads, git {m['git']}).\n\n"
+        f"{measured_on(m)}.\n\n"
         f"Draft: {args['student_layers']} layers (sub-networks {fits['s2d']['exits']}), "
         + (
             f"pre-trained {args['pretrain_steps']} steps on the corpus, then "
@@ -174,6 +180,9 @@ def markdown(result: dict) -> str:
         + "\n".join(lines)
         + "\n\nS2D τ / per-target τ (goal ≥ 0.95): "
         + ", ".join(goal)
+        + f". At the per-target draft LM's own depth ({deepest.removeprefix('S2D ').removesuffix(' alone')}, the "
+        "same layers): "
+        + ", ".join(same_depth)
         + (" (--quick: random tiny targets, mechanics only)" if result["quick"] else "")
         + "\n"
     )
