@@ -171,10 +171,10 @@ def train_step(
     return record
 
 
-def warm_up(target: Target, drafter: AdaptiveDrafter, cfg: TLTConfig) -> list[dict]:
+def warm_up(target: Target, drafter: AdaptiveDrafter, cfg: TLTConfig, progress: bool = True) -> list[dict]:
     """The drafter's steps on the initial target's rollouts (drawn from steps -1, -2, ...); their τ and losses."""
     records = []
-    for w in range(cfg.warmup_steps):
+    for w in tqdm(range(cfg.warmup_steps), desc="tlt warm-up", unit="step", disable=not progress):
         prompts = [ids for _, ids in rows_of(target, cfg.task.problems(cfg.rollout.problems, -1 - w), 1)]
         results, rollouts = roll_out(target, drafter, prompts, cfg.rollout, cfg.seed * 1_000_003 + w)
         drafter.add(rollouts)
@@ -235,7 +235,7 @@ def run_tlt(target: Target, cfg: TLTConfig, out: Path | None = None, progress: b
         out.mkdir(parents=True, exist_ok=True)
         (out / "log.jsonl").write_text("")
     drafter = AdaptiveDrafter(target, cfg.drafter)
-    warm = warm_up(target, drafter, cfg)
+    warm = warm_up(target, drafter, cfg, progress)
     frozen = drafter.frozen()
     policy = Policy(target, cfg.policy)
     records = []
