@@ -62,6 +62,7 @@ MARKDOWN = {
     "served": "served",
     "step_profile": "step_profile",
     "tlt_smollm2": "tlt",
+    "tlt_smollm2_k2": "tlt",
     "train": "train",
     "train_throughput": "train_throughput",
     "verifier": "verifier",

@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-tlt"))
     parser.add_argument("--results", type=Path, default=None, help="default: benchmarks/results (--quick: OUT)")
+    parser.add_argument("--name", default=None, help="the results' file name (default tlt_TARGET[_quick][_grpo])")
     parser.add_argument("--quick", action="store_true", help="; ".join(f"{k} {v}" for k, v in QUICK.items()))
     args = parser.parse_args()
     if args.quick:
@@ -124,6 +125,7 @@ def main() -> None:
     except DraftsmithError as e:
         parser.exit(2, f"tlt.py: error: {e}\n")
     name = f"tlt_{args.target}" + ("_quick" if args.quick else "") + ("_grpo" if args.update == "grpo" else "")
+    name = args.name or name
     run = run_tlt(target, cfg, args.out)
     record = run.record
     data = {"machine": machine(), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
