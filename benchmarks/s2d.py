@@ -157,7 +157,8 @@ def markdown(result: dict) -> str:
                              f"| {r.speedup:.2f}× | {exact} |")  # fmt: skip
     fits = result["fits"]
     goal = [f"{name} {mode}: {g:.3f}" for name, t in result["targets"].items() for mode, g in t["s2d_ratio"].items()]
-    deepest = f"S2D sub-network {fits['s2d']['exits'][-1]} alone"
+    top = fits["s2d"]["exits"][-1]
+    deepest = f"S2D sub-network {top} alone"
     same_depth = []
     for name, t in result["targets"].items():
         for mode, block in t["scores"].items():
@@ -180,7 +181,7 @@ def markdown(result: dict) -> str:
         + "\n".join(lines)
         + "\n\nS2D τ / per-target τ (goal ≥ 0.95): "
         + ", ".join(goal)
-        + f". At the per-target draft LM's own depth ({deepest.removeprefix('S2D ').removesuffix(' alone')}, the "
+        + f". At the per-target draft LM's own depth (sub-network {top}, the "
         "same layers): "
         + ", ".join(same_depth)
         + (" (--quick: random tiny targets, mechanics only)" if result["quick"] else "")

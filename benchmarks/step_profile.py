@@ -8,8 +8,8 @@ attention projections (q, k, v, o), the attention core (the attention module les
 embedding, the cache update, the scores, softmax and weighted sum; ``invariant_attention`` in batch-invariant
 mode), the MLP's Linears (gate, up, down) and the rest of the MLP (activation and product), the RMSNorms, the LM
 head, and the rest of the step (embedding, masks, HF's Python between modules). The hooks cost time of their own,
-so the step is also timed with one hook on the whole model only (``bare``); the modes are interleaved ``--rounds`` times (medians). The prefill is not
-counted. Writes ``benchmarks/results/step_profile.{json,md}`` (``--results``).
+so the step is also timed with one hook on the whole model only (``bare``); the modes are interleaved ``--rounds``
+times (medians). The prefill is not counted. Writes ``benchmarks/results/step_profile.{json,md}`` (``--results``).
 """
 
 from __future__ import annotations

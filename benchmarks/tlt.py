@@ -124,8 +124,9 @@ def main() -> None:
         target = load_target(parse_target(args.target, "float32"))
     except DraftsmithError as e:
         parser.exit(2, f"tlt.py: error: {e}\n")
-    name = f"tlt_{args.target}" + ("_quick" if args.quick else "") + ("_grpo" if args.update == "grpo" else "")
-    name = args.name or name
+    name = args.name or (
+        f"tlt_{args.target}" + ("_quick" if args.quick else "") + ("_grpo" if args.update == "grpo" else "")
+    )
     run = run_tlt(target, cfg, args.out)
     record = run.record
     data = {"machine": machine(), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
