@@ -183,7 +183,7 @@ def main() -> None:
     record = json.loads((store_dir / "datastore.json").read_text())
     store = record | {"bytes": sum(f.stat().st_size for f in store_dir.iterdir())}
 
-    dtype = "bfloat16" if native_bf16() else "float32"
+    dtype = "bfloat16" if native_bf16()[0] else "float32"
     path = resolve("smollm2")
     verified = Target.from_pretrained(path, dtype=dtype)
     references = {}  # the fastest plain decoding: bf16 with the fastest kernels where bf16 is native

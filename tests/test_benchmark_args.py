@@ -65,3 +65,17 @@ def test_scaling_never_mixes_a_generated_corpus_with_the_packed_one(tmp_path):
     run = scaling("--out", str(packed), "--corpus", "generate")
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert "holds the packed corpus" in run.stderr.strip().splitlines()[-1]
+
+
+def test_dspark_refuses_a_study_without_its_drafters(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "benchmarks/dspark.py", "--study", str(tmp_path / "study"), "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dspark.py: error: {tmp_path / 'study' / 'drafters' / 'eagle3-1M'}: no trained drafter")
+    assert "benchmarks/scaling.py" in last and not (tmp_path / "out").exists()

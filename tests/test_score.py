@@ -11,6 +11,7 @@ from conftest import make_llama
 from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.errors import DraftsmithError
 from draftsmith.eval.rows import PlainRow
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.draft_lm.network import DraftLM
@@ -60,6 +61,18 @@ def test_metrics_count_tokens_and_calls_consistently(target, tokenizer, prompts)
     assert row.tokens == plain.tokens == 13 * len(prompts)
     assert plain.target_calls == 13 * len(prompts)
     assert row.accept_given_reached == [1.0, 1.0, 1.0]
+
+
+def test_one_k_per_drafter_in_one_run(target, tokenizer, prompts):
+    self_draft = DraftLM(target.model, tokenizer)  # every token accepted: tau = K + 1 exactly
+    _, rows = score_drafters(
+        target, {"k2": self_draft, "k4": self_draft}, prompts, {"k2": 2, "k4": 4}, Sampling(), 16, progress=False
+    )
+    by = {r.name: r for r in rows}
+    assert (by["k2"].k, by["k4"].k) == (2, 4)
+    assert by["k2"].tau == pytest.approx(3.0) and by["k4"].tau == pytest.approx(5.0)  # 16 = 1 + 5·3 = 1 + 3·5
+    with pytest.raises(DraftsmithError, match=r"K given for \['k2'\], drafters are \['k2', 'k4'\]"):
+        score_drafters(target, {"k2": self_draft, "k4": self_draft}, prompts, {"k2": 2}, Sampling(), 4, progress=False)
 
 
 def test_sampling_scores_report_no_greedy_exactness(target, tokenizer, prompts):

@@ -34,7 +34,7 @@ def score_drafters(
     target: Target,
     drafters: dict[str, Drafter],
     prompts: list[list[int]],
-    k: int | str,
+    k: int | str | dict[str, int],
     sampling: Sampling,
     max_new_tokens: int,
     seed: int = 0,
@@ -56,7 +56,8 @@ def score_drafters(
     ``checks`` (one per prompt, ``data/checks.py``): every row, plain decoding's too, counts the answers that pass.
     ``references``: other targets (the same weights with the fastest kernels, or in float32) decoded plainly in the
     same loop, so that a speedup can be given over the fastest plain decoding the machine offers too
-    (``PlainRow.references``, ``PlainRow.fastest``).
+    (``PlainRow.references``, ``PlainRow.fastest``). ``k``: one K for all, ``"auto"``, or one K per drafter name (the
+    same drafter at several fixed K in one run).
 
     Returns:
         (plain decoding of ``target``, one row per drafter); ``to_dict`` gives what a report saves.
@@ -67,10 +68,13 @@ def score_drafters(
     for name, drafter in drafters.items():
         check_compatible(targets[name], drafter, name)
         check_rule(drafter, rules[name], sampling, name)
-    lengths = range(1, AUTO_MAX_K + 1) if k == AUTO_K else [int(k)]
+    if isinstance(k, dict) and set(k) != set(drafters):
+        raise DraftsmithError(f"score: K given for {sorted(k)}, drafters are {sorted(drafters)}")
+    fixed = k if isinstance(k, dict) else dict.fromkeys(drafters, k)
+    lengths = range(1, AUTO_MAX_K + 1) if k == AUTO_K else sorted({int(v) for v in fixed.values()})
     s2d.choose_exits(targets, drafters, prompts[0], sampling, seed, lengths, verify_ratios)  # S2D's sub-networks
     shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
-    ks = {name: shapes[name].k if name in shapes else int(k) for name in drafters}
+    ks = {name: shapes[name].k if name in shapes else int(fixed[name]) for name in drafters}
     judges = judges or {}
     decoders = {
         name: SpeculativeDecoder(targets[name], d, ks[name], sampling, rules[name], judges.get(name))
