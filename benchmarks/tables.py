@@ -356,9 +356,39 @@ def render(text: str) -> str:
     return BLOCK.sub(block, text)
 
 
+CURVES = {"smollm2": "scaling_families"}
+"""Recipe set -> the data-scaling results whose learning curves ``draftsmith pipeline`` predicts τ from
+(``draftsmith/configs/SET/learning_curve.json``)."""
+
+
+def learning_curves() -> dict[Path, str]:
+    """Per recipe set of ``CURVES``: its measured learning curves (τ = a + b·ln(generated tokens), per family and
+    held-out set, greedy at the study's K), with what measured them, as ``draftsmith pipeline`` reads them."""
+    out = {}
+    for recipes, name in CURVES.items():
+        result = load(name)
+        sizes = sorted({r["size"] for r in result["rows"]})
+        curves = {}
+        for key, fit in result["curves"].items():
+            set_name, family = key.split("/")
+            if fit is not None:
+                curves.setdefault(family, {})[set_name] = {"a": fit["a"], "b": fit["b"]}
+        record = {
+            "source": f"benchmarks/results/{name}.json",
+            "measured": f"{result['machine']['git']} {result['machine']['date']}",
+            "target": result["target"],
+            "k": importlib.import_module("scaling").MODES["greedy"][0],  # the greedy blocks' K
+            "epochs": result["args"]["epochs"],
+            "tokens": [sizes[0], sizes[-1]],
+            "curves": curves,
+        }
+        out[ROOT / "draftsmith" / "configs" / recipes / "learning_curve.json"] = json.dumps(record, indent=2) + "\n"
+    return out
+
+
 def expected() -> dict[Path, str]:
     """Every file with generated tables, as it should read."""
-    out = results_markdown()
+    out = results_markdown() | learning_curves()
     for path in DOCS:
         text = path.read_text()
         if BLOCK.search(text):
@@ -372,7 +402,7 @@ def main() -> None:
     args = parser.parse_args()
     stale = []
     for path, text in expected().items():
-        if path.read_text() != text:
+        if not path.is_file() or path.read_text() != text:
             stale.append(path.relative_to(ROOT))
             if not args.check:
                 path.write_text(text)

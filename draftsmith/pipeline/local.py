@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import statistics
 import time
 import warnings
@@ -253,6 +254,92 @@ def _estimates(speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_block
     }
 
 
+EPOCHS = 2.0
+"""Passes over the training prompts each family makes when the budget is sized by time (the recipe study's)."""
+SMALLEST = 48
+"""The fewest training prompts a time-sized budget takes (the smoke runs' size)."""
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A data budget sized by time: the most training prompts whose stages fit ``hours`` by the target's measured
+    speed, of the ``available`` ones."""
+
+    hours: float
+    available: int
+
+
+def size_budget(sizing: Sizing, speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_blocks: int) -> Budget:
+    """``budget`` with the most training prompts (at least ``SMALLEST``, at most ``sizing.available``) whose
+    estimated stages (``_estimates``) fit ``sizing.hours``, each family fitting ``EPOCHS`` passes over them (its
+    recipe's steps the floor). Refused in one line when even the smallest does not fit."""
+
+    def sized(n: int) -> Budget:
+        return replace(budget, train_prompts=n, epochs=EPOCHS, fit_steps=0)
+
+    def seconds(n: int) -> float:
+        return sum(_estimates(speeds, sized(n), replace(plan, budget=sized(n)), n_specs, n_blocks).values())
+
+    limit, smallest = sizing.hours * 3600, min(SMALLEST, sizing.available)
+    if seconds(smallest) > limit:
+        raise DraftsmithError(
+            f"--hours {sizing.hours:g}: even {smallest} training prompts need {_duration(seconds(smallest))} on this "
+            "machine (its measured speed); give more --hours, or --num-prompts to size the data yourself"
+        )
+    lo, hi = smallest, sizing.available  # the largest n with seconds(n) <= limit: seconds grows with n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if seconds(mid) <= limit else (lo, mid - 1)
+    return sized(lo)
+
+
+def sized_once(out: Path, sizing: Sizing, size) -> Budget:
+    """The budget ``size()`` chooses, recorded in ``out/sizing.json`` and taken from there when the run is made again
+    with the same hours and prompts (the measured speed varies a little from run to run; the data made for the
+    first choice stays current)."""
+    path = out / "sizing.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    budget = size()
+    if saved.get("hours") == sizing.hours and saved.get("available") == sizing.available:
+        budget, how = replace(budget, train_prompts=saved["train_prompts"]), f"as chosen before ({path})"
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(sizing) | {"train_prompts": budget.train_prompts}, indent=2))
+        how = "by this machine's measured speed"
+    every = " (all of them)" if budget.train_prompts == sizing.available else ""
+    print(
+        f"  data: {budget.train_prompts} training prompts{every}, each family {EPOCHS:g} passes over them: the "
+        f"most that fit --hours {sizing.hours:g}, {how}"
+    )
+    return budget
+
+
+def predicted_tau(plan: Plan, target: targets.ResolvedTarget, tokens: int) -> str:
+    """What the learning curves measured for this recipe set and target (``configs/SET/learning_curve.json``, written
+    by ``benchmarks/tables.py`` from the data-scaling study) predict for ``tokens`` generated training tokens, in
+    words; or why there is no prediction."""
+    path = RECIPES / (plan.recipes or ".") / "learning_curve.json"
+    if not path.is_file():
+        return f"no learning curve measured for the recipe set {plan.recipes or 'default'}"
+    record = json.loads(path.read_text())
+    measured_on = record["target"].split(":")[0]
+    if Path(target.spec.source).name != measured_on:
+        return f"no learning curve measured for this target (the recipe set's is {measured_on}'s)"
+    lo, hi = record["tokens"]
+    where = "within" if lo <= tokens <= hi else "outside (extrapolated)"
+    parts = [
+        f"{family} " + " / ".join(f"{c['a'] + c['b'] * math.log(tokens):.2f} {s}" for s, c in sets.items())
+        for family, sets in record["curves"].items()
+        if family in plan.drafters
+    ]
+    if not parts:
+        return f"no learning curve measured for {', '.join(plan.drafters) or 'these families'}"
+    return (
+        f"τ at K = {record['k']} predicted for up to {tokens:,} generated tokens ({where} the measured {lo:,}–{hi:,}; "
+        f"{record['source']}, {record['epochs']:g} epochs): " + "; ".join(parts)
+    )
+
+
 def _check_out(out: Path, fingerprint: dict) -> None:
     """Refuse an output directory that holds another target's run (its ``manifest.json``)."""
     path = out / MANIFEST
@@ -271,13 +358,15 @@ def run_pipeline(
     k: int = 4,
     runs: dict[str, FitRun] | None = None,
     record: dict | None = None,
+    sizing: Sizing | None = None,
 ) -> Path:
     """The pipeline's stages on ``target`` (resolved once by the caller, or a model dir resolved here in the plan's
     dtype) as ``plan`` says; every stage takes the resolved target; returns the report's
-    path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records. The
-    libraries' logging is quieted for the run only (``quiet_libraries``)."""
+    path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records;
+    ``sizing``: the training prompts chosen by time once the target's speed is measured (``size_budget``) instead
+    of ``budget``'s. The libraries' logging is quieted for the run only (``quiet_libraries``)."""
     with quiet_libraries():
-        return _run_stages(target, plan, out, budget, fast, k, runs, record)
+        return _run_stages(target, plan, out, budget, fast, k, runs, record, sizing)
 
 
 @contextmanager
@@ -310,6 +399,7 @@ def _run_stages(
     k: int,
     runs: dict[str, FitRun] | None,
     record: dict | None,
+    sizing: Sizing | None = None,
 ) -> Path:
     progress = Progress(list(STAGES))
     progress.start("target")
@@ -326,10 +416,18 @@ def _run_stages(
         f"  one decoding step {1e3 * speeds.step_s:.1f} ms; 16 sequences {1e3 * speeds.batch_step_s:.1f} ms; "
         f"forward {speeds.forward_tokens_s:.0f} tokens/s"
     )
-    write_manifest(out, target=fingerprint, plan=asdict(plan), fast=fast, k=k, **(record or {}))
     specs = [Named("ngram", NGram())]
     ks = sorted({*plan.ks, k})
-    guess = _estimates(speeds, budget, plan, len(plan.drafters) + 3 + plan.acceptance_head, len(ks) + 1)  # + rasd
+    n_specs, n_blocks = len(plan.drafters) + 3 + plan.acceptance_head, len(ks) + 1  # + rasd; + --k auto
+    if sizing is not None:
+        budget = sized_once(out, sizing, lambda: size_budget(sizing, speeds, budget, plan, n_specs, n_blocks))
+        plan = replace(plan, budget=budget)
+    if plan.drafters:
+        print(f"  {predicted_tau(plan, target, budget.train_prompts * budget.new_tokens)}")
+    write_manifest(out, target=fingerprint, plan=asdict(plan), fast=fast, k=k, **(record or {}))
+    guess = _estimates(speeds, budget, plan, n_specs, n_blocks)
+    total = sum(guess.values())
+    print(f"  estimated: {', '.join(f'{n} {_duration(v)}' for n, v in guess.items())} (total {_duration(total)})")
     progress.start("generate", guess["generate"])
     data = make_data(target, out, budget, plan)
     store = datastore(data[0])
@@ -413,7 +511,8 @@ def pipeline(
     families: list[str] | None = None,
     dtype: str = "auto",
     prompt_field: str = "prompt",
-    num_prompts: int = 400,
+    num_prompts: int | None = None,
+    hours: float = 1.0,
     heldout: int = 16,
     max_new_tokens: int = 64,
     steps_scale: float = 1.0,
@@ -438,7 +537,11 @@ def pipeline(
             draft_lm); any recipe of the chosen set, and ``draft_lm``.
         dtype: the dtype the target computes in (``auto``: its checkpoint's, bf16 only where this CPU has it).
         prompt_field: the prompt's field name in JSONL / dataset sources.
-        num_prompts: training prompts used (the first N).
+        num_prompts: training prompts used (the first N); default: the most that fit ``hours``.
+        hours: the time the run may take on this machine when ``num_prompts`` is not given: the training prompts
+            (each family ``EPOCHS`` passes over them) are the most whose stages fit it by the target's speed,
+            measured before any data is made (``size_budget``); the τ the measured learning curve predicts for them
+            is printed before the data is made.
         heldout: held-out prompts (validation data and the verifier's scoring set).
         max_new_tokens: tokens the target writes per prompt, for data and for scoring.
         steps_scale: each recipe's training steps times this.
@@ -450,12 +553,17 @@ def pipeline(
         fast: tiny budgets everywhere (smoke runs and tests).
     """
     spec = targets.parse_target(target, dtype)
+    if num_prompts is not None and num_prompts < 1:
+        raise DraftsmithError(f"--num-prompts must be positive, got {num_prompts}")
+    if not hours > 0:
+        raise DraftsmithError(f"--hours must be positive, got {hours:g}")
     out = Path(out or f"runs/pipeline-{Path(spec.source).name}")
     if out.exists() and not out.is_dir():
         raise DraftsmithError(f"--out {out} is a file; name a run directory (a new one, or a pipeline run's to reuse)")
-    for source in (prompts, heldout_prompts):  # the cheap inputs first: a built-in target may build for minutes
+    counts = {}  # the cheap inputs first: a built-in target may build for minutes
+    for source in (prompts, heldout_prompts):
         if source is not None:
-            load_prompts(source, prompt_field)
+            counts[source] = len(load_prompts(source, prompt_field))
     print("[choices] (each can be overridden; see draftsmith pipeline --help)")
     info = inspect_target(spec)
     resolved = targets.resolve_target(spec, path=info.dir)  # once, for every stage
@@ -472,12 +580,16 @@ def pipeline(
         heldout_prompts = BUILTIN_HELDOUT[prompts]
     if heldout_prompts is None:
         train_src, heldout_src = split_prompts(prompts, prompt_field, heldout, out)
+        available = counts[prompts] - heldout
         print(f"  prompts: {prompts} split into {train_src} and {heldout} held out in {heldout_src} (--heldout)")
     else:
         train_src, heldout_src = prompts, heldout_prompts
+        available = counts[prompts]
         print(f"  prompts: {train_src} for training, {heldout_src} held out (--heldout-prompts)")
-    full = Budget(train_prompts=num_prompts, new_tokens=max_new_tokens, score_prompts=heldout, fit_scale=steps_scale)
+    given = num_prompts or available  # sized by time in the run when not given
+    full = Budget(given, max_new_tokens, heldout, fit_scale=steps_scale, epochs=EPOCHS)
     budget = FAST if fast else full
+    sizing = None if fast or num_prompts is not None else Sizing(hours, available)
     cache = info.layers >= 12 if features is None else features
     print(f"  feature cache {'on' if cache else 'off'}: the target has {info.layers} layers (--features)")
     if draft_lm_layers is None:
@@ -503,8 +615,9 @@ def pipeline(
     runs, scaled = _scaled_runs(drafters, plan, info)
     for line in scaled:
         print(f"  {line}")
+    size = "sized by --hours once the target's speed is measured" if sizing else f"{budget.train_prompts}"
     print(
-        f"  data: {budget.train_prompts} training prompts sampled at T 0.7 / top-p 0.9, {budget.score_prompts} "
-        f"held out greedy, {budget.new_tokens} new tokens each (--num-prompts, --heldout, --max-new-tokens)"
+        f"  data: training prompts {size}, sampled at T 0.7 / top-p 0.9; {budget.score_prompts} held out greedy; "
+        f"{budget.new_tokens} new tokens each (--num-prompts or --hours, --heldout, --max-new-tokens)"
     )
-    return run_pipeline(resolved, plan, out, budget, fast, k, runs, record={"pipeline": "local"})
+    return run_pipeline(resolved, plan, out, budget, fast, k, runs, record={"pipeline": "local"}, sizing=sizing)

@@ -9,6 +9,7 @@ embedded default target, ``configs/smollm2/`` for SmolLM2); their ``trainer.max_
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,6 +37,9 @@ class Budget:
     fit_steps: int = 0
     """> 0: every family trains this many optimizer steps (times ``fit_scale``) instead of its recipe's
     ``max_steps``: equal steps, so the families are compared on the same budget."""
+    epochs: float = 0.0
+    """> 0 (and no ``fit_steps``): each family trains at least this many passes over the training rows (its recipe's
+    ``max_steps`` the floor), so a larger corpus is trained on whole (the recipe study's 2)."""
     batch_size: int = 8
     """Training sequences per step."""
     head_prompts: int = 200
@@ -166,8 +170,11 @@ def _dtype(plan: Plan) -> dict:
 
 
 def recipe_steps(recipe: str, budget: Budget) -> int:
-    """The recipe's ``trainer.max_steps`` (the budget's ``fit_steps`` where it sets them) scaled by the budget."""
+    """The recipe's ``trainer.max_steps`` (the budget's ``fit_steps`` where it sets them; at least ``epochs`` passes
+    over the training prompts where the budget sets them) scaled by the budget."""
     steps = budget.fit_steps or load_recipe(recipe)["trainer"]["max_steps"]
+    if budget.epochs > 0 and not budget.fit_steps:
+        steps = max(steps, math.ceil(budget.epochs * budget.train_prompts / budget.batch_size))
     return max(2, round(steps * budget.fit_scale))
 
 

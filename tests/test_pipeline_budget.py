@@ -1,0 +1,89 @@
+"""``draftsmith pipeline``'s data budget sized by time (``--hours``), and the τ its learning curve predicts."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from draftsmith.errors import DraftsmithError
+from draftsmith.pipeline.local import (
+    EPOCHS,
+    Sizing,
+    Speeds,
+    _estimates,
+    predicted_tau,
+    size_budget,
+    sized_once,
+)
+from draftsmith.targets import ResolvedTarget, TargetSpec
+from draftsmith.train.fit import RECIPES, load_recipe
+from draftsmith.train.suite import Budget, Plan, recipe_steps
+
+SPEEDS = Speeds(step_s=0.05, batch_step_s=0.2, forward_tokens_s=2000.0)
+PLAN = Plan(Budget(), recipes="smollm2", drafters=("eagle3", "eagle1"), features=True)
+
+
+def seconds(budget: Budget) -> float:
+    return sum(_estimates(SPEEDS, budget, replace(PLAN, budget=budget), 5, 2).values())
+
+
+def test_the_budget_is_the_most_prompts_that_fit_the_hours():
+    budget = size_budget(Sizing(1.0, 100_000), SPEEDS, PLAN.budget, PLAN, 5, 2)
+    n = budget.train_prompts
+    assert 48 < n < 100_000 and budget.epochs == EPOCHS and budget.fit_steps == 0
+    assert seconds(budget) <= 3600 < seconds(replace(budget, train_prompts=n + 1))  # the largest that fits
+    # each family then makes EPOCHS passes over the prompts, its recipe's steps the floor
+    steps = math.ceil(EPOCHS * n / budget.batch_size)
+    assert recipe_steps("smollm2/eagle3", budget) == max(steps, load_recipe("smollm2/eagle3")["trainer"]["max_steps"])
+    # twice the time buys more prompts; a set smaller than what fits is taken whole
+    assert size_budget(Sizing(2.0, 100_000), SPEEDS, PLAN.budget, PLAN, 5, 2).train_prompts > n
+    assert size_budget(Sizing(1.0, 300), SPEEDS, PLAN.budget, PLAN, 5, 2).train_prompts == 300
+
+
+def test_hours_too_short_for_the_smallest_budget_are_refused_in_one_line():
+    with pytest.raises(DraftsmithError, match=r"^--hours 0.001: even 48 training prompts need ~\d+ (s|min) on this"):
+        size_budget(Sizing(0.001, 1000), SPEEDS, PLAN.budget, PLAN, 5, 2)
+
+
+def test_a_sized_budget_is_kept_when_the_run_is_made_again(tmp_path, capsys):
+    first = sized_once(tmp_path, Sizing(1.0, 500), lambda: replace(PLAN.budget, train_prompts=321, epochs=EPOCHS))
+    assert first.train_prompts == 321 and "321 training prompts" in capsys.readouterr().out
+    # the speed measured again differs a little: the data made for the first choice stays the run's
+    again = sized_once(tmp_path, Sizing(1.0, 500), lambda: replace(PLAN.budget, train_prompts=330, epochs=EPOCHS))
+    assert again.train_prompts == 321 and "as chosen before" in capsys.readouterr().out
+    # other hours: chosen anew
+    other = sized_once(tmp_path, Sizing(2.0, 500), lambda: replace(PLAN.budget, train_prompts=480, epochs=EPOCHS))
+    assert other.train_prompts == 480 and json.loads((tmp_path / "sizing.json").read_text())["train_prompts"] == 480
+
+
+def test_the_learning_curve_predicts_tau_for_the_target_it_was_measured_on():
+    curve = json.loads((RECIPES / "smollm2" / "learning_curve.json").read_text())
+    assert curve["target"].startswith("smollm2") and curve["k"] == 4
+    smollm2 = ResolvedTarget(TargetSpec("smollm2"), Path("unused"), "bfloat16")
+    text = predicted_tau(PLAN, smollm2, 1_000_000)
+    eagle3 = curve["curves"]["eagle3"]
+    expected = [f"{c['a'] + c['b'] * math.log(1_000_000):.2f} {s}" for s, c in eagle3.items()]
+    assert f"eagle3 {' / '.join(expected)}" in text and "within the measured" in text
+    assert "extrapolated" in predicted_tau(PLAN, smollm2, 50_000_000)
+    assert "medusa1" not in text  # only the families the run trains
+    # another target with the same recipe set: no prediction, said so
+    other = ResolvedTarget(TargetSpec("runs/my-model"), Path("runs/my-model"), "float32")
+    assert predicted_tau(PLAN, other, 1_000_000).startswith("no learning curve measured for this target")
+    assert predicted_tau(replace(PLAN, recipes=""), smollm2, 1_000_000).startswith("no learning curve measured")
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--hours", "0"), ("--num-prompts", "0")])
+def test_a_budget_that_is_not_positive_is_one_line_before_any_target_is_built(flag, value, tmp_path, capsys):
+    from draftsmith.cli import main
+
+    with pytest.raises(SystemExit):
+        main(
+            ["pipeline", "--target", "default", "--prompts", "builtin:train", flag, value, "--out", str(tmp_path / "r")]
+        )
+    err = capsys.readouterr().err.strip()
+    assert err == f"draftsmith: error: {flag} must be positive, got {value}"
+    assert not (tmp_path / "r").exists()
