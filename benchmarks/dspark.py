@@ -77,9 +77,8 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for family, fit in result["fits"].items():
-        lines.append(
-            f"| {family} | {fit['steps']} | {fit['epochs']} | {fit['seconds']:.0f} | {fit.get('val_tau_est') or '–'} |"
-        )
+        tau = f"{fit['val_tau_est']:.2f}" if fit.get("val_tau_est") else "–"
+        lines.append(f"| {family} | {fit['steps']} | {fit['epochs']} | {fit['seconds']:.0f} | {tau} |")
     lines += [
         "",
         "| set | drafter | K | drafted / round | τ | first-token acc. | speedup | greedy exact |",

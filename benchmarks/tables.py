@@ -34,6 +34,7 @@ MARKDOWN = {
     "bf16_target_prepacked": "bf16_target",
     "crossvocab": "crossvocab",
     "draftlm": "draftlm",
+    "dspark_smollm2": "dspark",
     "export_vllm": "export_vllm",
     "gpu_check": "gpu_check",
     "gpu_numerics": "gpu_numerics",
