@@ -97,6 +97,13 @@ def saved_block(path: Path, names: list[str], run) -> dict:
     return result
 
 
+def measured_at(block: dict) -> str:
+    """``; measured at `SHA` on DATE`` for a block ``saved_block`` saved (empty for a block saved before it recorded
+    that), for the line under a report's table."""
+    at = block.get("measured", {})
+    return f"; measured at `{at['git']}` on {at['date']}" if at else ""
+
+
 def write(name: str, data: dict, markdown: str, results: Path = RESULTS) -> None:
     """``results/NAME.json`` and ``.md`` (``results``: ``benchmarks/results`` unless a test writes elsewhere)."""
     results.mkdir(parents=True, exist_ok=True)

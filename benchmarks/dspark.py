@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from common import RESULTS, heldout_sets, machine, measured_on, saved_block, write
+from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
 from scaling import BATCH
 
 from draftsmith.core.machine import native_bf16
@@ -95,9 +95,7 @@ def markdown(result: dict) -> str:
     lines += ["", "Plain decoding per block (tokens/s; load average before and after):", ""]
     for key, block in result["blocks"].items():
         plain, _ = read_block(block)
-        at = block.get("measured", {})
-        when = f"; measured at `{at['git']}` on {at['date']}" if at else ""
-        lines.append(f"- {key}: {plain.tokens_per_s:.1f}; load {block['load']}{when}")
+        lines.append(f"- {key}: {plain.tokens_per_s:.1f}; load {block['load']}{measured_at(block)}")
     lines += ["", "## Goals (issue 54)", ""]
     lines += [f"- {line}" for line in goals(result)]
     lines += [

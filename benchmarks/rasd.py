@@ -29,7 +29,7 @@ import json
 import os
 from pathlib import Path
 
-from common import RESULTS, heldout_sets, machine, measured_on, saved_block, write
+from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
 
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
@@ -116,9 +116,9 @@ def markdown(result: dict) -> str:
     for key, block in result["blocks"].items():
         plain, _ = read_block(block)
         refs = "".join(f"; {n} {p.tokens_per_s:.1f}" for n, p in (plain.references or {}).items())
-        at = block.get("measured", {})
-        when = f"; measured at `{at['git']}` on {at['date']}" if at else ""
-        lines.append(f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}{when}")
+        lines.append(
+            f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}{measured_at(block)}"
+        )
     lines += ["", "## Goals (issue 53)", ""]
     for line in goals(result):
         lines.append(f"- {line}")
