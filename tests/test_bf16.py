@@ -4,6 +4,7 @@ the dtype spec and ``auto``, and the report's divergence diagnosis."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
 
@@ -151,10 +152,13 @@ SWEEP = [(kv, n) for n in (5, 8, 12) for kv in range(n, 200, 3)]
 """Cache lengths and block sizes: a rounding difference survives the bf16 cast of the softmax in few of them."""
 
 
-def test_invariant_attention_gives_a_block_query_the_value_of_its_one_token_step():
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["fused", "eager-softcap"])
+def test_invariant_attention_gives_a_block_query_the_value_of_its_one_token_step(softcap):
+    """Both of ``_attend``'s paths: the fused SDPA kernel (a CPU, no soft-cap) and HF's eager order (a soft-cap)."""
+    attention = functools.partial(invariant_attention, softcap=softcap)
     for kv, n in SWEEP:
         for masked in (False, True):
-            block, alone = block_and_alone(invariant_attention, kv, n, masked)
+            block, alone = block_and_alone(attention, kv, n, masked)
             assert torch.equal(block, alone), (kv, n, masked)
 
 

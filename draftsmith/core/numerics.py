@@ -11,12 +11,13 @@ numerics".
 
 ``make_batch_invariant`` removes these sources: every one-row Linear (and GPT-2 ``Conv1D``) call runs as two rows
 (the row twice; the first result is kept), a bf16 CPU Linear on its weight pre-packed once for oneDNN (the same
-bits as ``F.linear``, about half its cost at decoding widths), and attention runs as ``invariant_attention``: HF's eager attention
-with every matmul of the same shape whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys padded to
-the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is computed
-exactly as the one-token step at its position computes it. It stays the architecture's own eager attention: each
-keyword a model passes its attention (Gemma-2's ``softcap``, ``sliding_window``, ...) is applied as HF's eager
-attention applies it, or refused in one line (``check_attention_kwargs``). Plain decoding pays for it (a one-token
+bits as ``F.linear``, about half its cost at decoding widths), and attention runs as ``invariant_attention``: every
+query's attention computed at the same shapes whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys
+padded to the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is
+computed exactly as the one-token step at its position computes it; on a CPU through PyTorch's fused SDPA kernel at
+those shapes (float32 scores and softmax), with a soft-cap or on another device in HF's eager order. Each keyword
+a model passes its attention (Gemma-2's ``softcap``, ``sliding_window``, ...) is applied as HF's eager attention
+applies it, or refused in one line (``check_attention_kwargs``). Plain decoding pays for it (a one-token
 step computes two rows; attention runs in small padded groups whose masks each model's ``MaskCache`` builds once a
 forward, not in every layer). Serving engines make the same trade: vLLM and SGLang are not batch-invariant in bf16
 by default and offer a slower batch-invariant mode.
@@ -210,18 +211,16 @@ def check_attention_kwargs(module: torch.nn.Module, dropout: float, kwargs: dict
 
 
 def invariant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs):
-    """HF's eager attention (``repeat_kv``, ``q @ k^T * scaling``, Gemma-2's ``tanh(w / softcap) * softcap``, plus
-    the additive mask, a float32 softmax, ``@ v``) with each query's matmuls of one shape whatever the call: the
-    ``n`` queries are the last ``n`` positions of the ``kv`` keys (a decode step, a verification chain or tree), and
-    the query at position ``p`` runs in a group of ``QUERY_ROWS`` queries (zero-padded) over the first
+    """The architecture's attention (``q @ k^T * scaling``, Gemma-2's ``tanh(w / softcap) * softcap``, the additive
+    mask, a float32 softmax, ``@ v``) with each query's computation of one shape whatever the call: the ``n``
+    queries are the last ``n`` positions of the ``kv`` keys (a decode step, a verification chain or tree), and the
+    query at position ``p`` runs in a group of ``QUERY_ROWS`` queries (zero-padded) over the first
     ``ceil((p + 1) / KEY_BLOCK) * KEY_BLOCK`` keys (keys past ``kv`` zero and masked). The keys it drops lie after
     ``p``, which a causal or tree mask hides from it anyway; the keys it masks weigh exactly 0 after the softmax,
-    whatever they hold. Keywords it cannot honour are refused (``check_attention_kwargs``)."""
-    from transformers.models.llama.modeling_llama import repeat_kv
-
+    whatever they hold. Each group runs through ``_attend``. Keywords it cannot honour are refused
+    (``check_attention_kwargs``)."""
     check_attention_kwargs(module, dropout, kwargs)
     groups = getattr(module, "num_key_value_groups", 1)  # GPT-2, GPT-NeoX: one key head per query head
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     b, h, n, _ = query.shape
     kv = key.shape[2]
     window = kwargs.get("sliding_window")
@@ -229,19 +228,35 @@ def invariant_attention(module, query, key, value, attention_mask, scaling, drop
     cache = getattr(module, MASK_CACHE, None)
     for group in _group_masks(attention_mask, b, n, kv, query.dtype, query.device, window, cache):
         if isinstance(group, TreeGroups):
-            out[:, :, group.queries] = _tree_attention(query, key, value, group, scaling, softcap)
+            out[:, :, group.queries] = _tree_attention(query, key, value, group, scaling, softcap, groups)
             continue
         start, end, width, mask = group
         m = end - start
         q = torch.nn.functional.pad(query[:, :, start:end], (0, 0, 0, QUERY_ROWS - m))
         k = torch.nn.functional.pad(key[:, :, :width], (0, 0, 0, max(0, width - kv)))
         v = torch.nn.functional.pad(value[:, :, :width], (0, 0, 0, max(0, width - kv)))
-        w = torch.matmul(q, k.transpose(2, 3)) * scaling  # (b, h, QUERY_ROWS, width)
-        if softcap is not None:  # in eager's order: capped scores, then the mask
-            w = torch.tanh(w / softcap) * softcap
-        w = torch.nn.functional.softmax(w + mask, dim=-1, dtype=torch.float32).to(query.dtype)
-        out[:, :, start:end] = torch.matmul(w, v)[:, :, :m]
+        out[:, :, start:end] = _attend(q, k, v, mask, scaling, softcap, groups)[:, :, :m]
     return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(query, key, value, mask, scaling: float, softcap: float | None, groups: int) -> torch.Tensor:
+    """One call's attention at its fixed shapes: ``query`` (B, h, QUERY_ROWS, d) over ``key`` and ``value``
+    (B, h / groups, width, d) under the additive ``mask`` (B, 1, QUERY_ROWS, width). On a CPU without a soft-cap:
+    PyTorch's fused ``scaled_dot_product_attention`` (its CPU flash kernel: float32 scores and softmax, one pass, no
+    key heads repeated), whose blocking depends only on these shapes, so a row gets the same bits in every call.
+    Else HF's eager order (``repeat_kv``, bf16 scores, the cap, then the mask, a float32 softmax cast back, ``@ v``)."""
+    if softcap is None and query.device.type == "cpu":
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=groups > 1
+        )
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    w = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, h, QUERY_ROWS, width)
+    if softcap is not None:  # in eager's order: capped scores, then the mask
+        w = torch.tanh(w / softcap) * softcap
+    w = torch.nn.functional.softmax(w + mask, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(w, value)
 
 
 @dataclass(frozen=True)
@@ -257,16 +272,20 @@ class TreeGroups:
     queries: torch.Tensor  # (real rows,) the block indices the real rows compute, in the order of rows[real]
 
 
-def _tree_attention(query, key, value, group: TreeGroups, scaling: float, softcap) -> torch.Tensor:
+def _tree_attention(query, key, value, group: TreeGroups, scaling: float, softcap, groups: int) -> torch.Tensor:
     """The real rows of ``group``, each computed over its chain layout of keys with the shapes of a chain's
-    group: (b, h, real rows, head dim)."""
+    group (``_attend``'s, the tree's ``G`` groups stacked along the batch): (b, h, real rows, head dim)."""
+    b, h, d = query.shape[0], query.shape[1], query.shape[-1]
+    g, rows, width = group.rows.shape[0], QUERY_ROWS, group.keys.shape[1]
     q = torch.where(group.real[:, :, None], query[:, :, group.rows], 0)  # (b, h, G, QUERY_ROWS, d): padded rows 0
-    k, v = key[:, :, group.keys], value[:, :, group.keys]  # (b, h, G, width, d)
-    w = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (b, h, G, QUERY_ROWS, width)
-    if softcap is not None:
-        w = torch.tanh(w / softcap) * softcap
-    w = torch.nn.functional.softmax(w + group.mask, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(w, v)[:, :, group.real]  # (b, h, real rows, d)
+    k, v = key[:, :, group.keys], value[:, :, group.keys]  # (b, h / groups, G, width, d)
+
+    def stacked(x: torch.Tensor) -> torch.Tensor:  # (b, heads, G, s, d) -> (b * G, heads, s, d)
+        return x.transpose(1, 2).reshape(b * g, x.shape[1], x.shape[3], d)
+
+    mask = group.mask.reshape(g, 1, rows, width).repeat(b, 1, 1, 1)
+    out = _attend(stacked(q), stacked(k), stacked(v), mask, scaling, softcap, groups)
+    return out.reshape(b, g, h, rows, d).transpose(1, 2)[:, :, group.real]  # (b, h, real rows, d)
 
 
 def _tree_groups(seen: torch.Tensor, n: int, kv: int, dtype, device) -> list[TreeGroups] | None:
