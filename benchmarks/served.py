@@ -235,20 +235,23 @@ def markdown(result: dict) -> str:
         "(stopping at EOS). A batch of b: b prompts submitted together. Each drafter's cell alternates its chunks with "
         "plain decoding's (ABBA); the speedup is over those plain chunks, plain's row pools them all. ms/token: vLLM's "
         "time from a row's first token to its last / (tokens - 1), mean over rows. Mean acceptance length: 1 + "
-        "accepted / drafts of vLLM's spec-decode counters over all batches; τ: the verifier's, from the score named "
-        "(K, prompts × tokens there). Outputs = plain: rows equal to plain decoding's in the same chunk.",
+        "accepted / drafts of vLLM's spec-decode counters over all batches (a step without a draft, as the n-gram's "
+        "without a match, is not counted); vLLM τ: tokens per decoding step over all steps, (tokens - rows) / (tokens "
+        "- rows - accepted), as the verifier counts τ (the first token of a row comes from its prefill); τ: the "
+        "verifier's, from the score named (K, prompts × tokens there); gap: between the two τ. Outputs = plain: rows "
+        "equal to plain decoding's in the same chunk.",
         "",
     ]
     for label in result["sets"]:
         head = " | ".join(f"b={b} tokens/s | speedup | ms/token" for b in batches)
         lines += [f"## {label}", "", f"| drafter (K) | {head} | stops paying at | vLLM mean acc. length | "
-                  "verifier τ | gap | outputs = plain |", "|---|" + "---|---|---|" * len(batches) + "---|---|---|---|---|"]  # fmt: skip
+                  "vLLM τ | verifier τ | gap | outputs = plain |", "|---|" + "---|---|---|" * len(batches) + "---|" * 6]  # fmt: skip
         plain = [pooled_plain(cells, label, b) for b in batches]
         row = " | ".join(f"{fmt(p.get('tokens_per_s'), '.1f')} | 1.00× | {fmt(p.get('tpot_ms'), '.1f')}" for p in plain)
-        lines.append(f"| plain | {row} | – | – | – | – | – |")
+        lines.append(f"| plain | {row} | – | – | – | – | – | – |")
         for name, d in result["drafters"].items():
             mine = {c["batch"]: c for c in cells if c["set"] == label and c["drafter"] == name}
-            parts, stops, drafts, accepted, same, rows = [], "–", 0, 0, 0, 0
+            parts, stops, drafts, accepted, same, rows, tokens = [], "–", 0, 0, 0, 0, 0
             for b in batches:
                 c = mine.get(b)
                 if c is None or "error" in c:
@@ -262,19 +265,25 @@ def markdown(result: dict) -> str:
                     stops = f"b={b}"
                 drafts += s["counters"].get("num_drafts", 0)
                 accepted += s["counters"].get("num_accepted_tokens", 0)
-                same, rows = same + s["same"], rows + s["rows"]
+                same, rows, tokens = same + s["same"], rows + s["rows"], tokens + s["drafter"]["tokens"]
             length = 1 + accepted / drafts if drafts else None
+            steps = tokens - rows - accepted
+            served_tau = (tokens - rows) / steps if drafts and steps > 0 else None
             score = result["scores"].get(label, {}).get(name)
             tau = f"{score['tau']:.2f} (K={score['k']}, {score['prompts']} × {score['tokens']})" if score else "–"
-            gap = f"{100 * abs(length - score['tau']) / score['tau']:.1f}%" if score and length else "–"
-            lines.append(f"| {name} ({d['k']}) | {' | '.join(parts)} | {stops} | {fmt(length, '.2f')} | {tau} | {gap} "
-                         f"| {same}/{rows} |")  # fmt: skip
+            gap = f"{100 * abs(served_tau - score['tau']) / score['tau']:.1f}%" if score and served_tau else "–"
+            lines.append(f"| {name} ({d['k']}) | {' | '.join(parts)} | {stops} | {fmt(length, '.2f')} | "
+                         f"{fmt(served_tau, '.2f')} | {tau} | {gap} | {same}/{rows} |")  # fmt: skip
         lines.append("")
     failed = [c for c in cells if "error" in c]
     lines += [f"- {c['drafter']}, {c['set']}, b={c['batch']}: failed: {c['error']}" for c in failed]
     notes = [f"- {n}: {d['note']}" for n, d in result["drafters"].items() if d.get("note")]
     lines += notes + ([""] if failed or notes else [])
     lines.append(f"{measured_on(result['machine'])}; load average {result['load'][0]} → {result['load'][1]}.")
+    measured = [c for c in cells if "error" not in c]
+    if len(result.get("computed", [])) < len(measured):  # cells saved by an earlier run: its SHA and date, not this
+        lines.append(f"This run measured {len(result.get('computed', []))} of the {len(measured)} cells; the others were "
+                     f"reused from `{a.get('out', '--out')}/cells`, measured by an earlier run with the same inputs.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -399,7 +408,8 @@ def main(argv: list[str] | None = None) -> None:
         "vllm": next((c["vllm"] for c in cells if c.get("vllm")), "?"), "target": fingerprint,
         "target_name": name, "dtype": dtype, "dtype_why": why, "eager": args.eager, "batches": args.batches,
         "sets": {label: args.sets[label] for label in prompts}, "drafters": drafters, "scores": scores,
-        "args": {"k": args.k, "prompts": args.prompts, "new_tokens": args.new_tokens, "quick": args.quick},
+        "args": {"k": args.k, "prompts": args.prompts, "new_tokens": args.new_tokens, "quick": args.quick,
+                 "out": str(args.out)},
         "computed": computed, "cells": cells,
     }  # fmt: skip
     write(args.name, result, markdown(result), args.results)

@@ -62,6 +62,7 @@ MARKDOWN = {
     "s2d": "s2d",
     "served": "served",
     "step_profile": "step_profile",
+    "step_profile_eager": "step_profile",
     "tlt_smollm2": "tlt",
     "tlt_smollm2_k2": "tlt",
     "train": "train",

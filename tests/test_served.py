@@ -104,21 +104,23 @@ def result(speedups: dict[int, float], tau: float | None) -> dict:
 
 
 def test_the_table_shows_the_batch_where_speculation_stops_paying_and_the_acceptance_gap():
-    md = served.markdown(result({1: 1.5, 4: 1.1, 16: 0.8}, tau=3.06))
+    md = served.markdown(result({1: 1.5, 4: 1.1, 16: 0.8}, tau=2.06))
     row = next(line for line in md.splitlines() if line.startswith("| eagle3 (4) |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:10] == ["150.0", "1.50×", "10.0", "110.0", "1.10×", "10.0", "80.0", "**0.80×**", "10.0"]
-    # stops paying at 16; vLLM's mean acceptance length 1 + 150 / 75 = 3.00 against τ 3.06: 2.0% apart
-    assert cells[10:14] == ["b=16", "3.00", "3.06 (K=4, 32 × 4096)", "2.0%"] and cells[14] == "3/3"
+    # stops paying at 16; vLLM's mean acceptance length 1 + 150 / 75 = 3.00 counts the 75 drafting steps only; over
+    # all 297 - 150 = 147 steps after the rows' first tokens, τ = 297 / 147 = 2.02, against the verifier's 2.06: 1.9%
+    assert cells[10:15] == ["b=16", "3.00", "2.02", "2.06 (K=4, 32 × 4096)", "1.9%"] and cells[15] == "3/3"
     plain = next(line for line in md.splitlines() if line.startswith("| plain |"))
     assert "| 100.0 | 1.00× | 10.0 |" in plain
     assert (
         "| eagle1 (4) | failed | – | – | – | – | – |" in md and "eagle1, chat-heldout, b=1: failed: vLLM stopped" in md
     )
     assert "serves its own target X" in md and "bfloat16: the CPU has avx512_bf16" in md
+    assert "This run measured 0 of the 3 cells; the others were reused" in md  # cells of an earlier run
     always = served.markdown(result({1: 1.2, 4: 1.0}, tau=None))
     row = next(line for line in always.splitlines() if line.startswith("| eagle3 (4) |"))
-    assert "| – | 3.00 | – | – |" in row  # pays at every batch; no score named: no τ
+    assert "| – | 3.00 | 2.02 | – | – |" in row  # pays at every batch; no score named: no verifier τ
 
 
 def test_the_verifiers_tau_is_read_from_a_score_block_by_drafter_name():
