@@ -268,7 +268,7 @@ class TreeGroups:
     rows: torch.Tensor  # (G, QUERY_ROWS) block indices of the queries, padded
     real: torch.Tensor  # (G, QUERY_ROWS) bool: a real query row
     keys: torch.Tensor  # (G, width) key indices, padded
-    mask: torch.Tensor  # (1, 1, G, QUERY_ROWS, width) additive
+    mask: torch.Tensor  # (G, 1, QUERY_ROWS, width) additive, each group's as ``_attend`` takes it
     queries: torch.Tensor  # (real rows,) the block indices the real rows compute, in the order of rows[real]
 
 
@@ -276,16 +276,16 @@ def _tree_attention(query, key, value, group: TreeGroups, scaling: float, softca
     """The real rows of ``group``, each computed over its chain layout of keys with the shapes of a chain's
     group (``_attend``'s, the tree's ``G`` groups stacked along the batch): (b, h, real rows, head dim)."""
     b, h, d = query.shape[0], query.shape[1], query.shape[-1]
-    g, rows, width = group.rows.shape[0], QUERY_ROWS, group.keys.shape[1]
+    g = group.rows.shape[0]
     q = torch.where(group.real[:, :, None], query[:, :, group.rows], 0)  # (b, h, G, QUERY_ROWS, d): padded rows 0
     k, v = key[:, :, group.keys], value[:, :, group.keys]  # (b, h / groups, G, width, d)
 
     def stacked(x: torch.Tensor) -> torch.Tensor:  # (b, heads, G, s, d) -> (b * G, heads, s, d)
         return x.transpose(1, 2).reshape(b * g, x.shape[1], x.shape[3], d)
 
-    mask = group.mask.reshape(g, 1, rows, width).repeat(b, 1, 1, 1)
+    mask = group.mask.repeat(b, 1, 1, 1) if b > 1 else group.mask  # built once a forward, in _attend's shape
     out = _attend(stacked(q), stacked(k), stacked(v), mask, scaling, softcap, groups)
-    return out.reshape(b, g, h, rows, d).transpose(1, 2)[:, :, group.real]  # (b, h, real rows, d)
+    return out.reshape(b, g, h, QUERY_ROWS, d).transpose(1, 2)[:, :, group.real]  # (b, h, real rows, d)
 
 
 def _tree_groups(seen: torch.Tensor, n: int, kv: int, dtype, device) -> list[TreeGroups] | None:
@@ -346,7 +346,7 @@ def _tree_groups(seen: torch.Tensor, n: int, kv: int, dtype, device) -> list[Tre
                 rows=rows_t,
                 real=real_t,
                 keys=torch.stack(keys).to(device),
-                mask=torch.stack(masks).to(dtype=dtype, device=device)[None, None],
+                mask=torch.stack(masks).to(dtype=dtype, device=device)[:, None],
                 queries=rows_t[real_t],
             )
         )
