@@ -65,7 +65,9 @@ def test_k_auto_sizes_the_fused_tree_from_r_and_decodes_exactly(target, monkeypa
     [ratios] = [r for r in measured if deepest <= set(r)]  # r(m) measured up to the widest fused tree
     for c in auto.nodes_candidates:  # each prediction is τ / (r(m) + C) with this machine's r
         assert c["speedup"] == pytest.approx(c["tau"] / (interpolate_ratio(ratios, c["verified"]) + c["cost"]))
-    assert auto.predicted_speedup == max(c["speedup"] for c in auto.nodes_candidates)
+    assert auto.predicted_speedup == by[auto.k, auto.nodes]["speedup"]
+    top = max(c["speedup"] for c in auto.nodes_candidates)  # within the chooser's tie (the smaller shape wins a tie:
+    assert auto.predicted_speedup >= top * (1 - 1e-9)  # shapes drafting the same tokens differ by the clock alone)
     assert auto.predicted_tau == by[auto.k, auto.nodes]["tau"]
     assert by[8, 32]["tau"] > by[8, 0]["tau"]  # retrieval drafts what the draft LM misses
     if name == "flat":  # verifying is free: the deepest, widest tree that commits the most per round
