@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
-from scaling import BATCH
+from scaling import fit_epochs
 
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
@@ -163,7 +163,7 @@ def main() -> None:
     fits = {}
     for family in FAMILIES:
         fit = json.loads((args.study / "fit" / f"{family}-{args.size}.json").read_text())
-        fits[family] = fit | {"epochs": round(fit["steps"] * BATCH / fit["rows"], 2)}
+        fits[family] = fit | {"epochs": fit_epochs(fit)}
     result = {
         "machine": machine(),
         "target": "smollm2",

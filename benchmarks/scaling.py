@@ -213,6 +213,11 @@ def subset_rows(train: Path, sizes: list[int]) -> dict[int, tuple[int, int]]:
     return out
 
 
+def fit_epochs(fit: dict) -> float | None:
+    """Passes over its rows a fit made (``fit_one``'s record: ``steps`` of ``BATCH`` of its ``rows``)."""
+    return round(fit["steps"] * BATCH / fit["rows"], 2) if fit.get("steps") and fit.get("rows") else None
+
+
 def label(size: int) -> str:
     return f"{size // 1000}k" if size < 1_000_000 else f"{size / 1e6:g}M"
 
@@ -508,7 +513,7 @@ def report(args, data, subsets: dict, fits: dict, scores: dict) -> None:
                         "fit_seconds": fit.get("seconds"),
                         "fit_sessions": fit.get("sessions", 1),
                         "steps": fit.get("steps"),
-                        "epochs": round(fit["steps"] * BATCH / subsets[size][0], 2) if fit.get("steps") else None,
+                        "epochs": fit_epochs(fit),
                         "val_tau_est": fit.get("val_tau_est"),
                     }
                 )

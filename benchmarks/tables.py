@@ -53,6 +53,7 @@ MARKDOWN = {
     "profile_round_default_before": "profile_round",
     "quickstart": "quickstart",
     "rasd_smollm2": "rasd",
+    "recipe_smollm2": "recipe",
     "rasd_smollm2_deep": "rasd",
     "real_target": "real_target",
     "real_target_bf16": "real_target",

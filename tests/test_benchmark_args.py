@@ -79,3 +79,17 @@ def test_dspark_refuses_a_study_without_its_drafters(tmp_path):
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith(f"dspark.py: error: {tmp_path / 'study' / 'drafters' / 'eagle3-1M'}: no trained drafter")
     assert "benchmarks/scaling.py" in last and not (tmp_path / "out").exists()
+
+
+def test_recipe_refuses_a_drafter_the_study_has_not_trained(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "benchmarks/recipe.py", "--study", str(tmp_path), "--drafters", "eagle3-1M", "lk-1M"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"recipe.py: error: --drafters: no trained drafter eagle3-1M, lk-1M in {tmp_path / 'drafters'}"
+    )

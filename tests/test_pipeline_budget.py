@@ -50,14 +50,24 @@ def test_hours_too_short_for_the_smallest_budget_are_refused_in_one_line():
 
 
 def test_a_sized_budget_is_kept_when_the_run_is_made_again(tmp_path, capsys):
-    first = sized_once(tmp_path, Sizing(1.0, 500), lambda: replace(PLAN.budget, train_prompts=321, epochs=EPOCHS))
+    searched = []
+
+    def search(n):
+        def size():
+            searched.append(n)
+            return replace(PLAN.budget, train_prompts=n, epochs=EPOCHS, fit_steps=0)
+
+        return size
+
+    first = sized_once(tmp_path, Sizing(1.0, 500), PLAN.budget, search(321))
     assert first.train_prompts == 321 and "321 training prompts" in capsys.readouterr().out
-    # the speed measured again differs a little: the data made for the first choice stays the run's
-    again = sized_once(tmp_path, Sizing(1.0, 500), lambda: replace(PLAN.budget, train_prompts=330, epochs=EPOCHS))
-    assert again.train_prompts == 321 and "as chosen before" in capsys.readouterr().out
+    # the speed measured again would differ a little: the data made for the first choice stays the run's, unsearched
+    again = sized_once(tmp_path, Sizing(1.0, 500), PLAN.budget, search(330))
+    assert again == first and "as chosen before" in capsys.readouterr().out and searched == [321]
     # other hours: chosen anew
-    other = sized_once(tmp_path, Sizing(2.0, 500), lambda: replace(PLAN.budget, train_prompts=480, epochs=EPOCHS))
+    other = sized_once(tmp_path, Sizing(2.0, 500), PLAN.budget, search(480))
     assert other.train_prompts == 480 and json.loads((tmp_path / "sizing.json").read_text())["train_prompts"] == 480
+    assert searched == [321, 480]
 
 
 def test_the_learning_curve_predicts_tau_for_the_target_it_was_measured_on():

@@ -61,6 +61,24 @@ def test_metrics_count_tokens_and_calls_consistently(target, tokenizer, prompts)
     assert row.tokens == plain.tokens == 13 * len(prompts)
     assert plain.target_calls == 13 * len(prompts)
     assert row.accept_given_reached == [1.0, 1.0, 1.0]
+    assert row.prompt_rounds == [(9, 3)] * len(prompts)  # per prompt: 3 rounds of 3 accepted drafts
+
+
+def test_tau_gain_tells_a_gain_on_every_prompt_from_the_spread_between_prompts():
+    from draftsmith.eval.metrics import tau_gain
+
+    base = [(a, 10) for a in (2, 8, 4, 12, 6, 10, 3, 9)]  # τ 1.2 to 2.2: prompts differ a lot
+    lifted = [(a + 2, r) for a, r in base]  # +0.2 τ on every prompt
+    gain = tau_gain(base, lifted)
+    assert gain.mean == pytest.approx(0.2) and gain.low == pytest.approx(0.2) and gain.high == pytest.approx(0.2)
+    assert gain.significant and (gain.better, gain.worse, gain.prompts) == (8, 0, 8)
+    shuffled = tau_gain(base, base[1:] + base[:1])  # the same τs on other prompts: mean 0, wide, no gain
+    assert shuffled.mean == pytest.approx(0.0) and shuffled.low < -0.1 < 0.1 < shuffled.high
+    assert not shuffled.significant and shuffled.better == shuffled.worse == 4
+    noisy = tau_gain(base, [(a + (6 if i == 0 else 0), r) for i, (a, r) in enumerate(base)])  # one prompt alone
+    assert noisy.mean == pytest.approx(0.075) and noisy.low == 0.0 and not noisy.significant
+    with pytest.raises(ValueError, match="the same prompts"):
+        tau_gain(base, lifted[:-1])
 
 
 def test_one_k_per_drafter_in_one_run(target, tokenizer, prompts):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass
 
 from draftsmith.eval.verifier import DecodeResult
@@ -165,3 +166,48 @@ def by_category(
             m = drafter_metrics(name, k, [decodes[i] for i in idx], base, greedy)
             out[category][name] = {"tau": m.tau, "speedup": m.speedup, "prompts": len(idx)}
     return out
+
+
+@dataclass(frozen=True)
+class TauGain:
+    """How much more one drafter commits per round than another on the same prompts (``tau_gain``).
+
+    Attributes:
+        mean: the mean over prompts of τ(other) − τ(base), each prompt's τ its own (accepted + rounds) / rounds.
+        low, high: its 95% interval, a paired bootstrap over the prompts.
+        better, worse: prompts whose τ rose, fell.
+        prompts: prompts compared.
+    """
+
+    mean: float
+    low: float
+    high: float
+    better: int
+    worse: int
+    prompts: int
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes 0: a gain (or loss) the spread between prompts does not explain."""
+        return self.low > 0 or self.high < 0
+
+
+def tau_gain(
+    base: list[tuple[int, int]], other: list[tuple[int, int]], resamples: int = 10_000, seed: int = 0
+) -> TauGain:
+    """τ's gain from ``base`` to ``other`` with the spread between prompts: both per prompt (accepted draft tokens,
+    rounds), as ``ScoreRow.prompt_rounds`` records them, on the same prompts in the same order. Greedy decoding is
+    deterministic, so the interval is the prompts' spread, not the machine's."""
+    if len(base) != len(other) or not base:
+        raise ValueError(f"tau_gain: {len(base)} and {len(other)} prompts; the same prompts are needed")
+    diffs = [(a2 + r2) / max(1, r2) - (a1 + r1) / max(1, r1) for (a1, r1), (a2, r2) in zip(base, other, strict=True)]
+    n, rng = len(diffs), random.Random(seed)
+    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
+    return TauGain(
+        mean=sum(diffs) / n,
+        low=means[int(0.025 * resamples)],
+        high=means[int(0.975 * resamples) - 1],
+        better=sum(d > 0 for d in diffs),
+        worse=sum(d < 0 for d in diffs),
+        prompts=n,
+    )

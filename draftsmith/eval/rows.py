@@ -78,6 +78,9 @@ class ScoreRow(DrafterMetrics):
     """Answers whose prompt has a check (``data/checks.py``)."""
     checks_passed: int | None = None
     """Of those, answers that pass it."""
+    prompt_rounds: list[tuple[int, int]] | None = None
+    """Per prompt, in the run's order: (accepted draft tokens, verification rounds), so that a report can give the
+    spread of τ between prompts (``metrics.tau_gain``); None in reports saved before it was recorded."""
 
     def to_dict(self) -> dict:
         """The row as ``report.json`` saves it: the metrics, then each addition only where it is set."""
@@ -102,6 +105,8 @@ class ScoreRow(DrafterMetrics):
                 out[name] = str(getattr(self, name))
         if self.checked is not None:
             out |= {"checked": self.checked, "checks_passed": self.checks_passed}
+        if self.prompt_rounds is not None:
+            out["prompt_rounds"] = [list(pair) for pair in self.prompt_rounds]
         return out
 
     @classmethod
@@ -123,6 +128,7 @@ class ScoreRow(DrafterMetrics):
             verify=VerifyRule(d["verify"]) if d.get("verify") else None,
             checked=d.get("checked"),
             checks_passed=d.get("checks_passed"),
+            prompt_rounds=[tuple(pair) for pair in d["prompt_rounds"]] if d.get("prompt_rounds") else None,
         )
 
 

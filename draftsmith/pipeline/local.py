@@ -269,16 +269,19 @@ class Sizing:
     available: int
 
 
+def sized(budget: Budget, n: int) -> Budget:
+    """``budget`` with ``n`` training prompts, each family fitting ``EPOCHS`` passes over them (a time-sized budget)."""
+    return replace(budget, train_prompts=n, epochs=EPOCHS, fit_steps=0)
+
+
 def size_budget(sizing: Sizing, speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_blocks: int) -> Budget:
     """``budget`` with the most training prompts (at least ``SMALLEST``, at most ``sizing.available``) whose
     estimated stages (``_estimates``) fit ``sizing.hours``, each family fitting ``EPOCHS`` passes over them (its
     recipe's steps the floor). Refused in one line when even the smallest does not fit."""
 
-    def sized(n: int) -> Budget:
-        return replace(budget, train_prompts=n, epochs=EPOCHS, fit_steps=0)
-
     def seconds(n: int) -> float:
-        return sum(_estimates(speeds, sized(n), replace(plan, budget=sized(n)), n_specs, n_blocks).values())
+        b = sized(budget, n)
+        return sum(_estimates(speeds, b, replace(plan, budget=b), n_specs, n_blocks).values())
 
     limit, smallest = sizing.hours * 3600, min(SMALLEST, sizing.available)
     if seconds(smallest) > limit:
@@ -290,19 +293,19 @@ def size_budget(sizing: Sizing, speeds: Speeds, budget: Budget, plan: Plan, n_sp
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if seconds(mid) <= limit else (lo, mid - 1)
-    return sized(lo)
+    return sized(budget, lo)
 
 
-def sized_once(out: Path, sizing: Sizing, size) -> Budget:
-    """The budget ``size()`` chooses, recorded in ``out/sizing.json`` and taken from there when the run is made again
-    with the same hours and prompts (the measured speed varies a little from run to run; the data made for the
-    first choice stays current)."""
+def sized_once(out: Path, sizing: Sizing, budget: Budget, size) -> Budget:
+    """The budget ``size()`` chooses, recorded in ``out/sizing.json`` and taken from there (``budget`` sized to the
+    saved training prompts, without searching again) when the run is made again with the same hours and prompts
+    (the measured speed varies a little from run to run; the data made for the first choice stays current)."""
     path = out / "sizing.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    budget = size()
     if saved.get("hours") == sizing.hours and saved.get("available") == sizing.available:
-        budget, how = replace(budget, train_prompts=saved["train_prompts"]), f"as chosen before ({path})"
+        budget, how = sized(budget, saved["train_prompts"]), f"as chosen before ({path})"
     else:
+        budget = size()
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(sizing) | {"train_prompts": budget.train_prompts}, indent=2))
         how = "by this machine's measured speed"
@@ -420,7 +423,7 @@ def _run_stages(
     ks = sorted({*plan.ks, k})
     n_specs, n_blocks = len(plan.drafters) + 3 + plan.acceptance_head, len(ks) + 1  # + rasd; + --k auto
     if sizing is not None:
-        budget = sized_once(out, sizing, lambda: size_budget(sizing, speeds, budget, plan, n_specs, n_blocks))
+        budget = sized_once(out, sizing, budget, lambda: size_budget(sizing, speeds, budget, plan, n_specs, n_blocks))
         plan = replace(plan, budget=budget)
     if plan.drafters:
         print(f"  {predicted_tau(plan, target, budget.train_prompts * budget.new_tokens)}")

@@ -1,0 +1,230 @@
+"""The recipe study on SmolLM2-135M-Instruct: drafters trained on the same packed 1M-token corpus, each change of
+recipe scored against the base recipe on the same prompts, beside the n-gram that needs no training.
+
+    python benchmarks/recipe.py [--study runs/study] [--drafters eagle3-1M eagle3_31-1M] [--base eagle3-1M]
+        [--out runs/recipe] [--num-prompts 32] [--max-new-tokens 128] [--modes greedy auto sampled]
+
+The drafters are ``benchmarks/scaling.py --out STUDY --sizes 1000000 --families ...`` fits on the repository's
+packed corpus (``STUDY/drafters/NAME``, each fit's record, its steps, seconds and val τ_est, in ``STUDY/fit``); a
+recipe differs from the base by what its YAML changes (``configs/smollm2/``). One block per held-out set (MT-bench
+first turns, N / 8 per category; chat-heldout) and mode, every decoder interleaved prompt by prompt in one run
+(``score_drafters``): plain decoding of the verified target (bf16 batch-invariant on a CPU with native bf16, else
+float32), plain decoding of the same weights with the fastest kernels (the fastest-plain reference; float32 too
+with ``--float32``), the n-gram drafter and every drafter. Modes: ``greedy`` chains at K = 4, ``auto`` (``--k
+auto``: each drafter's fastest shape on this machine), ``sampled`` at T 0.7 / top-p 0.9, K = 4, for the winner (the
+trained drafter fastest over both greedy blocks) and the base.
+
+Each row gives τ beside the fit's val τ_est, first-token acceptance, the speedup over plain decoding of the same
+target and over the fastest plain decoding of the block, and, for greedy blocks, the gain in τ over the base with the
+spread between prompts (``metrics.tau_gain``: the mean per-prompt difference and its 95% paired-bootstrap interval;
+greedy decoding is deterministic, so the spread is the prompts'). Each block is saved in ``--out`` once scored and
+reused, so an interrupted run resumes at the next block. Writes ``benchmarks/results/recipe_smollm2.{json,md}``
+(``--results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
+from scaling import fit_epochs
+
+from draftsmith.core.machine import native_bf16
+from draftsmith.core.sampling import Sampling
+from draftsmith.core.target import Target
+from draftsmith.eval.metrics import tau_gain
+from draftsmith.eval.rows import block_dicts, read_block
+from draftsmith.eval.score import AUTO_K, score_drafters
+from draftsmith.families.specs import NGram, Trained, build_drafter
+from draftsmith.targets import resolve
+
+MODES = {"greedy": (4, Sampling()), "auto": (AUTO_K, Sampling()), "sampled": (4, Sampling(0.7, 0.9))}
+SETS = ("mt-bench", "chat-heldout")
+GOALS = {"mt-bench": {"tau": 1.9, "first": 0.45, "fastest": 1.3}, "chat-heldout": {"tau": 2.3, "fastest": 1.6}}
+"""Issue 51's goals for the best trained drafter, greedy, K = 4."""
+
+
+def score_block(verified: Target, references: dict, study: Path, names: list[str], prompts, categories, n, mode):
+    built = {name: build_drafter(NGram() if name == "ngram" else Trained(str(study / "drafters" / name)), verified)
+             for name in names}  # fmt: skip
+    k, sampling = MODES[mode]
+    load = os.getloadavg()[0]
+    refs = references if sampling.greedy else None  # the fastest-plain goals are greedy ones
+    plain, rows = score_drafters(verified, built, prompts, k, sampling, n, categories=categories, references=refs)
+    return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
+
+
+def winner(blocks: dict, names: list[str]) -> str:
+    """The trained drafter fastest over the greedy K = 4 blocks (the mean of its speedups)."""
+    speed = {}
+    for key, block in blocks.items():
+        if key.endswith(" greedy"):
+            for r in read_block(block)[1]:
+                speed.setdefault(r.name, []).append(r.speedup)
+    return max(names, key=lambda n: sum(speed.get(n, [0])) / len(speed.get(n, [0])))
+
+
+def gain_cell(base, row) -> str:
+    if row.name == base.name or not (base.prompt_rounds and row.prompt_rounds):
+        return "–"
+    g = tau_gain(base.prompt_rounds, row.prompt_rounds)
+    return f"{g.mean:+.2f} [{g.low:+.2f}, {g.high:+.2f}] ({g.better}↑ {g.worse}↓)"
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# The recipe study on SmolLM2-135M-Instruct: drafters of one packed corpus against its base recipe",
+        "",
+        f"{measured_on(result['machine'])}. Target `{result['target']}` ({result['dtype']}); every drafter trained "
+        f"on the packed corpus's first 1M generated tokens (`{result['study']}`); {result['prompts']} prompts × "
+        f"{result['max_new_tokens']} new tokens per set. Every row of a block was decoded in one run, interleaved "
+        "prompt by prompt with plain decoding of the verified target and of the fastest-kernel reference.",
+        "",
+        "| drafter | recipe | fit steps | epochs | fit s | val τ_est |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, fit in result["fits"].items():
+        tau = f"{fit['val_tau_est']:.2f}" if fit.get("val_tau_est") else "–"
+        lines.append(
+            f"| {name} | `{fit['recipe']}` | {fit['steps']} | {fit['epochs']} | {fit['seconds']:.0f} | {tau} |"
+        )
+    lines += [
+        "",
+        f"| set | mode | drafter | K | τ | val τ_est | first-token acc. | Δτ vs {result['base']} [95%] | speedup | "
+        "× fastest plain | greedy exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, block in result["blocks"].items():
+        set_name, mode = key.split(" ")
+        plain, rows = read_block(block)
+        base = next((r for r in rows if r.name == result["base"]), None)
+        for r in rows:
+            fit = result["fits"].get(r.name, {})
+            val = f"{fit['val_tau_est']:.2f}" if fit.get("val_tau_est") else "–"
+            first = f"{r.accept_at[0]:.2f}" if r.accept_at else "–"
+            gain = gain_cell(base, r) if base is not None and mode == "greedy" else "–"
+            fastest = f"{r.tokens_per_s / plain.fastest.tokens_per_s:.2f}×" if plain.references else "–"
+            exact = f"{r.greedy_exact}/{r.prompts}" if r.greedy_exact is not None else "– (sampled)"
+            lines.append(
+                f"| {set_name} | {mode} | {r.name} | {r.k} | {r.tau:.2f} | {val} | {first} | {gain} | "
+                f"{r.speedup:.2f}× | {fastest} | {exact} |"
+            )
+    lines += ["", "Plain decoding per block (tokens/s; load average before and after):", ""]
+    for key, block in result["blocks"].items():
+        plain, _ = read_block(block)
+        refs = "".join(f"; {n} {p.tokens_per_s:.1f}" for n, p in (plain.references or {}).items())
+        lines.append(
+            f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}{measured_at(block)}"
+        )
+    lines += ["", "## Goals (issue 51)", ""]
+    lines += [f"- {line}" for line in goals(result)]
+    lines += [
+        "",
+        f"Δτ vs {result['base']}: the mean over prompts of each prompt's τ minus the base's on the same prompt, its "
+        "95% interval (paired bootstrap over the prompts) and the prompts whose τ rose (↑) or fell (↓); greedy "
+        "decoding is deterministic, so the interval is the prompts' spread: a gain whose interval excludes 0 is not "
+        "noise. speedup: over plain decoding of the verified target (same dtype and numerics). × fastest plain: over "
+        "the fastest plain decoding of the block (the fastest-kernel reference where it is faster).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def goals(result: dict) -> list[str]:
+    """Issue 51's goals for the best trained drafter of each greedy K = 4 block."""
+    out = []
+    for key, block in result["blocks"].items():
+        set_name, mode = key.split(" ")
+        if mode != "greedy":
+            continue
+        plain, rows = read_block(block)
+        by = {r.name: r for r in rows}
+        best = max((r for r in rows if r.name != "ngram"), key=lambda r: r.tokens_per_s)
+        goal, ngram = GOALS[set_name], by.get("ngram")
+        line = f"{set_name}: best trained drafter {best.name}: τ {best.tau:.2f} (goal ≥ {goal['tau']})"
+        if "first" in goal:
+            line += f", first-token acceptance {best.accept_at[0]:.2f} (goal ≥ {goal['first']})"
+        if ngram is not None:
+            line += f"; {best.tokens_per_s / ngram.tokens_per_s:.2f}× the n-gram's speed (goal > 1)"
+        line += (
+            f"; {best.tokens_per_s / plain.fastest.tokens_per_s:.2f}× the fastest plain decoding (goal ≥ "
+            f"{goal['fastest']}×)"
+        )
+        out.append(line)
+    return out
+
+
+def fit_records(study: Path, names: list[str]) -> dict:
+    """Each drafter's fit record (``scaling.fit_one``'s) with its epochs and the recipe it was trained with."""
+    fits = {}
+    for name in names:
+        record = study / "fit" / f"{name}.json"
+        if record.is_file():
+            fit = json.loads(record.read_text())
+            fits[name] = fit | {"epochs": fit_epochs(fit), "recipe": f"smollm2/{name.rsplit('-', 1)[0]}"}
+    return fits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", type=Path, default=Path("runs/study"), help="benchmarks/scaling.py's --out")
+    parser.add_argument("--drafters", nargs="+", default=["eagle3-1M", "eagle3_31-1M"], help="names in STUDY/drafters")
+    parser.add_argument("--base", default="eagle3-1M", help="the recipe every other is compared with")
+    parser.add_argument("--out", type=Path, default=Path("runs/recipe"))
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
+    parser.add_argument("--float32", action="store_true", help="float32 plain decoding as a reference too")
+    parser.add_argument("--results", default="recipe_smollm2")
+    args = parser.parse_args()
+    missing = [n for n in args.drafters if not (args.study / "drafters" / n / "config.json").is_file()]
+    if missing:
+        parser.error(f"--drafters: no trained drafter {', '.join(missing)} in {args.study / 'drafters'}")
+    if args.base not in args.drafters:
+        parser.error(f"--base {args.base}: not one of --drafters ({' '.join(args.drafters)})")
+
+    dtype = "bfloat16" if native_bf16()[0] else "float32"
+    path = resolve("smollm2")
+    verified = Target.from_pretrained(path, dtype=dtype)
+    references = {}  # the fastest plain decoding: bf16 with the fastest kernels where bf16 is native
+    if dtype == "bfloat16":
+        references["bf16 fast kernels"] = Target.from_pretrained(path, dtype="bfloat16", batch_invariant=False)
+    if args.float32 and dtype != "float32":
+        references["float32"] = Target.from_pretrained(path, dtype="float32")
+    sets = {k: v for k, v in heldout_sets(verified.tokenizer, args.num_prompts).items() if k in args.sets}
+    blocks = {}
+    for mode in [m for m in MODES if m in args.modes]:
+        names = args.drafters
+        if mode == "sampled":  # the winner of the greedy blocks (scored first, or saved), and the base
+            greedy = {f"{s} greedy": args.out / f"{s}-greedy.json" for s in sets}
+            scored = {k: json.loads(p.read_text()) for k, p in greedy.items() if p.is_file()} | blocks
+            if not any(k.endswith(" greedy") for k in scored):
+                parser.error("--modes sampled: its drafter is the greedy blocks' winner; score --modes greedy first")
+            names = list(dict.fromkeys([args.base, winner(scored, args.drafters)]))
+        names = [*names, "ngram"]
+        for set_name, (prompts, categories) in sets.items():
+            blocks[f"{set_name} {mode}"] = saved_block(
+                args.out / f"{set_name}-{mode}.json",
+                names,
+                lambda: score_block(verified, references, args.study, names, prompts, categories,  # noqa: B023
+                                    args.max_new_tokens, mode),  # noqa: B023
+            )  # fmt: skip
+    result = {
+        "machine": machine(),
+        "target": "smollm2",
+        "dtype": dtype,
+        "study": str(args.study),
+        "base": args.base,
+        "fits": fit_records(args.study, args.drafters),
+        "prompts": args.num_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "blocks": blocks,
+    }
+    write(args.results, result, markdown(result), RESULTS)
+
+
+if __name__ == "__main__":
+    main()
