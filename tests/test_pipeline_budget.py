@@ -12,9 +12,11 @@ import pytest
 from draftsmith.errors import DraftsmithError
 from draftsmith.pipeline.local import (
     EPOCHS,
+    LARGE,
     Sizing,
     Speeds,
     _estimates,
+    _families,
     predicted_tau,
     size_budget,
     sized_once,
@@ -97,3 +99,21 @@ def test_a_budget_that_is_not_positive_is_one_line_before_any_target_is_built(fl
     err = capsys.readouterr().err.strip()
     assert err == f"draftsmith: error: {flag} must be positive, got {value}"
     assert not (tmp_path / "r").exists()
+
+
+def test_the_large_recipe_sets_default_is_the_recipe_studys_winner_which_differs_from_eagle3_by_its_norms():
+    large, distils = _families(None, LARGE)
+    assert large[0] == "eagle3_31" and "eagle3" not in large and distils
+    assert _families(None, "")[0][0] == "eagle3"  # the toy target's set: its own EAGLE-3
+    assert _families(["eagle3"], LARGE)[0] == ["eagle3"]  # still there when asked for
+
+    def without(name: str, *keys: str) -> dict:
+        recipe = load_recipe(f"smollm2/{name}")
+        for key in keys:
+            del recipe["model"]["init_args"][key]
+        del recipe["trainer"]["default_root_dir"]
+        return recipe
+
+    # the study's rows differ only by what they test: the winner is EAGLE-3's recipe with EAGLE-3.1's two norms
+    assert without("eagle3_31", "fc_norm", "norm_output") == without("eagle3")
+    assert without("eagle3_lk", "loss", "lk_eta") == without("eagle3")

@@ -44,7 +44,7 @@ SKIPPED = {
         "pipeline end to end; here the real parser checks its flags"
     ),
     "draftsmith pipeline --target smollm2 --dtype bfloat16 --prompts builtin:chat-train --heldout-prompts "
-    "builtin:mt-bench --families eagle3,eagle1,draft_lm --out runs/smollm2": (
+    "builtin:mt-bench --families eagle3_31,eagle1,draft_lm --out runs/smollm2": (
         "every stage on three families: minutes even with --fast; tests/test_pipeline.py runs the pipeline end to "
         "end; here the real parser checks its flags"
     ),

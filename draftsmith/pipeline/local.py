@@ -50,6 +50,10 @@ BUILTIN_HELDOUT = {BUILTIN[0]: BUILTIN[1], BUILTIN_CHAT[0]: BUILTIN_CHAT[1]}
 DEFAULT_FAMILIES = ("eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm")
 LARGE = "smollm2"
 """The recipe set tuned on a real 30-layer, 49k-vocabulary LLM (``configs/smollm2/``)."""
+LARGE_FAMILIES = ("eagle3_31", "eagle1", "medusa1", "hydrapp", "draft_lm")
+"""``LARGE``'s default families: EAGLE-3 with EAGLE-3.1's norms in place of EAGLE-3 (the recipe study's winner on
+the packed corpus: τ higher on every held-out set, the spread between prompts included;
+``benchmarks/results/recipe_smollm2.md``)."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ def _trains_on_generated_data(recipe: Path) -> bool:
 
 def _families(families: list[str] | None, plan_recipes: str) -> tuple[list[str], bool]:
     """The recipe-trained families and whether a draft LM is distilled; an unknown name is refused in one line."""
-    wanted = list(families or DEFAULT_FAMILIES)
+    wanted = list(families or (LARGE_FAMILIES if plan_recipes == LARGE else DEFAULT_FAMILIES))
     wanted = [f.strip() for name in wanted for f in name.split(",") if f.strip()]
     folder = Path(plan_recipes) if Path(plan_recipes).is_absolute() else RECIPES / plan_recipes
     available = sorted(p.stem for p in folder.glob("*.yaml") if _trains_on_generated_data(p))
@@ -537,7 +541,8 @@ def pipeline(
             set: its held-out half, ``builtin:chat-heldout`` / ``builtin:heldout``).
         out: run directory (default ``runs/pipeline-<target name>``).
         families: drafter families, e.g. ``eagle3,eagle1,draft_lm`` (default: eagle3, eagle1, medusa1, hydrapp,
-            draft_lm); any recipe of the chosen set, and ``draft_lm``.
+            draft_lm; for the ``smollm2`` recipe set, eagle3_31 in place of eagle3); any recipe of the chosen set,
+            and ``draft_lm``.
         dtype: the dtype the target computes in (``auto``: its checkpoint's, bf16 only where this CPU has it).
         prompt_field: the prompt's field name in JSONL / dataset sources.
         num_prompts: training prompts used (the first N); default: the most that fit ``hours``.
