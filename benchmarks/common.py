@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from draftsmith.core.target import Target
 
 RESULTS = Path(__file__).parent / "results"
 HELDOUT = {"default": "builtin:heldout", "smollm2": "builtin:chat-heldout"}
@@ -95,6 +99,39 @@ def saved_block(path: Path, names: list[str], run) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     return result
+
+
+def smollm2_targets(float32: bool = False) -> tuple[str, Target, dict[str, Target]]:
+    """(dtype, verified target, fastest-plain references) of the SmolLM2 decoding blocks: the target draftsmith
+    verifies with (bf16 batch-invariant where this CPU has native bf16, else float32) and the same weights with the
+    fastest kernels (bf16 SDPA; float32 too with ``float32``), decoded plainly in the same run."""
+    from draftsmith.core.machine import native_bf16
+    from draftsmith.core.target import Target
+    from draftsmith.targets import resolve
+
+    dtype = "bfloat16" if native_bf16()[0] else "float32"
+    path = resolve("smollm2")
+    references = {}
+    if dtype == "bfloat16":
+        references["bf16 fast kernels"] = Target.from_pretrained(path, dtype="bfloat16", batch_invariant=False)
+    if float32 and dtype != "float32":
+        references["float32"] = Target.from_pretrained(path, dtype="float32")
+    return dtype, Target.from_pretrained(path, dtype=dtype), references
+
+
+def plain_lines(blocks: dict) -> list[str]:
+    """The lines under a report's table: each block's plain decoding (the verified target's and the references'),
+    machine load and when it was measured."""
+    from draftsmith.eval.rows import read_block
+
+    lines = ["", "Plain decoding per block (tokens/s; load average before and after):", ""]
+    for key, block in blocks.items():
+        plain, _ = read_block(block)
+        refs = "".join(f"; {n} {p.tokens_per_s:.1f}" for n, p in (plain.references or {}).items())
+        lines.append(
+            f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}{measured_at(block)}"
+        )
+    return lines
 
 
 def measured_at(block: dict) -> str:

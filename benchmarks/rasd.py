@@ -29,9 +29,8 @@ import json
 import os
 from pathlib import Path
 
-from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
+from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
 
-from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.datastore import build
@@ -39,7 +38,6 @@ from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import AUTO_K, score_drafters
 from draftsmith.families.specs import Named, NGram, Rasd, Trained, build_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreeKind, TreePolicy
-from draftsmith.targets import resolve
 
 MODES = {"greedy": Sampling(), "sampled": Sampling(0.7, 0.9)}
 CHAIN = TreePolicy(TreeKind.CHAIN, 16, 4)
@@ -112,13 +110,7 @@ def markdown(result: dict) -> str:
                 f"| {key.split(' ')[0]} | {block['mode']} | {r.name} | {k} | {r.tau:.2f} | {first} | "
                 f"{r.speedup:.2f}× | {r.tokens_per_s / fastest.tokens_per_s:.2f}× | {retrieval} | {exact} |"
             )
-    lines += ["", "Plain decoding per block (tokens/s; load average before and after):", ""]
-    for key, block in result["blocks"].items():
-        plain, _ = read_block(block)
-        refs = "".join(f"; {n} {p.tokens_per_s:.1f}" for n, p in (plain.references or {}).items())
-        lines.append(
-            f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}{measured_at(block)}"
-        )
+    lines += plain_lines(result["blocks"])
     lines += ["", "## Goals (issue 53)", ""]
     for line in goals(result):
         lines.append(f"- {line}")
@@ -183,14 +175,7 @@ def main() -> None:
     record = json.loads((store_dir / "datastore.json").read_text())
     store = record | {"bytes": sum(f.stat().st_size for f in store_dir.iterdir())}
 
-    dtype = "bfloat16" if native_bf16()[0] else "float32"
-    path = resolve("smollm2")
-    verified = Target.from_pretrained(path, dtype=dtype)
-    references = {}  # the fastest plain decoding: bf16 with the fastest kernels where bf16 is native
-    if dtype == "bfloat16":
-        references["bf16 fast kernels"] = Target.from_pretrained(path, dtype="bfloat16", batch_invariant=False)
-    if args.float32 and dtype != "float32":
-        references["float32"] = Target.from_pretrained(path, dtype="float32")
+    dtype, verified, references = smollm2_targets(args.float32)
     tokenizer = verified.tokenizer
     sets = heldout_sets(tokenizer, args.num_prompts)
     blocks = {}

@@ -29,17 +29,15 @@ import json
 import os
 from pathlib import Path
 
-from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
+from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
 from scaling import fit_epochs
 
-from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.eval.metrics import tau_gain
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import AUTO_K, score_drafters
 from draftsmith.families.specs import NGram, Trained, build_drafter
-from draftsmith.targets import resolve
 
 MODES = {"greedy": (4, Sampling()), "auto": (AUTO_K, Sampling()), "sampled": (4, Sampling(0.7, 0.9))}
 SETS = ("mt-bench", "chat-heldout")
@@ -112,13 +110,7 @@ def markdown(result: dict) -> str:
                 f"| {set_name} | {mode} | {r.name} | {r.k} | {r.tau:.2f} | {val} | {first} | {gain} | "
                 f"{r.speedup:.2f}× | {fastest} | {exact} |"
             )
-    lines += ["", "Plain decoding per block (tokens/s; load average before and after):", ""]
-    for key, block in result["blocks"].items():
-        plain, _ = read_block(block)
-        refs = "".join(f"; {n} {p.tokens_per_s:.1f}" for n, p in (plain.references or {}).items())
-        lines.append(
-            f"- {key}: verified target {plain.tokens_per_s:.1f}{refs}; load {block['load']}{measured_at(block)}"
-        )
+    lines += plain_lines(result["blocks"])
     lines += ["", "## Goals (issue 51)", ""]
     lines += [f"- {line}" for line in goals(result)]
     lines += [
@@ -186,14 +178,7 @@ def main() -> None:
     if args.base not in args.drafters:
         parser.error(f"--base {args.base}: not one of --drafters ({' '.join(args.drafters)})")
 
-    dtype = "bfloat16" if native_bf16()[0] else "float32"
-    path = resolve("smollm2")
-    verified = Target.from_pretrained(path, dtype=dtype)
-    references = {}  # the fastest plain decoding: bf16 with the fastest kernels where bf16 is native
-    if dtype == "bfloat16":
-        references["bf16 fast kernels"] = Target.from_pretrained(path, dtype="bfloat16", batch_invariant=False)
-    if args.float32 and dtype != "float32":
-        references["float32"] = Target.from_pretrained(path, dtype="float32")
+    dtype, verified, references = smollm2_targets(args.float32)
     sets = {k: v for k, v in heldout_sets(verified.tokenizer, args.num_prompts).items() if k in args.sets}
     blocks = {}
     for mode in [m for m in MODES if m in args.modes]:

@@ -55,6 +55,7 @@ MARKDOWN = {
     "rasd_smollm2": "rasd",
     "recipe_smollm2": "recipe",
     "rasd_smollm2_deep": "rasd",
+    "rasd_smollm2_31": "rasd",
     "real_target": "real_target",
     "real_target_bf16": "real_target",
     "scaling": "scaling",
