@@ -109,8 +109,8 @@ def score_drafters(
     for name in drafters:
         own_plain = plain[id(targets[name])]
         metrics = drafter_metrics(name, ks[name], spec[name], own_plain, sampling.greedy, ratios)
-        row = ScoreRow(**vars(metrics), prompts=len(prompts), auto_k=shapes.get(name))
-        row.prompt_rounds = [(sum(r.accepted), len(r.accepted)) for r in spec[name]]
+        per_prompt = [(sum(r.accepted), len(r.accepted)) for r in spec[name]]
+        row = ScoreRow(**vars(metrics), prompts=len(prompts), auto_k=shapes.get(name), prompt_rounds=per_prompt)
         if name in judges:  # lossy: output leaves the target's wherever the judge keeps a rejected token
             row.lossy = True
             row.judged = sum(sum(r.judged) for r in spec[name])
