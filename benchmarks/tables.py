@@ -69,6 +69,7 @@ MARKDOWN = {
     "tlt_smollm2_k2": "tlt",
     "train": "train",
     "train_throughput": "train_throughput",
+    "train_throughput_online": "train_throughput",
     "verifier": "verifier",
 }
 """Results file -> the benchmark module whose ``markdown(result)`` wrote its Markdown. Not here: the benchmarks that
