@@ -92,11 +92,19 @@ RECIPES = {
     "eagle3_lk": "smollm2/eagle3_lk",
     "dflash": "smollm2/dflash",
     "dspark": "smollm2/dspark",
+    **{row: f"smollm2/study/{row}" for row in ("eagle3_31_lk", "eagle3_31_ttt7", "eagle3_31_nodecay")},
+    **{row: f"smollm2/study/{row}" for row in ("eagle3_31_2l", "eagle3_31_16k")},
+    "eagle3_31_e4": "smollm2/eagle3_31",
+    "eagle3_31_e8": "smollm2/eagle3_31",
 }
 """The families: EAGLE-3, EAGLE-1 and P-EAGLE (started from the EAGLE-3 of the same subset) on every subset; the
 heads (Medusa-1, Hydra, Hydra++) on the ``HEADS_AT`` subset; the recipe study's rows (EAGLE-3.1's norms, the LK
-loss, DFlash, DSpark: ``STUDY``) on the largest subset only, and only when ``--families`` names them."""
-STUDY = ("eagle3_31", "eagle3_lk", "dflash", "dspark")
+loss, DFlash, DSpark, and the rows over EAGLE-3.1 in ``configs/smollm2/study/``, each that recipe with one change:
+``STUDY``) on the largest subset only, and only when ``--families`` names them."""
+EPOCHS = {"eagle3_31_e4": 4.0, "eagle3_31_e8": 8.0}
+"""Study rows that are another row's recipe trained for more passes than ``--epochs`` (DeepSpec: τ peaked near 4.6
+epochs of a fixed set)."""
+STUDY = ("eagle3_31", "eagle3_lk", "dflash", "dspark", *(f for f in RECIPES if f.startswith("eagle3_31_")))
 """Families trained on the full corpus only (issue 51's recipe study on the packed corpus), not by default."""
 STUDY_AT = 1_000_000
 """The subset the ``STUDY`` families are trained on."""
@@ -227,7 +235,7 @@ def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path |
     its export dir and a record of the fit (steps, seconds, load)."""
     name = f"{family}-{label(size)}"
     export, record_path = out / "drafters" / name, out / "fit" / f"{name}.json"
-    steps = max(min_steps, math.ceil(epochs * rows / BATCH))
+    steps = max(min_steps, math.ceil(EPOCHS.get(family, epochs) * rows / BATCH))
     bf16, _ = native_bf16()
     run = FitRun(
         target=TARGET,

@@ -116,17 +116,18 @@ def kill_after_first_shard(cmd: list[str], out: Path, timeout: float, env: dict 
     return len(list((out / "shards").glob("shard-?????")))
 
 
-def eagle3_case(root: Path, draft_vocab: int, length: int = 20, layers: tuple[int, ...] = (1, 2, 3)) -> dict:
+def eagle3_case(root: Path, draft_vocab: int, length: int = 20, layers: tuple[int, ...] = (1, 2, 3), **options) -> dict:
     """A 4-layer tiny target at ``root/target`` and an EAGLE-3 drafter for it at ``root/native`` with a scattered
     draft vocabulary and perturbed weights (norms away from 1, so a dropped or doubled norm shows), and inputs for
-    its training-time test: ``x`` (1, length) and the target's real ``features`` at ``layers``."""
+    its training-time test: ``x`` (1, length) and the target's real ``features`` at ``layers``. ``options``: more
+    ``EagleModule`` arguments (EAGLE-3.1's norms, ``num_layers``)."""
     from draftsmith.core.native import save_native
     from draftsmith.families.eagle.module import EagleModule
 
     target = make_llama(seed=0, layers=4)
     target.save_pretrained(root / "target")
     make_tokenizer().save_pretrained(root / "target")
-    module = EagleModule(str(root / "target"), 3, list(layers), draft_vocab_size=draft_vocab)
+    module = EagleModule(str(root / "target"), 3, list(layers), draft_vocab_size=draft_vocab, **options)
     network = module.drafter
     torch.manual_seed(0)
     with torch.no_grad():

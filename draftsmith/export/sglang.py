@@ -46,6 +46,11 @@ def _eagle3(src: Source, out: Path, dtype: str | None) -> str:
             f"--to sglang: an EAGLE-3.1 drafter ({on}); SGLang's EAGLE-3 reads no feature norms and SpecForge's "
             "norm_output means another thing: export it --to vllm or --to speculators"
         )
+    if src.network.cfg.num_layers > 1:
+        raise DraftsmithError(
+            f"--to sglang: a {src.network.cfg.num_layers}-layer EAGLE-3; SGLang's LlamaForCausalLMEagle3 holds one "
+            "decoder layer (midlayer.*): export it --to vllm"
+        )
     target = src.target_config("sglang")
     layers = target["num_hidden_layers"]
     sglang_ids = eagle_layout.aux_layer_ids(src.network.cfg, layers, "sglang")

@@ -118,6 +118,11 @@ def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULT
         return command
     speculative_tokens = serving.k or 4
     cfg = src.network.cfg
+    if getattr(cfg, "num_layers", 1) > 1:
+        raise DraftsmithError(
+            f"--to speculators: a {cfg.num_layers}-layer EAGLE-3; draftsmith exports one decoder layer in speculators' "
+            "layout (its peer tests load that): export it --to vllm"
+        )
     target = src.target_config("speculators")
     aux = eagle_layout.aux_layer_ids(cfg, target["num_hidden_layers"], "speculators")
     tensors = eagle3_tensors(src.network, eagle_layout.LAYOUTS["speculators"].prefix)

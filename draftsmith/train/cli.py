@@ -96,6 +96,9 @@ def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI
     os.environ.setdefault("WANDB_SILENT", "true")
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
+    # LightningCLI seeds every run (seed_everything: true -> 0, recorded in the manifest); the first run of a process
+    # also said so on stderr, a second line beside a user mistake's one line
+    warnings.filterwarnings("ignore", message="No seed found, seed set to")
     import wandb
 
     before, failed = wandb.run, True

@@ -39,6 +39,7 @@ class EagleModule(DrafterModule):
         fc_norm: EAGLE-3.1: an RMSNorm on each target feature before fc (``Eagle3Config.fc_norm``).
         norm_before_fc: one RMSNorm on the concatenated features before fc (``Eagle3Config.norm_before_fc``).
         norm_output: EAGLE-3.1: the normed layer output is the next step's feature (``Eagle3Config.norm_output``).
+        num_layers: EAGLE-3's decoder layers (``Eagle3Config.num_layers``; 1 as the papers, 2 the recipe study's row).
         init: a drafter of the same version to fine-tune (a checkpoint or native dir, e.g. one ``draftsmith
             import`` made of an EAGLE-3 trained elsewhere): its network, feature layers and draft vocabulary; None:
             a fresh network.
@@ -61,6 +62,7 @@ class EagleModule(DrafterModule):
         fc_norm: bool = False,
         norm_before_fc: bool = False,
         norm_output: bool = False,
+        num_layers: int = 1,
         init: str | None = None,
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
@@ -70,6 +72,7 @@ class EagleModule(DrafterModule):
         self.version, self.requested_layers, self.draft_vocab_size = version, feature_layers, draft_vocab_size
         self.loss, self.lk_eta = loss, lk_eta
         self.norms = {"fc_norm": fc_norm, "norm_before_fc": norm_before_fc, "norm_output": norm_output}
+        self.num_layers = num_layers
         self.init, self._start = init, None
         if init is not None:  # its record decides the feature layers and vocabulary before the target loads
             self._start = read_init(init, f"eagle{version}")
@@ -96,7 +99,12 @@ class EagleModule(DrafterModule):
             check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
             return build(*self._start, f"model.init {self.init!r}").train()
         cfg = EagleConfig.from_target(
-            self.target.config, self.version, self.target.feature_layers, self.draft_vocab_size, **self.norms
+            self.target.config,
+            self.version,
+            self.target.feature_layers,
+            self.draft_vocab_size,
+            **self.norms,
+            num_layers=self.num_layers,
         )
         model = EagleModel(cfg)
         model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)

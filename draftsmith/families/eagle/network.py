@@ -15,6 +15,12 @@ it drafts.
 Positions: anchor i pairs token x_{i+1} with feature f_i and predicts x_{i+2};
 TTT step j at anchor i predicts x_{i+j+2} at RoPE position i+j.
 
+More decoder layers (``num_layers``, EAGLE-3 and P-EAGLE; vLLM's and speculators' ``num_hidden_layers``): the first
+layer attends over (embeds ‖ feature) as above, each later one is a plain pre-norm Llama layer over the previous
+layer's output, as vLLM's ``llama_eagle3.py`` stacks them; the output of the last is the step's output. Their
+keys / values travel as one tensor, the layers' heads side by side on dim 1 ((B, L·nh, S, hd)), so every cache that
+grows or trims along the sequence (dim 2) holds a stack as it holds one layer.
+
 EAGLE-3.1 (arXiv 2605.09992; speculators PRs 610 / 670, vLLM PRs 42764 / 46488) adds norms as options of EAGLE-3,
 named as speculators' ``Eagle3SpeculatorConfig`` and vLLM's ``llama_eagle3.py`` name them: ``fc_norm`` (an RMSNorm
 on each target feature before fc: fc(concat(norm_a(f_a), norm_b(f_b), ...))), ``norm_before_fc`` (one RMSNorm on the
@@ -123,9 +129,11 @@ class EagleConfig:
         fc_norm: bool = False,
         norm_before_fc: bool = False,
         norm_output: bool = False,
+        num_layers: int = 1,
     ):
         """The EAGLE-``version`` drafter's config for a target with this HF config (any family: ``borrowed_shape``);
-        ``fc_norm``, ``norm_before_fc``, ``norm_output``: EAGLE-3.1's norms (``Eagle3Config``; EAGLE-1 has none)."""
+        ``fc_norm``, ``norm_before_fc``, ``norm_output``: EAGLE-3.1's norms (``Eagle3Config``; EAGLE-1 has none);
+        ``num_layers``: decoder layers (EAGLE-3; EAGLE-1 has one)."""
         cls = config_class(version)
         if cls.max_feature_layers and len(feature_layers) > cls.max_feature_layers:
             raise DraftsmithError(
@@ -137,6 +145,10 @@ class EagleConfig:
                 on = [name for name, value in norms.items() if value]
                 raise DraftsmithError(f"EAGLE-{version} has no EAGLE-3.1 norms; {', '.join(on)} need version 3")
             norms = {}
+        if num_layers != 1:
+            if not cls.own_head:
+                raise DraftsmithError(f"EAGLE-{version} has one decoder layer; num_layers={num_layers} needs version 3")
+            norms["num_layers"] = num_layers
         shape = borrowed_shape(target_config, f"EAGLE-{version}")
         vocab = target_config.vocab_size
         return cls(
@@ -199,6 +211,8 @@ class Eagle1Config(EagleConfig):
     norm_before_fc: ClassVar[bool] = False
     norm_output: ClassVar[bool] = False
     """EAGLE-1 has none of EAGLE-3.1's norms (``Eagle3Config``)."""
+    num_layers: ClassVar[int] = 1
+    """EAGLE-1 has one decoder layer."""
 
     @staticmethod
     def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -227,8 +241,13 @@ class Eagle3Config(EagleConfig):
     """EAGLE-3.1: the layer output after the final ``norm`` (what the LM head reads) is also what the next step
     reads as its feature, in training-time test and in drafting, instead of the un-normed output (no weights of its
     own; speculators' and vLLM's ``norm_output``)."""
+    num_layers: int = 1
+    """Decoder layers: the first over (embeds ‖ feature), the others plain pre-norm layers over its output (vLLM's
+    ``num_hidden_layers``)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise DraftsmithError(f"EAGLE-3: num_layers must be a whole number >= 1, got {self.num_layers!r}")
         if self.fc_norm and self.norm_before_fc:
             raise DraftsmithError(
                 "EAGLE-3: fc_norm (a norm per feature layer) and norm_before_fc (one norm on their concatenation) "
@@ -311,6 +330,23 @@ class EagleLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
 
+class EagleStackLayer(nn.Module):
+    """A decoder layer after the first (``num_layers`` > 1): pre-norm attention and MLP over the previous layer's
+    output, as vLLM's ``llama_eagle3.py`` runs its layers after layer 0."""
+
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = EagleAttention(cfg, cfg.hidden_size)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.llama_config())
+
+    def forward(self, x, cos, sin, past_k, past_v, mask):
+        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past_k, past_v, mask)
+        h = x + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+
+
 def ttt_mask(t: int, step: int, valid: torch.Tensor | None, device) -> torch.Tensor:
     """Attention mask of TTT step ``step`` over keys of steps 0..step: (B or 1, 1, T, (step+1)T) bool.
 
@@ -356,6 +392,8 @@ class EagleModel(DrafterNetwork):
         else:
             self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False).requires_grad_(False)
         self.layer = EagleLayer(cfg)
+        if cfg.num_layers > 1:
+            self.more_layers = nn.ModuleList(EagleStackLayer(cfg) for _ in range(cfg.num_layers - 1))
         self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
 
     @property
@@ -413,8 +451,24 @@ class EagleModel(DrafterNetwork):
             return self.lm_head(hidden)
         return self.lm_head(self.norm(hidden))
 
+    def layers(self, embeds, hidden, cos, sin, past_k, past_v, mask):
+        """The decoder layers on (embeds, hidden) -> (output (B, T, H), k, v); keys / values of all layers side by
+        side on dim 1 ((B, L·nh, S, hd), the first layer's heads first)."""
+        if self.cfg.num_layers == 1:
+            return self.layer(embeds, hidden, cos, sin, past_k, past_v, mask)
+        n = self.cfg.num_layers
+        past_k = (None,) * n if past_k is None else past_k.chunk(n, dim=1)
+        past_v = (None,) * n if past_v is None else past_v.chunk(n, dim=1)
+        out, k, v = self.layer(embeds, hidden, cos, sin, past_k[0], past_v[0], mask)
+        keys, values = [k], [v]
+        for layer, pk, pv in zip(self.more_layers, past_k[1:], past_v[1:], strict=True):
+            out, k, v = layer(out, cos, sin, pk, pv, mask)
+            keys.append(k)
+            values.append(v)
+        return out, torch.cat(keys, dim=1), torch.cat(values, dim=1)
+
     def step(self, tokens, hidden, positions, past_k, past_v, mask):
-        """One layer application: tokens (B,T) paired with hidden (B,T,H) at positions (B,T) -> (output (B,T,H),
+        """One application of the layers: tokens (B,T) paired with hidden (B,T,H) at positions (B,T) -> (output (B,T,H),
         k, v); the output is the next step's feature (``norm``-ed first with ``norm_output``)."""
         embeds = self.embed_tokens(tokens)
         if not self.cfg.separate_inputs:
@@ -422,7 +476,7 @@ class EagleModel(DrafterNetwork):
         else:
             x = hidden
         cos, sin = self.rotary(x, positions)
-        out, k, v = self.layer(embeds, x, cos, sin, past_k, past_v, mask)
+        out, k, v = self.layers(embeds, x, cos, sin, past_k, past_v, mask)
         return (self.norm(out) if self.cfg.norm_output else out), k, v
 
     def forward(

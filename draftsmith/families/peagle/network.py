@@ -53,7 +53,7 @@ class PEagleModel(EagleModel):
         embeds = self.embed_tokens(torch.cat([tokens, masks], dim=1))
         hidden = torch.cat([hidden, self.fc(self.mask_hidden).expand(b, placeholders, -1)], dim=1)
         cos, sin = self.rotary(hidden, positions)
-        return self.layer(embeds, hidden, cos, sin, past_k, past_v, mask)
+        return self.layers(embeds, hidden, cos, sin, past_k, past_v, mask)
 
     def parallel(self, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], layout: ParallelLayout):
         """Training: every anchor and its placeholder chains in one forward -> (B, Q, H) outputs."""
