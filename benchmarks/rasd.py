@@ -45,6 +45,12 @@ DYNAMIC = TreePolicy(TreeKind.DYNAMIC, 16, 4)
 PACKED = Path(__file__).parent / "data" / "smollm2-1m.tar.xz"
 
 
+def in_repo(path: str) -> str:
+    """``path`` relative to the repository where it lies inside it (a report names no machine's checkout)."""
+    root = Path(__file__).resolve().parents[1]
+    return str(Path(path).relative_to(root)) if Path(path).is_absolute() and Path(path).is_relative_to(root) else path
+
+
 def drafters(path: str, store: Path, mode: str, tree: bool = True) -> list[tuple[Named, TreePolicy | None]]:
     """The block's drafters: (spec named after the model drafter's dir, tree policy of a tree drafter)."""
     name = Path(path).name
@@ -84,7 +90,7 @@ def markdown(result: dict) -> str:
         "fastest-kernel reference; each drafter at its `--k auto` shape for this machine (K; for the fused drafters "
         "also the retrieval budget).",
         "",
-        f"Datastore: the training corpus `{store['source']}` ({store['rows']:,} rows, {store['tokens']:,} tokens, "
+        f"Datastore: the training corpus `{in_repo(store['source'])}` ({store['rows']:,} rows, {store['tokens']:,} tokens, "
         f"{store['bytes'] / 1e6:.1f} MB), a suffix array built in {store['build_seconds']:.2f} s.",
         "",
         "| set | mode | drafter | K (model's) | τ | first-token acc. | speedup | × fastest plain | retrieval nodes / "
