@@ -168,3 +168,12 @@ def test_a_two_layer_drafter_exports_its_layers_as_vllm_numbers_them(trained_sta
     for to, engine in (("sglang", "SGLang's LlamaForCausalLMEagle3 holds one"), ("speculators", "speculators' layout")):
         with pytest.raises(DraftsmithError, match=f"--to {to}: a 2-layer EAGLE-3; .*{engine}"):
             export(root / "native", to, tmp_path / to)
+
+
+def test_fine_tuning_a_stack_keeps_its_layers_and_another_depth_is_one_line(trained_stack):
+    root, module, network = trained_stack
+    again = EagleModule(str(root / "target"), 3, init=str(root / "native"))
+    assert again.drafter.cfg.num_layers == 2
+    assert all(torch.equal(again.drafter.state_dict()[k], v) for k, v in network.state_dict().items())
+    with pytest.raises(DraftsmithError, match=r"model.num_layers=3: model.init .* has 2 decoder layer\(s\)"):
+        EagleModule(str(root / "target"), 3, init=str(root / "native"), num_layers=3)

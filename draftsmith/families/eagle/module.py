@@ -81,6 +81,9 @@ class EagleModule(DrafterModule):
             for name, value in self.norms.items():  # its network has the norms it was trained with
                 if value and not self._start[0]["config"].get(name, False):
                     raise DraftsmithError(f"model.{name}: model.init {init} was trained without it")
+            layers = self._start[0]["config"].get("num_layers", 1)
+            if num_layers not in (1, layers):  # 1, the default, takes the init's own stack
+                raise DraftsmithError(f"model.num_layers={num_layers}: model.init {init} has {layers} decoder layer(s)")
         super().__init__(target, optim, estimate)
         self.save_hyperparameters()
         self.ttt_steps = ttt_steps if config_class(version).ttt else 1
