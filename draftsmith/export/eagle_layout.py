@@ -70,6 +70,9 @@ LAYOUTS = {
 """EAGLE-3 layouts by name: speculators (vllm-project/speculators), sglang (SGLang's ``LlamaForCausalLMEagle3``, which
 SpecForge writes and the EAGLE repository released), specforge (SpecForge's P-EAGLE), vllm
 (``Eagle3LlamaForCausalLM``)."""
+EAGLE31_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+"""EAGLE-3.1's norm flags (``Eagle3Config`` fields), named as vLLM and speculators read them; SGLang/SpecForge's
+``norm_output`` means another thing."""
 EAGLE1_PREFIX = "layers.0."
 """EAGLE-1's decoder layer in every engine (vLLM's ``EagleLlamaForCausalLM``, SGLang's ``LlamaForCausalLMEagle``)."""
 
@@ -100,6 +103,30 @@ def layer_tensors(network: torch.nn.Module, prefix: str) -> dict[str, torch.Tens
         _, i, rest = name.split(".", 2)
         out[f"layers.{int(i) + 1}.{rest}"] = value
     return out
+
+
+def read_layer_tensors(state: dict[str, torch.Tensor], prefix: str, where: str) -> dict[str, torch.Tensor]:
+    """The inverse of ``layer_tensors``: ``{prefix}X`` -> ``layer.X`` and a stack's ``layers.{i}.X`` ->
+    ``more_layers.{i - 1}.X`` (vLLM builds a ``hidden_norm`` in every layer and uses only layer 0's: those of the
+    later layers are dropped). A stack must be numbered ``layers.0, layers.1, ...`` (one line names the gap)."""
+    more = stack_indices(state)
+    if more and (prefix != "layers.0." or more != list(range(1, len(more) + 1))):
+        raise DraftsmithError(
+            f"{where}: decoder layers {', '.join(f'layers.{i}' for i in more)} beside {prefix}*; draftsmith imports "
+            "an EAGLE-3 stack numbered layers.0, layers.1, ... (vLLM's and speculators' layout): not imported"
+        )
+    out = {"layer." + k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+    for name, value in state.items():
+        if name.startswith("layers.") and not name.startswith("layers.0."):
+            _, i, rest = name.split(".", 2)
+            if not rest.startswith("hidden_norm."):
+                out[f"more_layers.{int(i) - 1}.{rest}"] = value
+    return out
+
+
+def stack_indices(state: dict[str, torch.Tensor]) -> list[int]:
+    """The decoder layers after ``layers.0`` a checkpoint holds (``layers.{i}.*``, i > 0), in order."""
+    return sorted({int(k.split(".")[1]) for k in state if k.startswith("layers.") and not k.startswith("layers.0.")})
 
 
 def llama_config(cfg, target_config: dict, vocab_size: int) -> dict:

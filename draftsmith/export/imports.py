@@ -62,7 +62,16 @@ from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import dspark
 from draftsmith.export.common import target_fingerprint
-from draftsmith.export.eagle_layout import LAYOUTS, SPECULATORS_DFLASH_IDS, ZLAB_DFLASH_IDS, feature_layers, vocab_maps
+from draftsmith.export.eagle_layout import (
+    EAGLE31_FLAGS,
+    LAYOUTS,
+    SPECULATORS_DFLASH_IDS,
+    ZLAB_DFLASH_IDS,
+    feature_layers,
+    read_layer_tensors,
+    stack_indices,
+    vocab_maps,
+)
 from draftsmith.families.eagle.network import Eagle3Config, EagleModel
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 
@@ -185,8 +194,6 @@ def eagle_layout_of(config: dict, state: dict) -> str:
     )
 
 
-EAGLE31_FLAGS = ("fc_norm", "norm_before_fc", "norm_output")
-"""EAGLE-3.1's norm flags, read where vLLM and speculators mean by them what ``Eagle3Config`` does."""
 EAGLE31_LAYOUTS = ("speculators", "vllm")
 """The layouts whose EAGLE-3.1 flags are imported (SpecForge's ``norm_output`` means another thing)."""
 
@@ -418,18 +425,14 @@ def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
     ]
     if missing:
         raise DraftsmithError(f"{where}: missing tensors {missing}")
-    more = sorted({int(k.split(".")[1]) for k in state if k.startswith("layers.") and not k.startswith("layers.0.")})
+    more = stack_indices(state)
     peagle = is_peagle(config, state, layout)
     if more and peagle:
         raise DraftsmithError(
             f"{where}: a P-EAGLE with {1 + len(more)} decoder layers (layers.{more[-1]}.*); draftsmith's P-EAGLE has "
             "one: not imported"
         )
-    if more and (prefix != "layers.0." or more != list(range(1, len(more) + 1))):
-        raise DraftsmithError(
-            f"{where}: decoder layers {', '.join(f'layers.{i}' for i in more)} beside {prefix}*; draftsmith imports "
-            "an EAGLE-3 stack numbered layers.0, layers.1, ... (vLLM's and speculators' layout): not imported"
-        )
+    layers_state = read_layer_tensors(state, prefix, where)  # a gap in the stack is one line, before any work
     norms = {flag: bool(config.get(flag, False)) for flag in EAGLE31_FLAGS}
     if peagle and any(norms.values()):
         raise DraftsmithError(
@@ -444,15 +447,7 @@ def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
         cfg, extra, depth = peagle_config(cfg, config, state, where)
         what += f", P-EAGLE depth {depth}"
     network = PEagleModel(cfg) if extra else EagleModel(cfg)
-    ours = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-    stack = {  # layers 1..: plain layers (vLLM builds a hidden_norm in each and uses only layer 0's)
-        f"more_layers.{i - 1}.{k.removeprefix(f'layers.{i}.')}": v
-        for i in more
-        for k, v in state.items()
-        if k.startswith(f"layers.{i}.") and not k.startswith(f"layers.{i}.hidden_norm.")
-    }
-    ungroup_kv(ours, layer)
-    ungroup_kv(stack, layer)
+    ungroup_kv(layers_state, layer)
     d2t, t2d = state.get("d2t"), state.get("t2d")
     if d2t is None:
         if draft_vocab != vocab:
@@ -471,8 +466,7 @@ def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
         "lm_head.weight": state["lm_head.weight"],
         "d2t": d2t.long(),
         "t2d": t2d.bool(),
-        **{f"layer.{k}": v for k, v in ours.items()},
-        **stack,
+        **layers_state,
         **{k: v for k, v in state.items() if k.startswith(("fc_norm.", "input_norm."))},
         **extra,
     }

@@ -78,7 +78,7 @@ def eagle3_tensors(network, prefix: str) -> dict:
 def norm_flags(cfg) -> dict[str, bool]:
     """EAGLE-3.1's norm flags as vLLM and speculators read them (all False for EAGLE-3 and EAGLE-1): written
     explicitly, since the loaders' defaults differ, and always with the tensors they need (``eagle3_tensors``)."""
-    return {name: bool(getattr(cfg, name, False)) for name in ("norm_before_fc", "fc_norm", "norm_output")}
+    return {name: bool(getattr(cfg, name, False)) for name in eagle_layout.EAGLE31_FLAGS}
 
 
 def eagle3_config(network, target: dict, aux_ids: list[int]) -> dict:
