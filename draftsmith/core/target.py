@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
 from draftsmith.core.dtypes import DTYPES, torch_dtype
+from draftsmith.core.hf_cache import cache_arg, output_cache
 from draftsmith.core.numerics import INVARIANT_ATTENTION, is_batch_invariant, make_batch_invariant
 from draftsmith.errors import DraftsmithError
 
@@ -402,7 +403,7 @@ class Target:
             attention_mask = self.layer_masks(attention_mask, position_ids, past)
         out = self._forward(
             input_ids=input_ids.to(self.device),
-            past_key_values=past_key_values,
+            **cache_arg(self.model, past_key_values),
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=past_key_values is not None,
@@ -413,7 +414,7 @@ class Target:
         # float32 like the logits: drafters hold float32 weights whatever the target's dtype (values unchanged)
         features = tuple(out.hidden_states[i].float() for i in layers) if with_features else ()
         logits = out.logits[:, -1:] if last_logits_only else out.logits
-        return TargetOutput(logits.float(), features, out.past_key_values)
+        return TargetOutput(logits.float(), features, output_cache(out))
 
     @functools.cached_property
     def _keeps_logits(self) -> bool:

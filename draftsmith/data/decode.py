@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from draftsmith.core.hf_cache import cache_arg
 from draftsmith.core.sampling import Sampling, probs
 
 
@@ -134,7 +135,7 @@ def decode_batch(
         input_ids=ids,
         attention_mask=mask[:, :width] if padded else None,
         position_ids=prompt_pos,
-        past_key_values=cache,
+        **cache_arg(model, cache),
         use_cache=True,
         output_hidden_states=last_hidden,
         **keep,
@@ -160,7 +161,7 @@ def decode_batch(
             input_ids=tok[:, None],
             attention_mask=mask[:, : width + t + 1] if padded else None,
             position_ids=step_pos[:, t : t + 1],
-            past_key_values=cache,
+            **cache_arg(model, cache),
             use_cache=True,
         )
     counts = n_new.tolist()

@@ -29,6 +29,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from draftsmith.core.draft import Draft, Drafter
+from draftsmith.core.hf_cache import cache_arg
 from draftsmith.core.sampling import Sampling, probs, sample
 from draftsmith.core.target import Target, TargetOutput
 from draftsmith.errors import DraftsmithError
@@ -147,8 +148,9 @@ class SelfDrafter(Drafter):
             self._exit(state, h, pos, causal_mask(past, h.shape[1], torch.float32, h.device) == 0)
 
     def _layer(self, i: int, h, pos, pe, cache, mask) -> torch.Tensor:
-        out = self.decoder.layers[i](
-            h, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, position_embeddings=pe
+        layer = self.decoder.layers[i]
+        out = layer(
+            h, attention_mask=mask, position_ids=pos, **cache_arg(layer, cache), use_cache=True, position_embeddings=pe
         )
         return out[0] if isinstance(out, tuple) else out
 

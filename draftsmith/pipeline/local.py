@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from draftsmith import targets
+from draftsmith.core.hf_cache import cache_arg, output_cache
 from draftsmith.core.manifest import FILE as MANIFEST
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.target import check_fingerprint
@@ -233,8 +234,8 @@ def measure_speeds(t) -> Speeds:
 
     with torch.inference_mode():
         _, step = verify_ratios(t, ids[0, :64].tolist(), [1], 5)
-        many = t.model(ids[:, :64], use_cache=True).past_key_values
-        batch = timed(lambda: t.model(ids[:, 64:], past_key_values=copy.deepcopy(many), use_cache=True))
+        many = output_cache(t.model(ids[:, :64], use_cache=True))
+        batch = timed(lambda: t.model(ids[:, 64:], **cache_arg(t.model, copy.deepcopy(many)), use_cache=True))
         long = torch.randint(0, t.vocab_size, (4, 128))
         forward = timed(lambda: t.model(long), 2)
     return Speeds(step, batch, long.numel() / forward)

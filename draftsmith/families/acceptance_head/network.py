@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from draftsmith.core.draft import Draft, Drafter, DrafterNetwork
+from draftsmith.core.hf_cache import cache_arg
 from draftsmith.core.sampling import Sampling, probs, sample
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
@@ -168,7 +169,7 @@ class _DraftLMStepper(_Stepper):
     def _run(self, new: list[int]):
         model, state = self.drafter.model, self.state
         ids = torch.tensor([new], device=model.device)
-        out = model(input_ids=ids, past_key_values=state.cache, use_cache=True, output_hidden_states=True)
+        out = model(input_ids=ids, **cache_arg(model, state.cache), use_cache=True, output_hidden_states=True)
         state.cached.extend(new)
         return out.hidden_states[-1][0, -1], out.logits[0, -1].float()
 

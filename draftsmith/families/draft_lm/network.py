@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from draftsmith.core.draft import Draft, DrafterNetwork
+from draftsmith.core.hf_cache import cache_arg
 from draftsmith.core.sampling import Sampling, probs, sample
 from draftsmith.core.target import (
     TargetOutput,
@@ -79,7 +80,7 @@ class DraftLM(TreeDrafter):
     @torch.no_grad()
     def _logits(self, state: DraftLMState, new: list[int]) -> torch.Tensor:
         ids = torch.tensor([new], device=self.model.device)
-        out = self._forward(input_ids=ids, past_key_values=state.cache, use_cache=True, **self._last_only)
+        out = self._forward(input_ids=ids, **cache_arg(self.model, state.cache), use_cache=True, **self._last_only)
         state.cached.extend(new)
         return out.logits[0, -1].float()
 
@@ -92,7 +93,7 @@ class DraftLM(TreeDrafter):
     def grow(self, state: DraftLMState, scratch: dict[int, int], tokens, parents, new) -> torch.Tensor:
         state.cache.batch_select_indices(torch.tensor([scratch[parents[i]] for i in new]))
         ids = torch.tensor([[tokens[i]] for i in new], device=self.model.device)
-        out = self._forward(input_ids=ids, past_key_values=state.cache, use_cache=True, **self._last_only)
+        out = self._forward(input_ids=ids, **cache_arg(self.model, state.cache), use_cache=True, **self._last_only)
         scratch.clear()
         scratch.update({node: row for row, node in enumerate(new)})
         return out.logits[:, -1].float()

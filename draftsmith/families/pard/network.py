@@ -16,6 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from draftsmith.core.draft import DrafterNetwork
+from draftsmith.core.hf_cache import cache_arg
 from draftsmith.core.target import TargetOutput, new_cache, rollback
 from draftsmith.families.registry import register
 from draftsmith.layers.parallel import ParallelDrafter, ParallelLayout
@@ -94,7 +95,7 @@ class PardDrafter(ParallelDrafter):
     def block_logits(self, state: PardState, k: int) -> torch.Tensor:
         new = state.ids[state.cached :] + [self.network.cfg.mask_token_id] * (k - 1)
         ids = torch.tensor([new], device=self.model.device)
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=k)
+        out = self.model(input_ids=ids, **cache_arg(self.model, state.cache), use_cache=True, logits_to_keep=k)
         state.cached = len(state.ids)
         rollback(state.cache, state.cached)  # drop the placeholders' keys/values
         return out.logits[0, -k:]

@@ -1,0 +1,27 @@
+"""The KV cache's name in a transformers call: ``cache`` since transformers renamed ``past_key_values`` (the old name
+still works there, with a FutureWarning, until 5.40), ``past_key_values`` before. draftsmith passes and reads the
+cache by the name the model's own ``forward`` declares, so neither version warns and neither breaks."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def _name(forward) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_arg(module: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``module(...)``: its ``forward``'s name for the KV cache."""
+    return {_name(type(module).forward): cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a transformers model output holds (``out.cache``, or ``out.past_key_values`` before the rename)."""
+    fields = getattr(type(out), "__dataclass_fields__", {})
+    return out.cache if "cache" in fields else out.past_key_values
