@@ -9,7 +9,7 @@ import warnings
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from draftsmith.core.hf_cache import cache_arg, output_cache
+from draftsmith.core.hf_cache import cache_arg, output_cache, takes
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -32,6 +32,13 @@ def test_the_cache_goes_by_the_name_each_forward_declares():
     assert list(cache_arg(model, None)) == [declared]
     assert list(cache_arg(model.model.layers[0], None)) == [declared]
     assert list(cache_arg(OldStyle(), None)) == ["past_key_values"]
+
+
+def test_takes_reads_the_forward_signature_of_the_module_class():
+    model = tiny_llama()
+    assert takes(model, "logits_to_keep") and takes(model, "position_ids")
+    assert not takes(OldStyle(), "logits_to_keep") and takes(OldStyle(), "past_key_values")
+    assert not takes(model.model.layers[0], "logits_to_keep")
 
 
 def test_a_cached_forward_warns_nothing_and_continues_the_prefix_exactly():

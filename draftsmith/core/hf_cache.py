@@ -12,13 +12,18 @@ import torch
 
 
 @functools.cache
-def _name(forward) -> str:
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+def _parameters(forward) -> frozenset[str]:
+    return frozenset(inspect.signature(forward).parameters)
+
+
+def takes(module: torch.nn.Module, name: str) -> bool:
+    """Whether ``module``'s ``forward`` declares the argument ``name`` (looked up once per class)."""
+    return name in _parameters(type(module).forward)
 
 
 def cache_arg(module: torch.nn.Module, cache: Any) -> dict[str, Any]:
     """``{name: cache}`` for ``module(...)``: its ``forward``'s name for the KV cache."""
-    return {_name(type(module).forward): cache}
+    return {("cache" if takes(module, "cache") else "past_key_values"): cache}
 
 
 def output_cache(out: Any) -> Any:

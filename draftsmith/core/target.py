@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -16,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
 from draftsmith.core.dtypes import DTYPES, torch_dtype
-from draftsmith.core.hf_cache import cache_arg, output_cache
+from draftsmith.core.hf_cache import cache_arg, output_cache, takes
 from draftsmith.core.numerics import INVARIANT_ATTENTION, is_batch_invariant, make_batch_invariant
 from draftsmith.errors import DraftsmithError
 
@@ -111,7 +109,7 @@ def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
             f"target: {arch} keeps a recurrent state, which cannot be rolled back to before a rejected draft; "
             f"draftsmith needs a target whose every layer is attention with a KV cache"
         )
-    if "position_ids" not in inspect.signature(model.forward).parameters:
+    if not takes(model, "position_ids"):
         raise DraftsmithError(
             f"target: {arch} takes no position_ids, which draftsmith needs to place draft tokens (tree drafts "
             f"put siblings at the same position)"
@@ -408,18 +406,13 @@ class Target:
             position_ids=position_ids,
             use_cache=past_key_values is not None,
             output_hidden_states=with_features,
-            **({"logits_to_keep": 1} if last_logits_only and self._keeps_logits else {}),
+            **({"logits_to_keep": 1} if last_logits_only and takes(self.model, "logits_to_keep") else {}),
         )
         layers = self.feature_layers if feature_layers is None else feature_layers
         # float32 like the logits: drafters hold float32 weights whatever the target's dtype (values unchanged)
         features = tuple(out.hidden_states[i].float() for i in layers) if with_features else ()
         logits = out.logits[:, -1:] if last_logits_only else out.logits
         return TargetOutput(logits.float(), features, output_cache(out))
-
-    @functools.cached_property
-    def _keeps_logits(self) -> bool:
-        """Whether the model's forward takes ``logits_to_keep`` (HF causal LMs since transformers 4.50)."""
-        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     @property
     def fingerprint(self) -> dict:

@@ -11,14 +11,13 @@ uniform lands that close to a boundary of the cumulative distribution).
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from draftsmith.core.hf_cache import cache_arg
+from draftsmith.core.hf_cache import cache_arg, takes
 from draftsmith.core.sampling import Sampling, probs
 
 
@@ -60,10 +59,6 @@ def draw(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # strictly below the total mass, so the search always lands on a token with p > 0
     v = torch.minimum(u[:, None].to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, v, right=True).squeeze(-1)
-
-
-def _accepts_logits_to_keep(model: PreTrainedModel) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 @torch.no_grad()
@@ -130,7 +125,7 @@ def decode_batch(
     )
 
     cache = DynamicCache(config=model.config)
-    keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    keep = {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}
     out = model(
         input_ids=ids,
         attention_mask=mask[:, :width] if padded else None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from draftsmith.core.draft import Draft, DrafterNetwork
-from draftsmith.core.hf_cache import cache_arg
+from draftsmith.core.hf_cache import cache_arg, takes
 from draftsmith.core.sampling import Sampling, probs, sample
 from draftsmith.core.target import (
     TargetOutput,
@@ -55,9 +54,7 @@ class DraftLM(TreeDrafter):
         self.stop_below = stop_below
         self.model = model.eval()
         # the last position's logits are all a round reads (HF causal LMs that take ``logits_to_keep``)
-        self._last_only = (
-            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        )
+        self._last_only = {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.tokenizer_hash = tokenizer_hash(tokenizer) if tokenizer is not None else None
         self._forward = model.__call__
