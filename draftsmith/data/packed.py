@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftsmith.core.files import building
 from draftsmith.core.manifest import file_sha256
 from draftsmith.data.dataset_dir import features, load_dir, quiet_datasets, read_metadata, write_metadata
 from draftsmith.errors import DraftsmithError
@@ -167,30 +168,31 @@ def unpack(path: str | Path, dest: str | Path | None = None) -> Path:
         raise DraftsmithError(f"{path}: no such packed corpus file")
     digest = file_sha256(path)
     dest = Path(dest) if dest is not None else default_dest(path, digest)
-    previous = read_metadata(dest)
-    if previous is not None and previous.get("packed", {}).get("sha256") == digest:
+    with building(dest):  # a second process unpacking the same file waits, then finds it unpacked
+        previous = read_metadata(dest)
+        if previous is not None and previous.get("packed", {}).get("sha256") == digest:
+            return dest
+        if previous is not None:
+            raise DraftsmithError(
+                f"unpack: {dest} holds another corpus than {path} ({previous.get('packed', {}).get('file', 'generated')}); "
+                "remove it or name another destination"
+            )
+        metadata, a = _read(path)
+        offsets = np.concatenate([[0], np.cumsum(a["lengths"], dtype=np.int64)])
+        mask = np.unpackbits(a["loss_mask"], count=int(offsets[-1]))
+        ids = a["input_ids"].astype(np.int32)
+        columns = {
+            "input_ids": [ids[s:e] for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
+            "loss_mask": [mask[s:e].astype(np.int8) for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
+            "prompt_len": a["prompt_len"],
+            "prompt_index": a["prompt_index"],
+            "sample_index": a["sample_index"],
+        }
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with quiet_datasets():
+            Dataset.from_dict(columns, features=features(0)).save_to_disk(str(tmp))
+        write_metadata(tmp, {**metadata, "packed": {"file": path.name, "sha256": digest}})
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, dest)
         return dest
-    if previous is not None:
-        raise DraftsmithError(
-            f"unpack: {dest} holds another corpus than {path} ({previous.get('packed', {}).get('file', 'generated')}); "
-            "remove it or name another destination"
-        )
-    metadata, a = _read(path)
-    offsets = np.concatenate([[0], np.cumsum(a["lengths"], dtype=np.int64)])
-    mask = np.unpackbits(a["loss_mask"], count=int(offsets[-1]))
-    ids = a["input_ids"].astype(np.int32)
-    columns = {
-        "input_ids": [ids[s:e] for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
-        "loss_mask": [mask[s:e].astype(np.int8) for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
-        "prompt_len": a["prompt_len"],
-        "prompt_index": a["prompt_index"],
-        "sample_index": a["sample_index"],
-    }
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with quiet_datasets():
-        Dataset.from_dict(columns, features=features(0)).save_to_disk(str(tmp))
-    write_metadata(tmp, {**metadata, "packed": {"file": path.name, "sha256": digest}})
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, dest)
-    return dest

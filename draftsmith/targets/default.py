@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from draftsmith.core.files import building
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import corpus
 from draftsmith.targets.cache import cache_home
@@ -245,26 +246,29 @@ def build_member(
     out = Path(out) if out else member_dir(layers, config)
     if (out / "build.json").is_file() and not force:
         return out
-    base = Path(base) if base else build(config)
-    member = replace(config, target=replace(config.target, layers=layers), sibling=None)
-    started = time.perf_counter()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
-    train_files, heldout_files = corpus.split(config.heldout_percent)
-    need = member.target.steps * config.batch_size * config.seq_len
-    train = token_blocks(train_files, tokenizer, config.seq_len, need, config.seed)
-    heldout = token_blocks(heldout_files, tokenizer, config.seq_len, config.eval_tokens, config.seed)
-    model, stats = train_model(member.target, member, tokenizer, train, heldout, f"default-{layers}")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    report = {"config": asdict(member), "base": str(base), "target": stats,
-              "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-    (tmp / "build.json").write_text(json.dumps(report, indent=2))
-    print(f"default-{layers}: {stats}")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    with building(out):
+        if (out / "build.json").is_file() and not force:  # built by another process while this one waited
+            return out
+        base = Path(base) if base else build(config)
+        member = replace(config, target=replace(config.target, layers=layers), sibling=None)
+        started = time.perf_counter()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+        train_files, heldout_files = corpus.split(config.heldout_percent)
+        need = member.target.steps * config.batch_size * config.seq_len
+        train = token_blocks(train_files, tokenizer, config.seq_len, need, config.seed)
+        heldout = token_blocks(heldout_files, tokenizer, config.seq_len, config.eval_tokens, config.seed)
+        model, stats = train_model(member.target, member, tokenizer, train, heldout, f"default-{layers}")
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        report = {"config": asdict(member), "base": str(base), "target": stats,
+                  "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        (tmp / "build.json").write_text(json.dumps(report, indent=2))
+        print(f"default-{layers}: {stats}")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        return out
 
 
 def build(config: TargetBuildConfig | None = None, out: Path | None = None, force: bool = False) -> Path:
@@ -274,37 +278,40 @@ def build(config: TargetBuildConfig | None = None, out: Path | None = None, forc
     report_path = out / "build.json"
     if report_path.is_file() and not force:
         return out
-    torch.manual_seed(config.seed)
-    started = time.perf_counter()
-    train_files, heldout_files = corpus.split(config.heldout_percent)
-    tokenizer = train_tokenizer(train_files, config.vocab_size)
-    shapes = [config.target] + ([config.sibling] if config.sibling else [])
-    need = max(s.steps for s in shapes) * config.batch_size * config.seq_len
-    train = token_blocks(train_files, tokenizer, config.seq_len, need, config.seed)
-    heldout = token_blocks(heldout_files, tokenizer, config.seq_len, config.eval_tokens, config.seed)
-    report = {
-        "config": asdict(config),
-        "corpus": {
-            "root": str(corpus.stdlib_root()),
-            "train_files": len(train_files),
-            "heldout_files": len(heldout_files),
-            "train_blocks": len(train),
-            "heldout_tokens": heldout.numel(),
-        },
-        "unigram_heldout_ppl": round(math.exp(unigram_loss(train, heldout, len(tokenizer))), 2),
-    }
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    for shape, sub in zip(shapes, ["target", "sibling"], strict=False):
-        model, stats = train_model(shape, config, tokenizer, train, heldout, sub)
-        model_dir = tmp if sub == "target" else tmp / "sibling"
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-        report[sub] = stats
-        print(f"{sub}: {stats}")
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    (tmp / "build.json").write_text(json.dumps(report, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    with building(out):
+        if report_path.is_file() and not force:  # built by another process while this one waited
+            return out
+        torch.manual_seed(config.seed)
+        started = time.perf_counter()
+        train_files, heldout_files = corpus.split(config.heldout_percent)
+        tokenizer = train_tokenizer(train_files, config.vocab_size)
+        shapes = [config.target] + ([config.sibling] if config.sibling else [])
+        need = max(s.steps for s in shapes) * config.batch_size * config.seq_len
+        train = token_blocks(train_files, tokenizer, config.seq_len, need, config.seed)
+        heldout = token_blocks(heldout_files, tokenizer, config.seq_len, config.eval_tokens, config.seed)
+        report = {
+            "config": asdict(config),
+            "corpus": {
+                "root": str(corpus.stdlib_root()),
+                "train_files": len(train_files),
+                "heldout_files": len(heldout_files),
+                "train_blocks": len(train),
+                "heldout_tokens": heldout.numel(),
+            },
+            "unigram_heldout_ppl": round(math.exp(unigram_loss(train, heldout, len(tokenizer))), 2),
+        }
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        for shape, sub in zip(shapes, ["target", "sibling"], strict=False):
+            model, stats = train_model(shape, config, tokenizer, train, heldout, sub)
+            model_dir = tmp if sub == "target" else tmp / "sibling"
+            model.save_pretrained(model_dir)
+            tokenizer.save_pretrained(model_dir)
+            report[sub] = stats
+            print(f"{sub}: {stats}")
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        (tmp / "build.json").write_text(json.dumps(report, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+        return out

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.dtypes import canonical_dtype
+from draftsmith.core.files import building
 from draftsmith.core.manifest import file_sha256
 from draftsmith.errors import DraftsmithError
 
@@ -103,8 +104,11 @@ def target_dir(dtype: str = "float32") -> Path:
     from draftsmith.targets.cache import cache_home
 
     out = cache_home() / "targets" / f"smollm2-135m-instruct-{dtype}"
-    if not (out / "convert.json").is_file():
-        source = gguf_path()
-        print(f"target smollm2: converting {source.name} ({dtype}) to {out} (once; ~1 min)")
-        convert(source, out, dtype)
+    if (out / "convert.json").is_file():
+        return out
+    with building(out):
+        if not (out / "convert.json").is_file():  # another process may have converted it while this one waited
+            source = gguf_path()
+            print(f"target smollm2: converting {source.name} ({dtype}) to {out} (once; ~1 min)")
+            convert(source, out, dtype)
     return out
