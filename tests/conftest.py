@@ -17,6 +17,22 @@ from draftsmith.core.target import Target
 
 VOCAB = 96
 
+MAX_WORKERS = 4
+"""``make test`` runs the suite on one pytest-xdist worker per core, at most this many (each worker may load a real
+SmolLM2 of its own: a few GiB)."""
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the cores shared out between the workers: intra-op threads beyond a worker's share only contend, and the CLI
+    # runs a test starts (subprocesses) take the same share
+    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    torch.set_num_threads(_share)
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+
 
 @pytest.fixture(scope="module")
 def one_thread():
