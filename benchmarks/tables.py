@@ -54,6 +54,7 @@ MARKDOWN = {
     "quickstart": "quickstart",
     "rasd_smollm2": "rasd",
     "recipe_smollm2": "recipe",
+    "recipe_smollm2_float32": "recipe",
     "rasd_smollm2_deep": "rasd",
     "rasd_smollm2_31": "rasd",
     "real_target": "real_target",
