@@ -36,7 +36,7 @@ test: setup
 engine-test: setup
 	bash draftsmith/export/vllm_venv.sh .venv-vllm || echo "engine-test: the vLLM venv did not install; the test skips, saying why" >&2
 	for peer in speculators specforge; do bash draftsmith/export/peer_venv.sh $$peer .venv-$$peer || echo "engine-test: the $$peer venv did not install; its tests skip, saying why" >&2; done
-	$(BIN)/pytest -m engine -rs
+	$(BIN)/pytest -m engine -rs -n 2 --dist loadgroup
 
 bench: setup
 	$(BIN)/python benchmarks/verifier.py

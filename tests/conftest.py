@@ -26,6 +26,15 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """``make engine-test`` runs on two workers (``--dist loadgroup``): every test that serves in vLLM on one, one
+    engine at a time (each binds its threads to the cores), the peers' own code (speculators, SpecForge) on the
+    other, beside it. A test is vLLM's when its id says so (its file or its name)."""
+    for item in items:
+        if item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("vllm" if "vllm" in item.nodeid.lower() else "peers"))
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # the cores shared out between the workers: intra-op threads beyond a worker's share only contend, and the CLI
     # runs a test starts (subprocesses) take the same share
