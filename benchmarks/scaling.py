@@ -49,6 +49,7 @@ from pathlib import Path
 from common import RESULTS, draft_vocab_coverage, heldout_sets, machine, write
 
 from draftsmith.core import native
+from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import ALLOW_DTYPE_MISMATCH
@@ -296,10 +297,8 @@ class Stopwatch:
         return self.before + time.perf_counter() - self.start
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")  # replaced whole: a kill mid-write leaves the last total
-        tmp.write_text(json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
-        os.replace(tmp, self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # written whole: a kill mid-write leaves the last total
+        write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
 
     def _tick(self) -> None:
         while not self.done.wait(self.every):

@@ -135,10 +135,10 @@ def load_cell(path: Path, key: dict) -> dict | None:
 
 def save_cell(path: Path, cell: dict) -> None:
     """Write ``cell`` whole or not at all (a killed run leaves no half cell)."""
+    from draftsmith.core.files import write_whole
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cell, indent=1))
-    tmp.replace(path)
+    write_whole(path, json.dumps(cell, indent=1))
 
 
 def side(reply: dict) -> dict:

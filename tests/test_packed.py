@@ -109,6 +109,11 @@ def test_a_truncated_or_foreign_file_and_a_dir_holding_another_corpus_are_one_li
     unpack(packed.path, tmp_path / "z")
     with pytest.raises(DraftsmithError, match="holds another corpus"):
         unpack(other.path, tmp_path / "z")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's own file")
+    with pytest.raises(DraftsmithError, match=r"holds another corpus .*\(other files\)"):
+        unpack(packed.path, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").is_file()
     with pytest.raises(DraftsmithError, match="must end in .tar.xz"):
         pack(corpus / "train", tmp_path / "c.zip")
 

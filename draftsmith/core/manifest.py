@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 import draftsmith
+from draftsmith.core.files import write_whole
 
 PACKAGES = ("torch", "transformers", "datasets", "lightning", "peft", "safetensors", "jsonargparse")
 """Packages whose versions a manifest records (beside draftsmith's and Python's)."""
@@ -83,9 +84,7 @@ def write_manifest(
     out.mkdir(parents=True, exist_ok=True)
     path = out / FILE
     record = provenance(target, seed) | extra | ({"stage": _normal(stage)} if stage is not None else {})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    tmp.replace(path)  # a manifest is whole or absent: it marks the stage finished
+    write_whole(path, json.dumps(record, indent=2, default=str) + "\n")  # whole or absent: it marks the stage finished
     return path
 
 

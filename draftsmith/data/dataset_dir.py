@@ -5,10 +5,10 @@ one file and back."""
 from __future__ import annotations
 
 import json
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from draftsmith.core.files import write_whole
 from draftsmith.errors import DraftsmithError
 
 META = "draftsmith.json"
@@ -33,9 +33,7 @@ def features(store_topk: int):
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_metadata(out: Path) -> dict | None:

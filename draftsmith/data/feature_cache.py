@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from draftsmith.core.dtypes import canonical_dtype
+from draftsmith.core.files import write_whole
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import load_target, parse_target
 
@@ -157,9 +158,7 @@ def _read_meta(out: Path) -> dict | None:
 
 
 def _write_meta(out: Path, data: dict) -> None:
-    tmp = out / (META + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, out / META)
+    write_whole(out / META, json.dumps(data, indent=2) + "\n")
 
 
 class FeatureCache:

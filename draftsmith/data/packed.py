@@ -18,14 +18,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from draftsmith.core.files import building
+from draftsmith.core.files import made_once
 from draftsmith.core.manifest import file_sha256
 from draftsmith.data.dataset_dir import features, load_dir, quiet_datasets, read_metadata, write_metadata
 from draftsmith.errors import DraftsmithError
@@ -168,15 +167,19 @@ def unpack(path: str | Path, dest: str | Path | None = None) -> Path:
         raise DraftsmithError(f"{path}: no such packed corpus file")
     digest = file_sha256(path)
     dest = Path(dest) if dest is not None else default_dest(path, digest)
-    with building(dest):  # a second process unpacking the same file waits, then finds it unpacked
-        previous = read_metadata(dest)
+
+    def is_made(out: Path) -> bool:
+        previous = read_metadata(out)
         if previous is not None and previous.get("packed", {}).get("sha256") == digest:
-            return dest
-        if previous is not None:
+            return True
+        if previous is not None or (out.exists() and any(out.iterdir())):
+            held = (previous or {}).get("packed", {}).get("file", "generated" if previous else "other files")
             raise DraftsmithError(
-                f"unpack: {dest} holds another corpus than {path} ({previous.get('packed', {}).get('file', 'generated')}); "
-                "remove it or name another destination"
+                f"unpack: {out} holds another corpus than {path} ({held}); remove it or name another destination"
             )
+        return False
+
+    def make(tmp: Path) -> None:
         metadata, a = _read(path)
         offsets = np.concatenate([[0], np.cumsum(a["lengths"], dtype=np.int64)])
         mask = np.unpackbits(a["loss_mask"], count=int(offsets[-1]))
@@ -188,11 +191,8 @@ def unpack(path: str | Path, dest: str | Path | None = None) -> Path:
             "prompt_index": a["prompt_index"],
             "sample_index": a["sample_index"],
         }
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
         with quiet_datasets():
             Dataset.from_dict(columns, features=features(0)).save_to_disk(str(tmp))
         write_metadata(tmp, {**metadata, "packed": {"file": path.name, "sha256": digest}})
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, dest)
-        return dest
+
+    return made_once(dest, is_made, make)

@@ -14,7 +14,6 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from draftsmith.core.files import building
+from draftsmith.core.files import made_once
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import corpus
 from draftsmith.targets.cache import cache_home
@@ -244,43 +243,37 @@ def build_member(
     if layers == config.target.layers and out is None:
         return build(config, force=force)
     out = Path(out) if out else member_dir(layers, config)
-    if (out / "build.json").is_file() and not force:
-        return out
-    with building(out):
-        if (out / "build.json").is_file() and not force:  # built by another process while this one waited
-            return out
-        base = Path(base) if base else build(config)
+
+    def make(tmp: Path) -> None:
+        base_dir = Path(base) if base else build(config)
         member = replace(config, target=replace(config.target, layers=layers), sibling=None)
         started = time.perf_counter()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(base)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(base_dir)
         train_files, heldout_files = corpus.split(config.heldout_percent)
         need = member.target.steps * config.batch_size * config.seq_len
         train = token_blocks(train_files, tokenizer, config.seq_len, need, config.seed)
         heldout = token_blocks(heldout_files, tokenizer, config.seq_len, config.eval_tokens, config.seed)
         model, stats = train_model(member.target, member, tokenizer, train, heldout, f"default-{layers}")
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        report = {"config": asdict(member), "base": str(base), "target": stats,
+        report = {"config": asdict(member), "base": str(base_dir), "target": stats,
                   "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
         (tmp / "build.json").write_text(json.dumps(report, indent=2))
         print(f"default-{layers}: {stats}")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-        return out
+
+    return made_once(out, _is_built, make, force)
+
+
+def _is_built(out: Path) -> bool:
+    return (out / "build.json").is_file()
 
 
 def build(config: TargetBuildConfig | None = None, out: Path | None = None, force: bool = False) -> Path:
     """Build (or reuse) the default target; returns its directory (``sibling/`` inside when built)."""
     config = config or TargetBuildConfig()
     out = Path(out) if out else default_target_dir(config)
-    report_path = out / "build.json"
-    if report_path.is_file() and not force:
-        return out
-    with building(out):
-        if report_path.is_file() and not force:  # built by another process while this one waited
-            return out
+
+    def make(tmp: Path) -> None:
         torch.manual_seed(config.seed)
         started = time.perf_counter()
         train_files, heldout_files = corpus.split(config.heldout_percent)
@@ -300,8 +293,7 @@ def build(config: TargetBuildConfig | None = None, out: Path | None = None, forc
             },
             "unigram_heldout_ppl": round(math.exp(unigram_loss(train, heldout, len(tokenizer))), 2),
         }
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(parents=True)
         for shape, sub in zip(shapes, ["target", "sibling"], strict=False):
             model, stats = train_model(shape, config, tokenizer, train, heldout, sub)
             model_dir = tmp if sub == "target" else tmp / "sibling"
@@ -311,7 +303,5 @@ def build(config: TargetBuildConfig | None = None, out: Path | None = None, forc
             print(f"{sub}: {stats}")
         report["seconds"] = round(time.perf_counter() - started, 1)
         (tmp / "build.json").write_text(json.dumps(report, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-        return out
+
+    return made_once(out, _is_built, make, force)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import time
 from pathlib import Path
 
 import torch
 
 from draftsmith.core.dtypes import canonical_dtype
-from draftsmith.core.files import building
+from draftsmith.core.files import made_once, made_whole
 from draftsmith.core.manifest import file_sha256
 from draftsmith.errors import DraftsmithError
 
@@ -62,13 +61,18 @@ def load_gguf(gguf_file: Path, dtype: str = "float32"):
 
 
 def convert(gguf_file: Path, out: Path, dtype: str = "float32") -> Path:
-    """Save the model in ``gguf_file`` as a plain HF dir at ``out`` (atomically; ``convert.json`` records the
+    """Save the model in ``gguf_file`` as a plain HF dir at ``out`` (made whole; ``convert.json`` records the
     source file's hash, dtype, seconds and the target fingerprint)."""
+    dtype = canonical_dtype(dtype, "target smollm2: dtype")
+    return made_whole(out, lambda tmp: _convert_into(gguf_file, tmp, dtype, name=str(out)))
+
+
+def _convert_into(gguf_file: Path, tmp: Path, dtype: str, name: str) -> None:
+    """``convert``'s work, saved into ``tmp``; ``name``: the dir it will be, as the fingerprint records it."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from draftsmith.core.target import Target
 
-    dtype = canonical_dtype(dtype, "target smollm2: dtype")
     started = time.perf_counter()
     loaded, tokenizer = load_gguf(gguf_file, dtype)
     config = loaded.config
@@ -82,21 +86,15 @@ def convert(gguf_file: Path, out: Path, dtype: str = "float32") -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.load_state_dict(loaded.state_dict())
     model.generation_config = GenerationConfig.from_model_config(config)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     record = {
         "source": {"file": str(gguf_file), "sha256": file_sha256(gguf_file)},
         "dtype": dtype,
         "seconds": round(time.perf_counter() - started, 1),
-        "fingerprint": Target(model, tokenizer, name=str(out)).fingerprint,
+        "fingerprint": Target(model, tokenizer, name=name).fingerprint,
     }
     (tmp / "convert.json").write_text(json.dumps(record, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
 
 
 def target_dir(dtype: str = "float32") -> Path:
@@ -104,11 +102,10 @@ def target_dir(dtype: str = "float32") -> Path:
     from draftsmith.targets.cache import cache_home
 
     out = cache_home() / "targets" / f"smollm2-135m-instruct-{dtype}"
-    if (out / "convert.json").is_file():
-        return out
-    with building(out):
-        if not (out / "convert.json").is_file():  # another process may have converted it while this one waited
-            source = gguf_path()
-            print(f"target smollm2: converting {source.name} ({dtype}) to {out} (once; ~1 min)")
-            convert(source, out, dtype)
-    return out
+
+    def make(tmp: Path) -> None:
+        source = gguf_path()
+        print(f"target smollm2: converting {source.name} ({dtype}) to {out} (once; ~1 min)")
+        _convert_into(source, tmp, canonical_dtype(dtype, "target smollm2: dtype"), name=str(out))
+
+    return made_once(out, lambda o: (o / "convert.json").is_file(), make)

@@ -11,6 +11,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftsmith.core.files import made_whole
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.families.draft_lm.module import StudentShape
 from draftsmith.train.fit import FitRun, configure, fit, fit_export
@@ -164,11 +165,11 @@ def truncated_target(target_dir: Path, layers: int, out: Path) -> Path:
     missing, unexpected = model.load_state_dict(full.state_dict(), strict=False)
     if missing:
         raise DraftsmithError(f"draft_lm_layers: the truncated target misses weights {missing[:3]}")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+
+    def save(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(target_dir).save_pretrained(tmp)
+
+    made_whole(out, save)
     write_manifest(out, stage=stage)
     return out
