@@ -31,6 +31,7 @@ import torch
 from common import machine, measured_on, mtbench_subset, write
 from tqdm.auto import tqdm
 
+from draftsmith.core.files import write_whole
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
@@ -224,7 +225,7 @@ def main() -> None:
     r_path = args.out / "r.json"
     if not r_path.is_file():
         chat = encode(load_prompts("builtin:chat-heldout", limit=1)[0], tok)
-        r_path.write_text(json.dumps(ratios(targets, chat)))
+        write_whole(r_path, json.dumps(ratios(targets, chat)))
     result = {
         "machine": machine(),
         "max_new_tokens": args.max_new_tokens,
@@ -241,7 +242,7 @@ def main() -> None:
             )
             ids = [encode(p, tok) for p in loaded]
             block = run_set(targets, ids, args.max_new_tokens, [p.category for p in loaded], trained)
-            path.write_text(json.dumps(block, indent=2))
+            write_whole(path, json.dumps(block, indent=2))
         result["sets"][name] = json.loads(path.read_text())
     write(args.results, result, markdown(result))
 

@@ -88,6 +88,7 @@ def measured_on(m: dict) -> str:
 def saved_block(path: Path, names: list[str], run) -> dict:
     """A scored block's result, computed once (``run()``) and saved with the git SHA and date it was measured at, so
     an interrupted benchmark resumes; a saved block of other drafters is computed again."""
+    from draftsmith.core.files import write_whole
     from draftsmith.eval.rows import read_rows
 
     if path.is_file():
@@ -97,7 +98,7 @@ def saved_block(path: Path, names: list[str], run) -> dict:
     m = machine()
     result = run() | {"measured": {"git": m["git"], "date": m["date"]}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    write_whole(path, json.dumps(result, indent=2))  # a kill mid-write leaves no half block to resume from
     return result
 
 

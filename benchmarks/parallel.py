@@ -24,6 +24,7 @@ from pathlib import Path
 
 from common import HELDOUT, machine, write
 
+from draftsmith.core.files import write_whole
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.feature_cache import cache_features
@@ -51,7 +52,7 @@ def scored(path: Path, run) -> dict:
             return saved
     result = run()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    write_whole(path, json.dumps(result, indent=2))
     return result
 
 

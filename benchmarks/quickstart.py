@@ -22,6 +22,7 @@ from pathlib import Path
 
 from common import machine, write
 
+from draftsmith.core.files import write_whole
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import read_block, read_rows
 
@@ -129,7 +130,7 @@ def main() -> None:
     ran = run(args)
     record = args.out / "benchmark.json"  # the run's machine, command and time, kept for a later collection
     if ran is not None:
-        record.write_text(json.dumps({"machine": machine(), **ran, "load": [load, os.getloadavg()[0]]}))
+        write_whole(record, json.dumps({"machine": machine(), **ran, "load": [load, os.getloadavg()[0]]}))
     if not record.is_file():
         raise SystemExit(f"quickstart: {args.out} holds a run this benchmark did not time; --rerun runs it afresh")
     result = {"args": {"target": args.target, "fast": args.fast, "out": str(args.out)}}

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from common import RESULTS, machine, mtbench_subset, write
 
+from draftsmith.core.files import write_whole
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
@@ -83,7 +84,7 @@ def scored(path: Path, run) -> dict:
         return json.loads(path.read_text())
     result = run()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    write_whole(path, json.dumps(result, indent=2))
     return result
 
 

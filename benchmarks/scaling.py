@@ -277,7 +277,7 @@ def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path |
         "precision": run.trainer["precision"],
         "val_tau_est": json.loads((export / "config.json").read_text()).get("val_tau_est"),
     }
-    record_path.write_text(json.dumps(record, indent=2))
+    write_whole(record_path, json.dumps(record, indent=2))
     return export, record
 
 
@@ -378,7 +378,7 @@ def score_size(
                 "scored": f"{stamp['git']} {stamp['date']}",
             }
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(blocks[key], indent=2))
+            write_whole(path, json.dumps(blocks[key], indent=2))
     return blocks
 
 
