@@ -114,6 +114,8 @@ def test_a_truncated_or_foreign_file_and_a_dir_holding_another_corpus_are_one_li
     with pytest.raises(DraftsmithError, match=r"holds another corpus .*\(other files\)"):
         unpack(packed.path, tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").is_file()
+    with pytest.raises(DraftsmithError, match="holds another corpus"):
+        unpack(packed.path, tmp_path / "mine" / "notes.txt")
     with pytest.raises(DraftsmithError, match="must end in .tar.xz"):
         pack(corpus / "train", tmp_path / "c.zip")
 

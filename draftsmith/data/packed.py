@@ -172,7 +172,7 @@ def unpack(path: str | Path, dest: str | Path | None = None) -> Path:
         previous = read_metadata(out)
         if previous is not None and previous.get("packed", {}).get("sha256") == digest:
             return True
-        if previous is not None or (out.exists() and any(out.iterdir())):
+        if previous is not None or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
             held = (previous or {}).get("packed", {}).get("file", "generated" if previous else "other files")
             raise DraftsmithError(
                 f"unpack: {out} holds another corpus than {path} ({held}); remove it or name another destination"
