@@ -97,7 +97,6 @@ def saved_block(path: Path, names: list[str], run) -> dict:
             return saved
     m = machine()
     result = run() | {"measured": {"git": m["git"], "date": m["date"]}}
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_whole(path, json.dumps(result, indent=2))  # a kill mid-write leaves no half block to resume from
     return result
 

@@ -51,7 +51,6 @@ def scored(path: Path, run) -> dict:
         if [row.name for row in read_rows(saved["drafters"])] == BASELINES + PARALLEL:
             return saved
     result = run()
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_whole(path, json.dumps(result, indent=2))
     return result
 

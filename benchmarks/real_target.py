@@ -83,7 +83,6 @@ def scored(path: Path, run) -> dict:
     if path.is_file():
         return json.loads(path.read_text())
     result = run()
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_whole(path, json.dumps(result, indent=2))
     return result
 

@@ -297,7 +297,7 @@ class Stopwatch:
         return self.before + time.perf_counter() - self.start
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)  # written whole: a kill mid-write leaves the last total
+        # written whole: a kill mid-write leaves the last total
         write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
 
     def _tick(self) -> None:
@@ -377,7 +377,6 @@ def score_size(
                 "load": [round(load, 2), round(os.getloadavg()[0], 2)],
                 "scored": f"{stamp['git']} {stamp['date']}",
             }
-            path.parent.mkdir(parents=True, exist_ok=True)
             write_whole(path, json.dumps(blocks[key], indent=2))
     return blocks
 

@@ -137,7 +137,6 @@ def save_cell(path: Path, cell: dict) -> None:
     """Write ``cell`` whole or not at all (a killed run leaves no half cell)."""
     from draftsmith.core.files import write_whole
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_whole(path, json.dumps(cell, indent=1))
 
 

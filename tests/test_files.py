@@ -90,8 +90,8 @@ def test_a_make_that_fails_leaves_no_entry_and_force_makes_it_again(tmp_path):
     assert log.read_text().splitlines() == ["make", "make"]
 
 
-def test_write_whole_replaces_a_file_and_leaves_no_tmp(tmp_path):
-    path = tmp_path / "a.json"
+def test_write_whole_makes_its_folder_replaces_a_file_and_leaves_no_tmp(tmp_path):
+    path = tmp_path / "new" / "a.json"
     write_whole(path, "old")
     write_whole(path, "new")
-    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    assert path.read_text() == "new" and [p.name for p in path.parent.iterdir()] == ["a.json"]

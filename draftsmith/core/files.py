@@ -24,8 +24,10 @@ def building(out: Path) -> Iterator[None]:
 
 
 def write_whole(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a ``.tmp`` sibling renamed onto it: the file is the old one or the new one."""
+    """Write ``text`` to ``path`` (its folder made if missing) through a ``.tmp`` sibling renamed onto it: the file
+    is the old one or the new one."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
