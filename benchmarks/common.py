@@ -85,20 +85,30 @@ def measured_on(m: dict) -> str:
     )
 
 
-def saved_block(path: Path, names: list[str], run) -> dict:
-    """A scored block's result, computed once (``run()``) and saved with the git SHA and date it was measured at, so
-    an interrupted benchmark resumes; a saved block of other drafters is computed again."""
+def saved(path: Path, run, keep=lambda saved: True) -> dict:
+    """``run()``'s result computed once and saved whole (a kill mid-write leaves no half file to resume from), so an
+    interrupted benchmark resumes; a saved result that ``keep`` refuses is computed again."""
     from draftsmith.core.files import write_whole
-    from draftsmith.eval.rows import read_rows
 
     if path.is_file():
         saved = json.loads(path.read_text())
-        if [row.name for row in read_rows(saved["drafters"])] == names:
+        if keep(saved):
             return saved
-    m = machine()
-    result = run() | {"measured": {"git": m["git"], "date": m["date"]}}
-    write_whole(path, json.dumps(result, indent=2))  # a kill mid-write leaves no half block to resume from
+    result = run()
+    write_whole(path, json.dumps(result, indent=2))
     return result
+
+
+def saved_block(path: Path, names: list[str], run) -> dict:
+    """A scored block's result, computed once (``run()``) and saved with the git SHA and date it was measured at, so
+    an interrupted benchmark resumes; a saved block of other drafters is computed again."""
+    from draftsmith.eval.rows import read_rows
+
+    def stamped() -> dict:
+        m = machine()
+        return run() | {"measured": {"git": m["git"], "date": m["date"]}}
+
+    return saved(path, stamped, lambda block: [row.name for row in read_rows(block["drafters"])] == names)
 
 
 def smollm2_targets(float32: bool = False) -> tuple[str, Target, dict[str, Target]]:

@@ -22,15 +22,14 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import HELDOUT, machine, write
+from common import HELDOUT, machine, saved_block, write
 
-from draftsmith.core.files import write_whole
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.feature_cache import cache_features
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
-from draftsmith.eval.rows import block_dicts, read_block, read_rows
+from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
@@ -41,18 +40,6 @@ from draftsmith.train.suite import PLANS, make_data, train_all, train_drafter
 BASELINES = ["eagle3", "draft_lm"]
 PARALLEL = ["pard", "peagle", "peagle_eagle3", "dflash"]
 """Trained here; ``peagle_eagle3`` is P-EAGLE's recipe started from the EAGLE-3 row's drafter (``model.init``)."""
-
-
-def scored(path: Path, run) -> dict:
-    """A block's result, computed once (``run()``) and saved, so an interrupted benchmark resumes (a saved block
-    of other drafters is computed again)."""
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if [row.name for row in read_rows(saved["drafters"])] == BASELINES + PARALLEL:
-            return saved
-    result = run()
-    write_whole(path, json.dumps(result, indent=2))
-    return result
 
 
 def block(target: Target, drafters: Path, prompts, k: int, sampling: Sampling, max_new: int) -> dict:
@@ -118,12 +105,16 @@ def main() -> None:
     n, blocks = args.max_new_tokens, {}
     scores = out / "bench" / "parallel"
     for k in args.ks:
-        blocks[f"greedy, K = {k}"] = scored(
-            scores / f"greedy-k{k}.json", lambda k=k: block(target, drafters, prompts, k, Sampling(0.0), n)
+        blocks[f"greedy, K = {k}"] = saved_block(
+            scores / f"greedy-k{k}.json",
+            BASELINES + PARALLEL,
+            lambda k=k: block(target, drafters, prompts, k, Sampling(0.0), n),
         )
     for k in args.sampled_ks:
-        blocks[f"sampled T = 0.7, top-p 0.9, K = {k}"] = scored(
-            scores / f"sampled-k{k}.json", lambda k=k: block(target, drafters, prompts, k, Sampling(0.7, 0.9), n)
+        blocks[f"sampled T = 0.7, top-p 0.9, K = {k}"] = saved_block(
+            scores / f"sampled-k{k}.json",
+            BASELINES + PARALLEL,
+            lambda k=k: block(target, drafters, prompts, k, Sampling(0.7, 0.9), n),
         )
     records = {name: json.loads((drafters / name / "config.json").read_text()) for name in BASELINES + PARALLEL}
     result = {

@@ -30,9 +30,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import RESULTS, machine, mtbench_subset, write
+from common import RESULTS, machine, mtbench_subset, saved, write
 
-from draftsmith.core.files import write_whole
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
@@ -76,15 +75,6 @@ def load(names: list[str], target: Target, drafters: Path, k: int) -> dict:
             d.set_tree(TreePolicy(tree, 16, 4), k)
         out[name] = d
     return out
-
-
-def scored(path: Path, run) -> dict:
-    """A block's result, computed once (``run()``) and saved, so an interrupted benchmark resumes."""
-    if path.is_file():
-        return json.loads(path.read_text())
-    result = run()
-    write_whole(path, json.dumps(result, indent=2))
-    return result
 
 
 def block(target, names, drafters, prompts, k, sampling, max_new, categories=None) -> dict:
@@ -183,19 +173,19 @@ def main() -> None:
         for k in ["auto"] if set_name in args.auto_only else ks:
             names = chains + args.trees if k == 4 else SHORT_LIST
             title = f"{set_name}, greedy, K = {k}" + (", chains and trees" if k == 4 else "")
-            blocks[title] = scored(
+            blocks[title] = saved(
                 scores / f"greedy-k{k}{tag}.json",
                 lambda k=k, names=names, prompts=prompts, categories=categories: block(
                     target, names, drafters, prompts, k, greedy, n, categories
                 ),
             )
         if "sampled" in args.blocks:
-            blocks[f"{set_name}, sampled T = 0.7, top-p 0.9, K = 4"] = scored(
+            blocks[f"{set_name}, sampled T = 0.7, top-p 0.9, K = 4"] = saved(
                 scores / f"sampled-k4{tag}.json",
                 lambda prompts=prompts: block(target, args.sampled, drafters, prompts, 4, sampled, n),
             )
     first = next(iter(sets.values()))[0][0]
-    r = scored(scores / "r.json", lambda: cost_ratios(target, first, [2, 4, 6]))
+    r = saved(scores / "r.json", lambda: cost_ratios(target, first, [2, 4, 6]))
     result = {
         "machine": machine(),
         "name": args.name,

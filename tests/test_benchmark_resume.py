@@ -1,0 +1,56 @@
+"""A benchmark's scored block is computed once and saved whole, so an interrupted run resumes; a saved block of other
+drafters is scored again."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import saved, saved_block  # noqa: E402
+
+from draftsmith.eval.rows import ScoreRow, to_dicts  # noqa: E402
+
+
+def counted(result: dict):
+    calls = []
+
+    def run() -> dict:
+        calls.append(1)
+        return dict(result)
+
+    return run, calls
+
+
+def test_saved_computes_once_and_resumes_from_the_file(tmp_path):
+    run, calls = counted({"step_ms": 40.0})
+    path = tmp_path / "scores" / "r.json"
+    assert saved(path, run) == {"step_ms": 40.0}
+    assert saved(path, run) == {"step_ms": 40.0}
+    assert len(calls) == 1
+    assert json.loads(path.read_text()) == {"step_ms": 40.0}
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no tmp sibling left
+
+
+def test_saved_block_scores_again_for_other_drafters_and_stamps_the_commit(tmp_path):
+    def block(names: list[str]) -> dict:
+        rows = [ScoreRow(name, 4, 0.5, 2.0, 2.0, [0.5] * 4, [0.5] * 4, 10, 11, 40, 1.0, 40.0, 1.0, 0.1,
+                         4.0, 1.0, 1.0, 4) for name in names]  # fmt: skip
+        return {"k": 4, "drafters": to_dicts(rows)}
+
+    path = tmp_path / "greedy.json"
+    run, calls = counted(block(["ngram", "eagle3"]))
+    first = saved_block(path, ["ngram", "eagle3"], run)
+    assert set(first["measured"]) == {"git", "date"}
+    assert saved_block(path, ["ngram", "eagle3"], run) == first
+    assert len(calls) == 1
+    other, other_calls = counted(block(["ngram", "eagle3", "eagle3_lk"]))
+    again = saved_block(path, ["ngram", "eagle3", "eagle3_lk"], other)
+    assert len(other_calls) == 1
+    assert (
+        [d["name"] for d in json.loads(path.read_text())["drafters"]]
+        == ["ngram", "eagle3", "eagle3_lk"]
+        == [d["name"] for d in again["drafters"]]
+    )
