@@ -1,0 +1,35 @@
+"""The recipe study's goals lines judge one drafter, the study's winner, in every set: a per-set pick would crown a
+drafter for a speed difference within the noise (benchmarks/recipe.py)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from recipe import goals, winner  # noqa: E402
+
+from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts  # noqa: E402
+
+ROW = ScoreRow("x", 4, 0.5, 2.0, 2.0, [0.5] * 4, [0.5] * 4, 10, 11, 40, 1.0, 40.0, 1.0, 0.1, 4.0, 1.0, 1.0, 4)
+
+
+def block(speeds: dict[str, float], tau: dict[str, float]) -> dict:
+    """A greedy block at plain 10 tokens/s: each drafter at its speed (n-gram 11)."""
+    rows = [replace(ROW, name=n, tokens_per_s=s, speedup=s / 10, tau=tau.get(n, 1.5)) for n, s in speeds.items()]
+    return block_dicts(PlainRow(400, 40.0, 10.0, 401), rows)
+
+
+def test_goals_name_the_study_winner_in_every_set_even_where_another_row_was_faster():
+    blocks = {  # "a" is faster over both sets (1.2 + 2.0 against 1.3 + 1.5); "b" is faster on MT-bench alone
+        "mt-bench greedy": block({"a": 12.0, "b": 13.0, "ngram": 11.0}, {"a": 1.74, "b": 1.72}),
+        "chat-heldout greedy": block({"a": 20.0, "b": 15.0, "ngram": 11.0}, {"a": 2.17, "b": 2.10}),
+    }
+    assert winner(blocks, ["a", "b"]) == "a"
+    lines = goals({"blocks": blocks, "fits": {"a": {}, "b": {}}})
+    assert [line.split(":")[0] for line in lines] == ["mt-bench", "chat-heldout"]
+    assert lines[0].startswith("mt-bench: the winner a: τ 1.74 (goal ≥ 1.9)")
+    assert lines[1].startswith("chat-heldout: the winner a: τ 2.17 (goal ≥ 2.3)")
+    assert "1.09× the n-gram's speed" in lines[0] and "1.20× the fastest plain decoding" in lines[0]
