@@ -83,13 +83,18 @@ def markdown(result: dict) -> str:
         "prompt by prompt with plain decoding of the verified target"
         + (" and of the fastest-kernel reference." if has_references else " (this machine's fastest plain decoding)."),
         "",
-        "| drafter | recipe | fit steps | epochs | fit s | val τ_est |",
-        "|---|---|---|---|---|---|",
+        "| drafter | recipe | fit steps | epochs | fit s | val τ_est | draft vocab. covers |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, fit in result["fits"].items():
         tau = f"{fit['val_tau_est']:.2f}" if fit.get("val_tau_est") else "–"
+        if "vocab_coverage" not in fit:  # a result saved before it was measured
+            covers = "–"
+        else:
+            covers = "all" if fit["vocab_coverage"] is None else f"{fit['vocab_coverage']:.1%}"
         lines.append(
-            f"| {name} | `{fit['recipe']}` | {fit['steps']} | {fit['epochs']} | {fit['seconds']:.0f} | {tau} |"
+            f"| {name} | `{fit['recipe']}` | {fit['steps']} | {fit['epochs']} | {fit['seconds']:.0f} | {tau} | "
+            f"{covers} |"
         )
     lines += [
         "",
@@ -122,7 +127,10 @@ def markdown(result: dict) -> str:
         "95% interval (paired bootstrap over the prompts) and the prompts whose τ rose (↑) or fell (↓); greedy "
         "decoding is deterministic, so the interval is the prompts' spread: a gain whose interval excludes 0 is not "
         "noise. speedup: over plain decoding of the verified target (same dtype and numerics). × fastest plain: over "
-        "the fastest plain decoding of the block (the fastest-kernel reference where it is faster).",
+        "the fastest plain decoding of the block (the fastest-kernel reference where it is faster). draft vocab. "
+        "covers: the share of the validation answers' generated tokens (the target's own, the packed "
+        "`smollm2-val`) that the drafter's draft vocabulary holds; a token outside it is never drafted (all: the "
+        "full vocabulary).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -152,14 +160,39 @@ def goals(result: dict) -> list[str]:
     return out
 
 
+def vocab_coverage(drafter: Path, val: Path) -> float | None:
+    """The share of ``val``'s generated tokens (the target's own answers to held-out prompts) that ``drafter``'s draft
+    vocabulary holds (its ``t2d`` mask): a token outside it is never drafted, so the share bounds the acceptance of
+    every position. None for a drafter that drafts over the full vocabulary."""
+    import datasets
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(drafter / "model.safetensors"), "pt") as f:
+        if "t2d" not in f.keys():  # noqa: SIM118 (safe_open has no `in`)
+            return None
+        held = f.get_tensor("t2d").bool()
+    covered = total = 0
+    for row in datasets.load_from_disk(str(val)).select_columns(["input_ids", "loss_mask"]):
+        ids = torch.tensor(row["input_ids"])[torch.tensor(row["loss_mask"]).bool()]
+        covered, total = covered + int(held[ids].sum()), total + len(ids)
+    return covered / total
+
+
 def fit_records(study: Path, names: list[str]) -> dict:
-    """Each drafter's fit record (``scaling.fit_one``'s) with its epochs and the recipe it was trained with."""
+    """Each drafter's fit record (``scaling.fit_one``'s) with its epochs, the recipe it was trained with and its draft
+    vocabulary's coverage of the study's validation answers (``vocab_coverage``)."""
     fits = {}
     for name in names:
         record = study / "fit" / f"{name}.json"
         if record.is_file():
             fit = json.loads(record.read_text())
-            fits[name] = fit | {"epochs": fit_epochs(fit), "recipe": f"smollm2/{name.rsplit('-', 1)[0]}"}
+            coverage = vocab_coverage(study / "drafters" / name, study / "data" / "val")
+            fits[name] = fit | {
+                "epochs": fit_epochs(fit),
+                "recipe": f"smollm2/{name.rsplit('-', 1)[0]}",
+                "vocab_coverage": coverage,
+            }
     return fits
 
 

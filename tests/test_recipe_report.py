@@ -1,5 +1,6 @@
-"""The recipe study's goals lines judge one drafter, the study's winner, in every set: a per-set pick would crown a
-drafter for a speed difference within the noise (benchmarks/recipe.py)."""
+"""The recipe study's report (benchmarks/recipe.py): its goals lines judge one drafter, the study's winner, in every
+set (a per-set pick would crown a drafter for a speed difference within the noise); each drafter's draft vocabulary's
+coverage of the validation answers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from recipe import goals, winner  # noqa: E402
+from recipe import goals, vocab_coverage, winner  # noqa: E402
 
 from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts  # noqa: E402
 
@@ -33,3 +34,22 @@ def test_goals_name_the_study_winner_in_every_set_even_where_another_row_was_fas
     assert lines[0].startswith("mt-bench: the winner a: τ 1.74 (goal ≥ 1.9)")
     assert lines[1].startswith("chat-heldout: the winner a: τ 2.17 (goal ≥ 2.3)")
     assert "1.09× the n-gram's speed" in lines[0] and "1.20× the fastest plain decoding" in lines[0]
+
+
+def test_vocab_coverage_counts_the_generated_tokens_the_draft_vocabulary_holds(tmp_path):
+    import datasets
+    import torch
+    from safetensors.torch import save_file
+
+    val = tmp_path / "val"
+    rows = {"input_ids": [[1, 2, 3, 4], [2, 2, 5]], "loss_mask": [[0, 1, 1, 1], [0, 1, 1]]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(val))
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    held = torch.zeros(8, dtype=torch.bool)
+    held[[1, 2]] = True  # the prompt's tokens (1, and 2 of the second row) are not generated: not counted
+    save_file({"t2d": held, "lm_head.weight": torch.zeros(2, 4)}, str(drafter / "model.safetensors"))
+    assert vocab_coverage(drafter, val) == 2 / 5  # generated: 2 3 4 | 2 5, of them held: the two 2s
+
+    save_file({"lm_head.weight": torch.zeros(8, 4)}, str(drafter / "model.safetensors"))
+    assert vocab_coverage(drafter, val) is None  # drafts over the full vocabulary
