@@ -173,16 +173,21 @@ def drafter_state(ckpt: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if k.startswith("drafter.")}
 
 
-def test_resume_from_last_checkpoint_after_a_kill_equals_an_uninterrupted_run(setup, tmp_path):
+@pytest.mark.parametrize("timed", [False, True], ids=["at-validation", "timed"])
+def test_resume_from_last_checkpoint_after_a_kill_equals_an_uninterrupted_run(setup, tmp_path, timed):
+    """Killed mid-epoch, 5 steps after a validation's checkpoint; ``timed``: with a ``TimedLastCheckpoint`` due at
+    every step too (its ``last.ckpt`` of step 14 is written after a training batch, not at a validation)."""
     reference = run_fit(setup, tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    killed = run_fit(
-        setup, tmp_path / "killed", "--trainer.callbacks+=train_helpers.KillAtStep", "--trainer.callbacks.step=15"
-    )
+    every_step = ["--trainer.callbacks+=draftsmith.train.cli.TimedLastCheckpoint", "--trainer.callbacks.minutes=0"]
+    kill = ["--trainer.callbacks+=train_helpers.KillAtStep", "--trainer.callbacks.step=15"]
+    killed = run_fit(setup, tmp_path / "killed", *(every_step if timed else []), *kill)
     assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL, mid-epoch, after the step-10 checkpoint
-    last = tmp_path / "killed" / "csv" / "version_0" / "checkpoints" / "last.ckpt"
-    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 10
+    checkpoints = tmp_path / "killed" / "csv" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt"]  # one last, no last-v1
+    last = checkpoints / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == (14 if timed else 10)
 
     resumed = run_fit(setup, tmp_path / "killed", f"--ckpt_path={last}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -79,7 +79,8 @@ class FitRun:
     """Further ``trainer`` values."""
     resume: bool = False
     """Keep an existing run directory and continue from its newest ``last.ckpt`` when it has one (optimizer,
-    schedule, mid-epoch data position: an interrupted fit loses at most the steps since its last checkpoint)."""
+    schedule, mid-epoch data position: an interrupted fit loses at most the steps since its last checkpoint, a
+    validation's or ``TimedLastCheckpoint``'s of every 10 minutes)."""
 
 
 @dataclass(frozen=True)
