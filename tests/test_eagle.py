@@ -166,8 +166,11 @@ def test_drafter_with_eagle31_norms_trained_by_the_module_saves_loads_and_decode
     module = EagleModule(str(root), 3, [1, 2, 3], draft_vocab_size=48, loss=loss, fc_norm=True, norm_output=True)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 94, (4, 24), generator=g)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
-    # the loss option picks that function of layers/losses.py for every TTT step (step 0 recomputed here)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[:, :5] = 0  # a prompt: the module computes the head and the loss at the counted positions only
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
+    # the loss option picks that function of layers/losses.py for every TTT step (step 0 recomputed here, over
+    # every position, then masked)
     out = module.target_forward(batch)
     with torch.no_grad():
         q_logits = module.drafter.logits(module.drafter(ids, out.features, 1, batch["attention_mask"])[0])

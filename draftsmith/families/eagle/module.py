@@ -174,8 +174,9 @@ def eagle_losses(
     total, logs = 0.0, {}
     name = "ce" if loss == "kl" else loss  # "ce": the name its logs have always had
     for j, hidden, mask in unroll(network, batch, out, ttt_steps):
-        values = token_loss(loss, network.logits(hidden), shift(p_draft, j + 1), lk_eta)  # (B, T)
-        token = masked_mean(values, mask)
+        # the head and the loss at the positions the loss counts only (~70% of them: prompts and padding are not)
+        values = token_loss(loss, network.logits(hidden[mask]), shift(p_draft, j + 1)[mask], lk_eta)  # (n,)
+        token = values.sum() / mask.sum().clamp_min(1)
         logs[f"{name}_{j}"] = token
         if not cfg.own_head:  # EAGLE-1: the target's head reads the output: regress the feature
             reg = masked_mean(feature_regression(hidden, shift(out.features[0], 1)), mask)
