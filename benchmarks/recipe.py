@@ -165,18 +165,16 @@ def vocab_coverage(drafter: Path, val: Path) -> float | None:
     vocabulary holds (its ``t2d`` mask): a token outside it is never drafted, so the share bounds the acceptance of
     every position. None for a drafter that drafts over the full vocabulary."""
     import datasets
-    import torch
     from safetensors import safe_open
+
+    from draftsmith.train.data import generated_token_counts
 
     with safe_open(str(drafter / "model.safetensors"), "pt") as f:
         if "t2d" not in f.keys():  # noqa: SIM118 (safe_open has no `in`)
             return None
         held = f.get_tensor("t2d").bool()
-    covered = total = 0
-    for row in datasets.load_from_disk(str(val)).select_columns(["input_ids", "loss_mask"]):
-        ids = torch.tensor(row["input_ids"])[torch.tensor(row["loss_mask"]).bool()]
-        covered, total = covered + int(held[ids].sum()), total + len(ids)
-    return covered / total
+    counts = generated_token_counts(datasets.load_from_disk(str(val)), len(held))
+    return int(counts[held].sum()) / int(counts.sum())
 
 
 def fit_records(study: Path, names: list[str]) -> dict:

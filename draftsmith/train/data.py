@@ -122,6 +122,16 @@ def _collate_hidden(rows: list[dict], max_length: int) -> dict[int, torch.Tensor
     return out
 
 
+def generated_token_counts(ds, vocab_size: int) -> torch.Tensor:
+    """(V,) int64: how often each token appears on the generated (``loss_mask`` = 1) positions of a generated dataset's
+    rows (exact integers: float32 counts stop counting at 2**24 occurrences of a frequent token)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for row in ds.select_columns(["input_ids", "loss_mask"]):
+        ids, mask = torch.tensor(row["input_ids"]), torch.tensor(row["loss_mask"]).bool()
+        counts += torch.bincount(ids[mask], minlength=vocab_size)
+    return counts
+
+
 class CachedRows(torch.utils.data.Dataset):
     """Dataset rows with their cached target hidden states (``hidden``: layer -> (n, H))."""
 
@@ -228,11 +238,7 @@ class GeneratedDataModule(ResumesMidEpoch, L.LightningDataModule):
     def token_counts(self, vocab_size: int) -> torch.Tensor:
         """How often each token appears on generated (loss_mask = 1) positions of the training data."""
         self.setup()
-        counts = torch.zeros(vocab_size)
-        for row in self.train_ds.select_columns(["input_ids", "loss_mask"]):
-            ids, mask = torch.tensor(row["input_ids"]), torch.tensor(row["loss_mask"]).bool()
-            counts += torch.bincount(ids[mask], minlength=vocab_size).float()
-        return counts
+        return generated_token_counts(self.train_ds, vocab_size)
 
     def _loader(self, ds, shuffle: bool) -> DataLoader:
         hp = self.hparams
