@@ -2,7 +2,8 @@
 recipe scored against the base recipe on the same prompts, beside the n-gram that needs no training.
 
     python benchmarks/recipe.py [--study runs/study] [--drafters eagle3-1M eagle3_31-1M] [--base eagle3-1M]
-        [--out runs/recipe] [--num-prompts 32] [--max-new-tokens 128] [--modes greedy auto sampled]
+        [--add eagle3_31_16k-1M] [--out runs/recipe] [--num-prompts 32] [--max-new-tokens 128]
+        [--modes greedy auto sampled]
 
 The drafters are ``benchmarks/scaling.py --out STUDY --sizes 1000000 --families ...`` fits on the repository's
 packed corpus (``STUDY/drafters/NAME``, each fit's record, its steps, seconds and val τ_est, in ``STUDY/fit``); a
@@ -12,7 +13,9 @@ first turns, N / 8 per category; chat-heldout) and mode, every decoder interleav
 float32), plain decoding of the same weights with the fastest kernels (the fastest-plain reference; float32 too
 with ``--float32``), the n-gram drafter and every drafter. Modes: ``greedy`` chains at K = 4, ``auto`` (``--k
 auto``: each drafter's fastest shape on this machine), ``sampled`` at T 0.7 / top-p 0.9, K = 4, for the winner (the
-trained drafter fastest over both greedy blocks) and the base.
+trained drafter fastest over both greedy blocks) and the base. A drafter trained after the main blocks were scored
+joins with ``--add NAME``: greedy blocks of its own, NAME beside the base (its Δτ is paired with the base's prompts,
+its speed measured against the base in the same run), so adding a row costs one row's decoding, not the study's.
 
 Each row gives τ beside the fit's val τ_est, first-token acceptance, the speedup over plain decoding of the same
 target and over the fastest plain decoding of the block, and, for greedy blocks, the gain in τ over the base with the
@@ -55,11 +58,17 @@ def score_block(verified: Target, references: dict, study: Path, names: list[str
     return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
 
 
+def block_mode(key: str) -> str:
+    """A block key's mode: ``greedy`` for ``"mt-bench greedy"`` and ``"mt-bench greedy +NAME"`` (``--add``'s)."""
+    return key.split(" ")[1]
+
+
 def winner(blocks: dict, names: list[str]) -> str:
-    """The trained drafter fastest over the greedy K = 4 blocks (the mean of its speedups)."""
+    """The trained drafter fastest over the greedy K = 4 blocks (the mean of its speedups, each over its own run's
+    plain decoding)."""
     speed = {}
     for key, block in blocks.items():
-        if key.endswith(" greedy"):
+        if block_mode(key) == "greedy":
             for r in read_block(block)[1]:
                 speed.setdefault(r.name, []).append(r.speedup)
     return max(names, key=lambda n: sum(speed.get(n, [0])) / len(speed.get(n, [0])))
@@ -103,14 +112,14 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, block in result["blocks"].items():
-        set_name, mode = key.split(" ")
+        set_name, mode = key.split(" ", 1)
         plain, rows = read_block(block)
         base = next((r for r in rows if r.name == result["base"]), None)
         for r in rows:
             fit = result["fits"].get(r.name, {})
             val = f"{fit['val_tau_est']:.2f}" if fit.get("val_tau_est") else "–"
             first = f"{r.accept_at[0]:.2f}" if r.accept_at else "–"
-            gain = gain_cell(base, r) if base is not None and mode == "greedy" else "–"
+            gain = gain_cell(base, r) if base is not None and block_mode(key) == "greedy" else "–"
             greedy = mode != "sampled"  # the fastest-plain goals are greedy ones (sampled blocks decode no reference)
             fastest = f"{r.tokens_per_s / plain.fastest.tokens_per_s:.2f}×" if plain.references or greedy else "–"
             exact = f"{r.greedy_exact}/{r.prompts}" if r.greedy_exact is not None else "– (sampled)"
@@ -126,7 +135,8 @@ def markdown(result: dict) -> str:
         f"Δτ vs {result['base']}: the mean over prompts of each prompt's τ minus the base's on the same prompt, its "
         "95% interval (paired bootstrap over the prompts) and the prompts whose τ rose (↑) or fell (↓); greedy "
         "decoding is deterministic, so the interval is the prompts' spread: a gain whose interval excludes 0 is not "
-        "noise. speedup: over plain decoding of the verified target (same dtype and numerics). × fastest plain: over "
+        "noise. A block `greedy +NAME` (`--add`) scored NAME beside the base in a run of its own, so the rows "
+        "scored before were not decoded again. speedup: over plain decoding of the verified target (same dtype and numerics). × fastest plain: over "
         "the fastest plain decoding of the block (the fastest-kernel reference where it is faster). draft vocab. "
         "covers: the share of the validation answers' generated tokens (the target's own, the packed "
         "`smollm2-val`) that the drafter's draft vocabulary holds; a token outside it is never drafted (all: the "
@@ -139,19 +149,25 @@ def goals(result: dict) -> list[str]:
     """Issue 51's goals for the study's winner (``winner``: one drafter for every greedy K = 4 block, the one the
     sampled blocks score; a per-block pick would crown a drafter for a speed difference within the noise)."""
     best_name = winner(result["blocks"], list(result["fits"]))
-    out = []
+    greedy = {}  # set -> its greedy blocks (plain, {name: row}), the main block first
     for key, block in result["blocks"].items():
-        set_name, mode = key.split(" ")
-        if mode != "greedy":
-            continue
-        plain, rows = read_block(block)
-        by = {r.name: r for r in rows}
-        best, goal, ngram = by[best_name], GOALS[set_name], by.get("ngram")
+        if block_mode(key) == "greedy":
+            plain, rows = read_block(block)
+            greedy.setdefault(key.split(" ")[0], []).append((plain, {r.name: r for r in rows}))
+    out = []
+    for set_name, runs in greedy.items():
+        plain, by = next(run for run in runs if best_name in run[1])
+        best, goal = by[best_name], GOALS[set_name]
         line = f"{set_name}: the winner {best.name}: τ {best.tau:.2f} (goal ≥ {goal['tau']})"
         if "first" in goal:
             line += f", first-token acceptance {best.accept_at[0]:.2f} (goal ≥ {goal['first']})"
-        if ngram is not None:
-            line += f"; {best.tokens_per_s / ngram.tokens_per_s:.2f}× the n-gram's speed (goal > 1)"
+        if "ngram" in by:
+            line += f"; {best.tokens_per_s / by['ngram'].tokens_per_s:.2f}× the n-gram's speed (goal > 1)"
+        elif ngram := next((run[1]["ngram"] for run in runs if "ngram" in run[1]), None):
+            line += (
+                f"; {best.speedup / ngram.speedup:.2f}× the n-gram's speed (goal > 1; the ratio of their speedups, "
+                "each over its own run's plain decoding)"
+            )
         line += (
             f"; {best.tokens_per_s / plain.fastest.tokens_per_s:.2f}× the fastest plain decoding (goal ≥ "
             f"{goal['fastest']}×)"
@@ -199,6 +215,9 @@ def main() -> None:
     parser.add_argument("--study", type=Path, default=Path("runs/study"), help="benchmarks/scaling.py's --out")
     parser.add_argument("--drafters", nargs="+", default=["eagle3-1M", "eagle3_31-1M"], help="names in STUDY/drafters")
     parser.add_argument("--base", default="eagle3-1M", help="the recipe every other is compared with")
+    parser.add_argument("--add", action="append", default=[], metavar="NAME",
+                        help="a drafter scored beside the base in greedy blocks of its own (repeatable): the rows "
+                             "of --drafters, scored before, are not decoded again")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs/recipe"))
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -207,38 +226,44 @@ def main() -> None:
     parser.add_argument("--float32", action="store_true", help="float32 plain decoding as a reference too")
     parser.add_argument("--results", default="recipe_smollm2")
     args = parser.parse_args()
-    missing = [n for n in args.drafters if not (args.study / "drafters" / n / "config.json").is_file()]
+    missing = [n for n in [*args.drafters, *args.add] if not (args.study / "drafters" / n / "config.json").is_file()]
     if missing:
         parser.error(f"--drafters: no trained drafter {', '.join(missing)} in {args.study / 'drafters'}")
     if args.base not in args.drafters:
         parser.error(f"--base {args.base}: not one of --drafters ({' '.join(args.drafters)})")
+    if both := sorted(set(args.add) & set(args.drafters)):
+        parser.error(f"--add {' '.join(both)}: already one of --drafters (scored in the main blocks)")
 
     dtype, verified, references = smollm2_targets(args.float32)
     sets = {k: v for k, v in heldout_sets(verified.tokenizer, args.num_prompts).items() if k in args.sets}
+    trained = [*args.drafters, *args.add]
     blocks = {}
     for mode in [m for m in MODES if m in args.modes]:
-        names = args.drafters
+        runs = {"": [*args.drafters, "ngram"]}  # block key suffix -> its decoders
+        if mode == "greedy":
+            runs |= {f" +{name}": [args.base, name] for name in args.add}
         if mode == "sampled":  # the winner of the greedy blocks (scored first, or saved), and the base
-            greedy = {f"{s} greedy": args.out / f"{s}-greedy.json" for s in sets}
+            greedy = {f"{s} greedy{x}": args.out / f"{s}-greedy{x.replace(' ', '')}.json" for s in sets
+                      for x in ["", *(f" +{name}" for name in args.add)]}  # fmt: skip
             scored = {k: json.loads(p.read_text()) for k, p in greedy.items() if p.is_file()} | blocks
-            if not any(k.endswith(" greedy") for k in scored):
+            if not any(block_mode(k) == "greedy" for k in scored):
                 parser.error("--modes sampled: its drafter is the greedy blocks' winner; score --modes greedy first")
-            names = list(dict.fromkeys([args.base, winner(scored, args.drafters)]))
-        names = [*names, "ngram"]
-        for set_name, (prompts, categories) in sets.items():
-            blocks[f"{set_name} {mode}"] = saved_block(
-                args.out / f"{set_name}-{mode}.json",
-                names,
-                lambda: score_block(verified, references, args.study, names, prompts, categories,  # noqa: B023
-                                    args.max_new_tokens, mode),  # noqa: B023
-            )  # fmt: skip
+            runs = {"": [*dict.fromkeys([args.base, winner(scored, trained)]), "ngram"]}
+        for suffix, names in runs.items():
+            for set_name, (prompts, categories) in sets.items():
+                blocks[f"{set_name} {mode}{suffix}"] = saved_block(
+                    args.out / f"{set_name}-{mode}{suffix.replace(' ', '')}.json",
+                    names,
+                    lambda: score_block(verified, references, args.study, names, prompts, categories,  # noqa: B023
+                                        args.max_new_tokens, mode),  # noqa: B023
+                )  # fmt: skip
     result = {
         "machine": machine(),
         "target": "smollm2",
         "dtype": dtype,
         "study": str(args.study),
         "base": args.base,
-        "fits": fit_records(args.study, args.drafters),
+        "fits": fit_records(args.study, trained),
         "prompts": args.num_prompts,
         "max_new_tokens": args.max_new_tokens,
         "blocks": blocks,

@@ -53,3 +53,21 @@ def test_vocab_coverage_counts_the_generated_tokens_the_draft_vocabulary_holds(t
 
     save_file({"lm_head.weight": torch.zeros(8, 4)}, str(drafter / "model.safetensors"))
     assert vocab_coverage(drafter, val) is None  # drafts over the full vocabulary
+
+
+def test_a_drafter_added_in_its_own_run_can_win_and_is_judged_in_its_own_block():
+    """``--add NAME``: NAME and the base decoded in a block of their own. The winner may come from it; its τ and speed
+    over plain are its own block's, its speed against the n-gram the ratio of their speedups (different runs)."""
+    blocks = {
+        "mt-bench greedy": block({"a": 12.0, "ngram": 11.0}, {"a": 1.74}),
+        "chat-heldout greedy": block({"a": 20.0, "ngram": 11.0}, {"a": 2.17}),
+        "mt-bench greedy +c": block({"a": 11.0, "c": 16.5}, {"a": 1.74, "c": 1.95}),
+        "chat-heldout greedy +c": block({"a": 19.0, "c": 22.0}, {"a": 2.17, "c": 2.31}),
+    }
+    assert winner(blocks, ["a", "c"]) == "c"  # 1.65 + 2.2 against a's 1.2, 2.0, 1.1, 1.9
+    lines = goals({"blocks": blocks, "fits": {"a": {}, "c": {}}})
+    assert [line.split(":")[0] for line in lines] == ["mt-bench", "chat-heldout"]
+    assert lines[0].startswith("mt-bench: the winner c: τ 1.95 (goal ≥ 1.9)")
+    assert "1.50× the n-gram's speed (goal > 1; the ratio of their speedups" in lines[0]  # 1.65 / 1.1
+    assert "1.65× the fastest plain decoding" in lines[0]
+    assert lines[1].startswith("chat-heldout: the winner c: τ 2.31 (goal ≥ 2.3)")
