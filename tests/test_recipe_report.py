@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from recipe import goals, vocab_coverage, winner  # noqa: E402
+from recipe import base_row, goals, vocab_coverage, winner  # noqa: E402
 
 from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts  # noqa: E402
 
@@ -55,19 +55,25 @@ def test_vocab_coverage_counts_the_generated_tokens_the_draft_vocabulary_holds(t
     assert vocab_coverage(drafter, val) is None  # drafts over the full vocabulary
 
 
-def test_a_drafter_added_in_its_own_run_can_win_and_is_judged_in_its_own_block():
-    """``--add NAME``: NAME and the base decoded in a block of their own. The winner may come from it; its τ and speed
-    over plain are its own block's, its speed against the n-gram the ratio of their speedups (different runs)."""
+def test_a_drafter_added_in_its_own_run_can_win_is_judged_in_its_own_block_and_gains_over_the_main_base():
+    """``--add NAME``: NAME and the n-gram decoded in a block of their own. The winner may come from it, judged by its
+    own block's figures; its Δτ pairs its prompts with the base's of the set's main block, where they did the same
+    work (the same plain tokens), and nowhere else."""
     blocks = {
         "mt-bench greedy": block({"a": 12.0, "ngram": 11.0}, {"a": 1.74}),
         "chat-heldout greedy": block({"a": 20.0, "ngram": 11.0}, {"a": 2.17}),
-        "mt-bench greedy +c": block({"a": 11.0, "c": 16.5}, {"a": 1.74, "c": 1.95}),
-        "chat-heldout greedy +c": block({"a": 19.0, "c": 22.0}, {"a": 2.17, "c": 2.31}),
+        "mt-bench greedy +c": block({"c": 16.5, "ngram": 11.5}, {"c": 1.95}),
+        "chat-heldout greedy +c": block({"c": 22.0, "ngram": 11.0}, {"c": 2.31}),
     }
-    assert winner(blocks, ["a", "c"]) == "c"  # 1.65 + 2.2 against a's 1.2, 2.0, 1.1, 1.9
+    assert winner(blocks, ["a", "c"]) == "c"  # 1.65 + 2.2 against 1.2 + 2.0
     lines = goals({"blocks": blocks, "fits": {"a": {}, "c": {}}})
     assert [line.split(":")[0] for line in lines] == ["mt-bench", "chat-heldout"]
     assert lines[0].startswith("mt-bench: the winner c: τ 1.95 (goal ≥ 1.9)")
-    assert "1.50× the n-gram's speed (goal > 1; the ratio of their speedups" in lines[0]  # 1.65 / 1.1
-    assert "1.65× the fastest plain decoding" in lines[0]
+    assert "1.43× the n-gram's speed" in lines[0] and "1.65× the fastest plain decoding" in lines[0]  # 16.5 / 11.5
     assert lines[1].startswith("chat-heldout: the winner c: τ 2.31 (goal ≥ 2.3)")
+
+    result = {"blocks": blocks, "base": "a"}
+    assert base_row(result, "mt-bench greedy +c").tau == 1.74
+    assert base_row(result, "chat-heldout greedy +c").tau == 2.17
+    blocks["mt-bench greedy +c"]["plain"]["tokens"] += 1  # other work: no pairing
+    assert base_row(result, "mt-bench greedy +c") is None
