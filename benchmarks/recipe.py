@@ -149,9 +149,15 @@ def markdown(result: dict) -> str:
         f"Δτ vs {result['base']}: the mean over prompts of each prompt's τ minus the base's on the same prompt, its "
         "95% interval (paired bootstrap over the prompts) and the prompts whose τ rose (↑) or fell (↓); greedy "
         "decoding is deterministic, so the interval is the prompts' spread: a gain whose interval excludes 0 is not "
-        "noise. A block `greedy +NAME` (`--add`) decoded NAME and the n-gram in a run of their own (the rows "
-        "scored before were not decoded again); its Δτ pairs NAME's prompts with the base's of the set's first "
-        "block (greedy decoding gives the same tokens in every run). speedup: over plain decoding of the verified target (same dtype and numerics). × fastest plain: over "
+        "noise."
+        + (
+            " A block `greedy +NAME` (`--add`) decoded NAME and the n-gram in a run of their own (the rows scored "
+            "before were not decoded again); its Δτ pairs NAME's prompts with the base's of the set's first block "
+            "(greedy decoding gives the same tokens in every run)."
+            if any(" +" in key for key in result["blocks"])
+            else ""
+        )
+        + " speedup: over plain decoding of the verified target (same dtype and numerics). × fastest plain: over "
         "the fastest plain decoding of the block (the fastest-kernel reference where it is faster). draft vocab. "
         "covers: the share of the validation answers' generated tokens (the target's own, the packed "
         "`smollm2-val`) that the drafter's draft vocabulary holds; a token outside it is never drafted (all: the "
