@@ -242,9 +242,10 @@ def main() -> None:
     parser.add_argument("--float32", action="store_true", help="float32 plain decoding as a reference too")
     parser.add_argument("--results", default="recipe_smollm2")
     args = parser.parse_args()
-    missing = [n for n in [*args.drafters, *args.add] if not (args.study / "drafters" / n / "config.json").is_file()]
-    if missing:
-        parser.error(f"--drafters: no trained drafter {', '.join(missing)} in {args.study / 'drafters'}")
+    for flag, names in (("--drafters", args.drafters), ("--add", args.add)):
+        missing = [n for n in names if not (args.study / "drafters" / n / "config.json").is_file()]
+        if missing:
+            parser.error(f"{flag}: no trained drafter {', '.join(missing)} in {args.study / 'drafters'}")
     if args.base not in args.drafters:
         parser.error(f"--base {args.base}: not one of --drafters ({' '.join(args.drafters)})")
     if both := sorted(set(args.add) & set(args.drafters)):

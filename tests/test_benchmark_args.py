@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -81,15 +83,25 @@ def test_dspark_refuses_a_study_without_its_drafters(tmp_path):
     assert "benchmarks/scaling.py" in last and not (tmp_path / "out").exists()
 
 
-def test_recipe_refuses_a_drafter_the_study_has_not_trained(tmp_path):
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--drafters", "eagle3-1M", "lk-1M"], "--drafters: no trained drafter lk-1M in {drafters}"),
+        (["--drafters", "eagle3-1M", "--add", "16k-1M"], "--add: no trained drafter 16k-1M in {drafters}"),
+        (["--drafters", "eagle3-1M", "--add", "eagle3-1M"], "--add eagle3-1M: already one of --drafters (scored in "
+         "the main blocks)"),
+    ],
+)  # fmt: skip
+def test_recipe_refuses_a_drafter_the_study_has_not_trained_or_scores_twice(tmp_path, extra, message):
+    (tmp_path / "drafters" / "eagle3-1M").mkdir(parents=True)
+    (tmp_path / "drafters" / "eagle3-1M" / "config.json").write_text("{}")
     run = subprocess.run(
-        [sys.executable, "benchmarks/recipe.py", "--study", str(tmp_path), "--drafters", "eagle3-1M", "lk-1M"],
+        [sys.executable, "benchmarks/recipe.py", "--study", str(tmp_path), "--base", "eagle3-1M", *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert run.stderr.strip().splitlines()[-1] == (
-        f"recipe.py: error: --drafters: no trained drafter eagle3-1M, lk-1M in {tmp_path / 'drafters'}"
-    )
+    last = run.stderr.strip().splitlines()[-1]
+    assert last == "recipe.py: error: " + message.format(drafters=tmp_path / "drafters")
