@@ -59,6 +59,13 @@ def score_block(verified: Target, references: dict, study: Path, names: list[str
     return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
 
 
+def block_file(out: Path, key: str) -> Path:
+    """Where a block is saved: ``"mt-bench greedy"`` -> OUT/mt-bench-greedy.json, ``"mt-bench greedy +NAME"`` ->
+    OUT/mt-bench-greedy+NAME.json."""
+    set_name, mode, *added = key.split(" ")
+    return out / f"{set_name}-{mode}{''.join(added)}.json"
+
+
 def block_mode(key: str) -> str:
     """A block key's mode: ``greedy`` for ``"mt-bench greedy"`` and ``"mt-bench greedy +NAME"`` (``--add``'s)."""
     return key.split(" ")[1]
@@ -232,8 +239,8 @@ def main() -> None:
     parser.add_argument("--drafters", nargs="+", default=["eagle3-1M", "eagle3_31-1M"], help="names in STUDY/drafters")
     parser.add_argument("--base", default="eagle3-1M", help="the recipe every other is compared with")
     parser.add_argument("--add", action="append", default=[], metavar="NAME",
-                        help="a drafter scored beside the base in greedy blocks of its own (repeatable): the rows "
-                             "of --drafters, scored before, are not decoded again")  # fmt: skip
+                        help="a drafter scored beside the n-gram in greedy blocks of its own (repeatable): the "
+                             "rows of --drafters, scored before, are not decoded again")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs/recipe"))
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -260,16 +267,17 @@ def main() -> None:
         if mode == "greedy":
             runs |= {f" +{name}": [name, "ngram"] for name in args.add}
         if mode == "sampled":  # the winner of the greedy blocks (scored first, or saved), and the base
-            greedy = {f"{s} greedy{x}": args.out / f"{s}-greedy{x.replace(' ', '')}.json" for s in sets
-                      for x in ["", *(f" +{name}" for name in args.add)]}  # fmt: skip
-            scored = {k: json.loads(p.read_text()) for k, p in greedy.items() if p.is_file()} | blocks
+            greedy = [f"{s} greedy{x}" for s in sets for x in ["", *(f" +{name}" for name in args.add)]]
+            saved = {k: block_file(args.out, k) for k in greedy}
+            scored = {k: json.loads(p.read_text()) for k, p in saved.items() if p.is_file()} | blocks
             if not any(block_mode(k) == "greedy" for k in scored):
                 parser.error("--modes sampled: its drafter is the greedy blocks' winner; score --modes greedy first")
             runs = {"": [*dict.fromkeys([args.base, winner(scored, trained)]), "ngram"]}
         for suffix, names in runs.items():
             for set_name, (prompts, categories) in sets.items():
-                blocks[f"{set_name} {mode}{suffix}"] = saved_block(
-                    args.out / f"{set_name}-{mode}{suffix.replace(' ', '')}.json",
+                key = f"{set_name} {mode}{suffix}"
+                blocks[key] = saved_block(
+                    block_file(args.out, key),
                     names,
                     lambda: score_block(verified, references, args.study, names, prompts, categories,  # noqa: B023
                                         args.max_new_tokens, mode),  # noqa: B023
