@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
 from scaling import fit_epochs
@@ -59,16 +60,25 @@ def score_block(verified: Target, references: dict, study: Path, names: list[str
     return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
 
 
-def block_file(out: Path, key: str) -> Path:
-    """Where a block is saved: ``"mt-bench greedy"`` -> OUT/mt-bench-greedy.json, ``"mt-bench greedy +NAME"`` ->
+class BlockKey(NamedTuple):
+    """A block's name in the results: its prompt set, its mode and, for ``--add NAME``'s blocks, NAME; written
+    ``"mt-bench greedy"`` / ``"mt-bench greedy +NAME"`` (the JSON's keys), saved as OUT/mt-bench-greedy.json /
     OUT/mt-bench-greedy+NAME.json."""
-    set_name, mode, *added = key.split(" ")
-    return out / f"{set_name}-{mode}{''.join(added)}.json"
 
+    set_name: str
+    mode: str
+    added: str = ""
 
-def block_mode(key: str) -> str:
-    """A block key's mode: ``greedy`` for ``"mt-bench greedy"`` and ``"mt-bench greedy +NAME"`` (``--add``'s)."""
-    return key.split(" ")[1]
+    @classmethod
+    def parse(cls, text: str) -> BlockKey:
+        set_name, mode, *added = text.split(" ")
+        return cls(set_name, mode, "".join(added).removeprefix("+"))
+
+    def __str__(self) -> str:
+        return f"{self.set_name} {self.mode}" + (f" +{self.added}" if self.added else "")
+
+    def file(self, out: Path) -> Path:
+        return out / f"{self.set_name}-{self.mode}{'+' + self.added if self.added else ''}.json"
 
 
 def winner(blocks: dict, names: list[str]) -> str:
@@ -76,7 +86,7 @@ def winner(blocks: dict, names: list[str]) -> str:
     plain decoding)."""
     speed = {}
     for key, block in blocks.items():
-        if block_mode(key) == "greedy":
+        if BlockKey.parse(key).mode == "greedy":
             for r in read_block(block)[1]:
                 speed.setdefault(r.name, []).append(r.speedup)
     return max(names, key=lambda n: sum(speed.get(n, [0])) / len(speed.get(n, [0])))
@@ -86,8 +96,9 @@ def base_row(result: dict, key: str):
     """The base's row for a block's Δτ: its own, or (an ``--add`` block) the base's in the set's first block of the
     same mode, when both decoded the same work (plain decoding gave the same tokens: greedy is deterministic)."""
     plain, rows = read_block(result["blocks"][key])
+    this = BlockKey.parse(key)
     for other, block in result["blocks"].items():
-        if other.split(" ")[:2] == key.split(" ")[:2]:
+        if BlockKey.parse(other)[:2] == this[:2]:
             other_plain, other_rows = read_block(block)
             base = next((r for r in other_rows if r.name == result["base"]), None)
             if base is not None and other_plain.tokens == plain.tokens:
@@ -133,19 +144,21 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, block in result["blocks"].items():
-        set_name, mode = key.split(" ", 1)
+        parsed = BlockKey.parse(key)
         plain, rows = read_block(block)
         base = base_row(result, key)
         for r in rows:
             fit = result["fits"].get(r.name, {})
             val = f"{fit['val_tau_est']:.2f}" if fit.get("val_tau_est") else "–"
             first = f"{r.accept_at[0]:.2f}" if r.accept_at else "–"
-            gain = gain_cell(base, r) if block_mode(key) == "greedy" else "–"
-            greedy = mode != "sampled"  # the fastest-plain goals are greedy ones (sampled blocks decode no reference)
+            gain = gain_cell(base, r) if parsed.mode == "greedy" else "–"
+            greedy = (
+                parsed.mode != "sampled"
+            )  # the fastest-plain goals are greedy ones (sampled blocks decode no reference)
             fastest = f"{r.tokens_per_s / plain.fastest.tokens_per_s:.2f}×" if plain.references or greedy else "–"
             exact = f"{r.greedy_exact}/{r.prompts}" if r.greedy_exact is not None else "– (sampled)"
             lines.append(
-                f"| {set_name} | {mode} | {r.name} | {r.k} | {r.tau:.2f} | {val} | {first} | {gain} | "
+                f"| {parsed.set_name} | {parsed.mode}{' +' + parsed.added if parsed.added else ''} | {r.name} | {r.k} | {r.tau:.2f} | {val} | {first} | {gain} | "
                 f"{r.speedup:.2f}× | {fastest} | {exact} |"
             )
     lines += plain_lines(result["blocks"])
@@ -161,7 +174,7 @@ def markdown(result: dict) -> str:
             " A block `greedy +NAME` (`--add`) decoded NAME and the n-gram in a run of their own (the rows scored "
             "before were not decoded again); its Δτ pairs NAME's prompts with the base's of the set's first block "
             "(greedy decoding gives the same tokens in every run)."
-            if any(" +" in key for key in result["blocks"])
+            if any(BlockKey.parse(key).added for key in result["blocks"])
             else ""
         )
         + " speedup: over plain decoding of the verified target (same dtype and numerics). × fastest plain: over "
@@ -179,9 +192,9 @@ def goals(result: dict) -> list[str]:
     best_name = winner(result["blocks"], list(result["fits"]))
     greedy = {}  # set -> its greedy blocks (plain, {name: row}), the main block first
     for key, block in result["blocks"].items():
-        if block_mode(key) == "greedy":
+        if (parsed := BlockKey.parse(key)).mode == "greedy":
             plain, rows = read_block(block)
-            greedy.setdefault(key.split(" ")[0], []).append((plain, {r.name: r for r in rows}))
+            greedy.setdefault(parsed.set_name, []).append((plain, {r.name: r for r in rows}))
     out = []
     for set_name, runs in greedy.items():
         plain, by = next(run for run in runs if best_name in run[1])
@@ -263,21 +276,21 @@ def main() -> None:
     trained = [*args.drafters, *args.add]
     blocks = {}
     for mode in [m for m in MODES if m in args.modes]:
-        runs = {"": [*args.drafters, "ngram"]}  # block key suffix -> its decoders
+        runs = {"": [*args.drafters, "ngram"]}  # the block's added name ("": a main block) -> its decoders
         if mode == "greedy":
-            runs |= {f" +{name}": [name, "ngram"] for name in args.add}
+            runs |= {name: [name, "ngram"] for name in args.add}
         if mode == "sampled":  # the winner of the greedy blocks (scored first, or saved), and the base
-            greedy = [f"{s} greedy{x}" for s in sets for x in ["", *(f" +{name}" for name in args.add)]]
-            saved = {k: block_file(args.out, k) for k in greedy}
+            greedy = [BlockKey(s, "greedy", added) for s in sets for added in ["", *args.add]]
+            saved = {str(k): k.file(args.out) for k in greedy}
             scored = {k: json.loads(p.read_text()) for k, p in saved.items() if p.is_file()} | blocks
-            if not any(block_mode(k) == "greedy" for k in scored):
+            if not any(BlockKey.parse(k).mode == "greedy" for k in scored):
                 parser.error("--modes sampled: its drafter is the greedy blocks' winner; score --modes greedy first")
             runs = {"": [*dict.fromkeys([args.base, winner(scored, trained)]), "ngram"]}
-        for suffix, names in runs.items():
+        for added, names in runs.items():
             for set_name, (prompts, categories) in sets.items():
-                key = f"{set_name} {mode}{suffix}"
-                blocks[key] = saved_block(
-                    block_file(args.out, key),
+                key = BlockKey(set_name, mode, added)
+                blocks[str(key)] = saved_block(
+                    key.file(args.out),
                     names,
                     lambda: score_block(verified, references, args.study, names, prompts, categories,  # noqa: B023
                                         args.max_new_tokens, mode),  # noqa: B023

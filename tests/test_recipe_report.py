@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from recipe import base_row, goals, vocab_coverage, winner  # noqa: E402
+from recipe import BlockKey, base_row, goals, vocab_coverage, winner  # noqa: E402
 
 from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts  # noqa: E402
 
@@ -77,3 +77,13 @@ def test_a_drafter_added_in_its_own_run_can_win_is_judged_in_its_own_block_and_g
     assert base_row(result, "chat-heldout greedy +c").tau == 2.17
     blocks["mt-bench greedy +c"]["plain"]["tokens"] += 1  # other work: no pairing
     assert base_row(result, "mt-bench greedy +c") is None
+
+
+def test_block_keys_read_back_as_written_and_name_the_saved_files():
+    out = Path("runs/recipe")
+    for text, file in [("mt-bench greedy", "mt-bench-greedy.json"),
+                       ("chat-heldout greedy +eagle3_31_16k-1M", "chat-heldout-greedy+eagle3_31_16k-1M.json")]:  # fmt: skip
+        key = BlockKey.parse(text)
+        assert str(key) == text and key.file(out) == out / file
+    assert BlockKey.parse("mt-bench greedy +x") == ("mt-bench", "greedy", "x")
+    assert BlockKey.parse("mt-bench sampled").added == ""
