@@ -64,6 +64,7 @@ MARKDOWN = {
     "scaling_float32": "scaling",
     "s2d": "s2d",
     "served": "served",
+    "served_float32": "served",
     "step_profile": "step_profile",
     "step_profile_eager": "step_profile",
     "tlt_smollm2": "tlt",
