@@ -74,8 +74,13 @@ class BlockKey(NamedTuple):
         set_name, mode, *added = text.split(" ")
         return cls(set_name, mode, "".join(added).removeprefix("+"))
 
+    @property
+    def label(self) -> str:
+        """The mode column of the table: ``greedy``, or ``greedy +NAME`` for ``--add``'s blocks."""
+        return self.mode + (f" +{self.added}" if self.added else "")
+
     def __str__(self) -> str:
-        return f"{self.set_name} {self.mode}" + (f" +{self.added}" if self.added else "")
+        return f"{self.set_name} {self.label}"
 
     def file(self, out: Path) -> Path:
         return out / f"{self.set_name}-{self.mode}{'+' + self.added if self.added else ''}.json"
@@ -152,13 +157,12 @@ def markdown(result: dict) -> str:
             val = f"{fit['val_tau_est']:.2f}" if fit.get("val_tau_est") else "–"
             first = f"{r.accept_at[0]:.2f}" if r.accept_at else "–"
             gain = gain_cell(base, r) if parsed.mode == "greedy" else "–"
-            greedy = (
-                parsed.mode != "sampled"
-            )  # the fastest-plain goals are greedy ones (sampled blocks decode no reference)
+            # the fastest-plain goals are greedy ones (sampled blocks decode no reference)
+            greedy = parsed.mode != "sampled"
             fastest = f"{r.tokens_per_s / plain.fastest.tokens_per_s:.2f}×" if plain.references or greedy else "–"
             exact = f"{r.greedy_exact}/{r.prompts}" if r.greedy_exact is not None else "– (sampled)"
             lines.append(
-                f"| {parsed.set_name} | {parsed.mode}{' +' + parsed.added if parsed.added else ''} | {r.name} | {r.k} | {r.tau:.2f} | {val} | {first} | {gain} | "
+                f"| {parsed.set_name} | {parsed.label} | {r.name} | {r.k} | {r.tau:.2f} | {val} | {first} | {gain} | "
                 f"{r.speedup:.2f}× | {fastest} | {exact} |"
             )
     lines += plain_lines(result["blocks"])
