@@ -83,7 +83,7 @@ class BlockKey(NamedTuple):
         return f"{self.set_name} {self.label}"
 
     def file(self, out: Path) -> Path:
-        return out / f"{self.set_name}-{self.mode}{'+' + self.added if self.added else ''}.json"
+        return out / f"{self.set_name}-{self.label.replace(' ', '')}.json"
 
 
 def winner(blocks: dict, names: list[str]) -> str:
