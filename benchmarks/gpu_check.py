@@ -103,62 +103,72 @@ def train_step(module, opt, batch: dict, device: str) -> float:
 
 
 def training(target: str, device: str, args: argparse.Namespace, drafter_out: Path) -> dict:
-    """Online and cached EAGLE-3 training steps, interleaved on the same batches; saves the drafter trained."""
+    """Online and cached EAGLE-3 training steps at each ``--batch-sizes``, interleaved on the same batches; saves the
+    drafter trained. Returns, per batch size, ms / step and tokens / s of each mode, the first batch's loss gap
+    between the modes and the peak GPU memory."""
     from draftsmith.core.native import save_native
     from draftsmith.families.eagle.module import EagleModule
 
     module = EagleModule(target, version=3, draft_vocab_size=args.draft_vocab, ttt_steps=3)
     t = module.target
-    vocab = t.vocab_size
     g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(0, vocab, (args.batch_size, args.seq), generator=g) for _ in range(args.steps + args.warmup)]
-    module.prepare_from_data(Tokens(ids))
+    every = {bs: [torch.randint(0, t.vocab_size, (bs, args.seq), generator=g) for _ in range(args.steps + args.warmup)]
+             for bs in args.batch_sizes}  # fmt: skip
+    module.prepare_from_data(Tokens([x for ids in every.values() for x in ids]))
     module.to(device)
     t.model.to(device)
     opt = torch.optim.AdamW(module.trainable_parameters(), lr=1e-4)
     layers = (*t.feature_layers, t.num_layers)  # what the feature cache stores: the feature layers and the final
     pin = device.startswith("cuda")
-    times: dict[str, list[float]] = {"online": [], "cached": []}
-    gap = None
-    for i, x in enumerate(ids):
-        batch = {"input_ids": x.to(device), "attention_mask": torch.ones_like(x, device=device),
-                 "loss_mask": torch.ones_like(x, device=device)}  # fmt: skip
-        with torch.no_grad():
-            feats = t(batch["input_ids"], attention_mask=batch["attention_mask"], feature_layers=layers,
-                      last_logits_only=True).features  # fmt: skip
-        hidden = {layer: f.to("cpu", torch.bfloat16) for layer, f in zip(layers, feats, strict=True)}
-        hidden = {layer: h.pin_memory() if pin else h for layer, h in hidden.items()}
-        del feats
-        if i == 0:  # the cached features must give the online step's loss (the same drafter, the same batch)
+    out = {}
+    for bs, ids in every.items():
+        if pin:
+            torch.cuda.reset_peak_memory_stats(device)
+        times: dict[str, list[float]] = {"online": [], "cached": []}
+        gap = None
+        for i, x in enumerate(ids):
+            batch = {"input_ids": x.to(device), "attention_mask": torch.ones_like(x, device=device),
+                     "loss_mask": torch.ones_like(x, device=device)}  # fmt: skip
             with torch.no_grad():
-                losses = [step_loss(module, batch | extra, device).item() for extra in ({}, {"hidden": hidden})]
-            gap = abs(losses[0] - losses[1]) / abs(losses[0])
-        for mode in ("online", "cached") if i % 2 == 0 else ("cached", "online"):
-            seconds = train_step(module, opt, batch | ({"hidden": hidden} if mode == "cached" else {}), device)
-            if i >= args.warmup:
-                times[mode].append(seconds)
-    tokens = args.batch_size * args.seq
-    out = {
-        mode: {"ms_per_step": round(1e3 * statistics.median(ts), 2), "tokens_per_s": round(tokens * len(ts) / sum(ts), 1)}
-        for mode, ts in times.items()
-    }  # fmt: skip
-    out["cached_loss_gap"] = gap
-    if device.startswith("cuda"):
-        out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                feats = t(batch["input_ids"], attention_mask=batch["attention_mask"], feature_layers=layers,
+                          last_logits_only=True).features  # fmt: skip
+            hidden = {layer: f.to("cpu", torch.bfloat16) for layer, f in zip(layers, feats, strict=True)}
+            hidden = {layer: h.pin_memory() if pin else h for layer, h in hidden.items()}
+            del feats
+            if i == 0:  # the cached features must give the online step's loss (the same drafter, the same batch)
+                with torch.no_grad():
+                    losses = [step_loss(module, batch | extra, device).item() for extra in ({}, {"hidden": hidden})]
+                gap = abs(losses[0] - losses[1]) / abs(losses[0])
+            for mode in ("online", "cached") if i % 2 == 0 else ("cached", "online"):
+                seconds = train_step(module, opt, batch | ({"hidden": hidden} if mode == "cached" else {}), device)
+                if i >= args.warmup:
+                    times[mode].append(seconds)
+        tokens = bs * args.seq
+        row = {
+            mode: {"ms_per_step": round(1e3 * statistics.median(ts), 2),
+                   "tokens_per_s": round(tokens * len(ts) / sum(ts), 1)}
+            for mode, ts in times.items()
+        }  # fmt: skip
+        row["cached_loss_gap"] = gap
+        if pin:
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        out[str(bs)] = row
+        print(f"training, batch {bs} x {args.seq}: " + ", ".join(
+            f"{mode} {row[mode]['tokens_per_s']:,.0f} tokens/s" for mode in times), flush=True)  # fmt: skip
     save_native(module.drafter, t, drafter_out)
     del module, opt
-    if device.startswith("cuda"):
+    if pin:
         torch.cuda.empty_cache()
     return out
 
 
-def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, work: Path) -> dict:
-    """``score`` of plain decoding and the EAGLE-3 on the same prompts, batch-invariant numerics and fast kernels."""
+def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, work: Path):
+    """``score`` of plain decoding and the EAGLE-3 on the same prompts, batch-invariant numerics and fast kernels:
+    yields each block's name and figures as it ends."""
     from draftsmith.core.sampling import Sampling
     from draftsmith.eval.score import ScoreConfig, score_specs
     from draftsmith.families.specs import parse_spec
 
-    blocks = {}
     for name, invariant in (("batch-invariant", True), ("fast kernels", False)):
         config = ScoreConfig(prompts="builtin:chat-heldout", num_prompts=args.prompts, k=args.k, sampling=Sampling(0.0),
                              max_new_tokens=args.new_tokens, batch_invariant=invariant, device=device)  # fmt: skip
@@ -172,8 +182,12 @@ def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, 
             block["projected_speedup"] = round(
                 args.tau / (row["verify_ratio"] + row["mean_drafted"] * row["cost_ratio"]), 3
             )
-        blocks[name] = block
-    return blocks
+        print(
+            f"decoding, {name}: plain {block['plain_tokens_per_s']:.1f} tokens/s, EAGLE-3 "
+            f"{block['tokens_per_s']:.1f}, r {block['verify_ratio']:.2f}, c {block['cost_ratio']:.3f}",
+            flush=True,
+        )
+        yield name, block
 
 
 def markdown(result: dict) -> str:
@@ -184,14 +198,15 @@ def markdown(result: dict) -> str:
         f"`{m['command']}` at `{m['git']}` on {m['date']}, torch {m['torch']}; target {result['target']} "
         f"({'random weights from its config: costs only' if result['random_weights'] else 'its own weights'}).",
         "",
-        f"Training ({a['batch_size']} × {a['seq']} tokens a step, bf16, {a['steps']} steps each after "
-        f"{a['warmup']} warm-up, interleaved; peak {tr.get('peak_gib', '–')} GiB; the first batch's loss from cached "
-        f"features differs from the online one by {100 * tr['cached_loss_gap']:.3f}%):",
+        f"Training (sequences of {a['seq']} tokens, bf16, {a['steps']} steps of each mode after {a['warmup']} "
+        "warm-up, interleaved; the loss gap: the first batch's loss from cached features against the online one):",
         "",
-        "| features | ms / step (median) | tokens / s |",
-        "|---|---|---|",
+        "| batch | features | ms / step (median) | tokens / s | peak GiB | loss gap |",
+        "|---|---|---|---|---|---|",
         *(
-            f"| {mode} | {tr[mode]['ms_per_step']:.1f} | {tr[mode]['tokens_per_s']:,.0f} |"
+            f"| {bs} | {mode} | {row[mode]['ms_per_step']:.1f} | {row[mode]['tokens_per_s']:,.0f} | "
+            f"{row.get('peak_gib', '–')} | {100 * row['cached_loss_gap']:.3f}% |"
+            for bs, row in tr.items()
             for mode in ("online", "cached")
         ),
         "",
@@ -220,7 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu_check"), help="scratch: target, drafter, reports")
     parser.add_argument("--sha", default=None, help="the git SHA measured (the device's copy has no .git)")
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 16], help="training batches (sequences)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--draft-vocab", type=int, default=4096)
@@ -230,7 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="sequence 64, batch 2, 2 steps, 2 prompts × 8 tokens")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seq, args.batch_size, args.steps, args.warmup, args.prompts, args.new_tokens = 64, 2, 2, 1, 2, 8
+        args.seq, args.batch_sizes, args.steps, args.warmup, args.prompts, args.new_tokens = 64, [2], 2, 1, 2, 8
     if args.prepare is None and args.out is None:
         parser.error("--out is required (or --prepare DIR)")
     if args.config is not None and not (args.config / "config.json").is_file():
@@ -260,24 +275,33 @@ def main(argv: list[str] | None = None) -> None:
     target = f"{target_dir}:bfloat16"
     vocab = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"]
     args.draft_vocab = min(args.draft_vocab, vocab // 2)
-    t0 = time.perf_counter()
-    train = training(target, args.device, args, args.work / "eagle3")
-    seconds["training"] = round(time.perf_counter() - t0, 1)
-    t0 = time.perf_counter()
-    decode = decoding(target, args.drafter or args.work / "eagle3", args.device, args, args.work / "score")
-    seconds["decoding"] = round(time.perf_counter() - t0, 1)
-    seconds["total"] = round(time.perf_counter() - started, 1)
     m = machine()
     m["git"] = args.sha or m["git"]
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     result = {
         "machine": m, "device": name, "target": str(args.config or args.target), "random_weights": args.config is not None,
         "drafter": str(args.drafter) if args.drafter else "trained here", "args": {k: v for k, v in vars(args).items()
-        if k in ("seq", "batch_size", "steps", "warmup", "draft_vocab", "prompts", "new_tokens", "k", "tau", "quick")},
-        "training": train, "decoding": decode, "seconds": seconds,
+        if k in ("seq", "batch_sizes", "steps", "warmup", "draft_vocab", "prompts", "new_tokens", "k", "tau", "quick")},
+        "training": {}, "decoding": {}, "seconds": seconds,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2))
+
+    def save() -> None:  # after each stage: a run stopped at the device's time limit keeps what it measured
+        (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2))
+
+    t0 = time.perf_counter()
+    result["training"] = training(target, args.device, args, args.work / "eagle3")
+    seconds["training"] = round(time.perf_counter() - t0, 1)
+    save()
+    t0 = time.perf_counter()
+    for block, figures in decoding(
+        target, args.drafter or args.work / "eagle3", args.device, args, args.work / "score"
+    ):
+        result["decoding"][block] = figures
+        seconds["decoding"] = round(time.perf_counter() - t0, 1)
+        save()
+    seconds["total"] = round(time.perf_counter() - started, 1)
+    save()
     (args.out / "gpu_check.md").write_text(markdown(result))
     print(markdown(result))
     print(f"wrote {args.out / 'gpu_check.json'} and .md")

@@ -49,7 +49,8 @@ def test_quick_on_the_cpu_trains_online_and_cached_and_scores_both_numerics(prep
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["random_weights"] and result["device"] == "cpu" and result["machine"]["git"] == "abc1234"
-    train = result["training"]
+    assert list(result["training"]) == ["2"]  # --quick trains batches of 2 sequences
+    train = result["training"]["2"]
     for mode in ("online", "cached"):
         assert train[mode]["tokens_per_s"] > 0 and train[mode]["ms_per_step"] > 0
     assert train["cached_loss_gap"] < 1e-2  # cached features give the online step's loss
@@ -60,7 +61,7 @@ def test_quick_on_the_cpu_trains_online_and_cached_and_scores_both_numerics(prep
         assert block["projected_speedup"] == pytest.approx(2.5 / cost, abs=1e-3)
     assert result["decoding"]["batch-invariant"]["greedy_exact"] == 2  # exact numerics: greedy output is plain's
     md = (out / "gpu_check.md").read_text()
-    assert "| online |" in md and "| cached |" in md and "| batch-invariant |" in md
+    assert "| 2 | online |" in md and "| 2 | cached |" in md and "| batch-invariant |" in md
     assert result["seconds"]["total"] > 0
 
 
