@@ -349,3 +349,19 @@ def test_a_target_with_an_unknown_head_transform_is_refused_for_cached_features(
     model.register_forward_hook(temper, with_kwargs=True)
     with pytest.raises(DraftsmithError, match="data.features: LlamaForCausalLM transforms its LM head's output"):
         Target(model).check_final_logits("data.features")
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2_mixed", "gemma2", "gemma3"])
+def test_attention_windows_read_both_shapes_of_transformers_layer_kwargs(name, monkeypatch):
+    """transformers before 5.2x returned one kwargs dict for all layers (the GPU image's 5.17 does); the windows must
+    not depend on which shape the installed version returns."""
+    from draftsmith.core import target as target_module
+
+    model = build(ARCHITECTURES[name], seed=0)
+    windows = target_module.attention_windows(model)
+    config = model.config.get_text_config(decoder=True)
+    types, per_layer = target_module.get_layer_types_and_kwargs(config)
+    shared = next((kw for kw in per_layer if kw), {})  # the old shape: every layer's kwargs in one dict
+    monkeypatch.setattr(target_module, "get_layer_types_and_kwargs", lambda _: (types, shared))
+    assert target_module.attention_windows(model) == windows
+    assert windows.get("sliding_attention", WINDOW) == WINDOW and windows.get("full_attention") is None

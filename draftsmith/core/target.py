@@ -115,6 +115,8 @@ def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
             f"put siblings at the same position)"
         )
     types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    if isinstance(kwargs, dict):  # transformers before 5.2x: one dict for all layers, its window the sliding ones'
+        kwargs = [{} if kind == "full_attention" else kwargs for kind in types]
     windows: dict[str, int | None] = {}
     for kind, kw in zip(types, kwargs, strict=True):
         if kind not in ATTENTION_TYPES:
