@@ -28,14 +28,21 @@ It needs only torch, transformers, lightning, safetensors, peft and scipy (the d
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import shutil
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
+import lightning as L
 import torch
 from common import machine
+from torch.utils.data import DataLoader
+
+from draftsmith.train.data import LengthBucketSampler, collate
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
 
@@ -162,6 +169,123 @@ def training(target: str, device: str, args: argparse.Namespace, drafter_out: Pa
     return out
 
 
+class PackedData(L.LightningDataModule):
+    """A packed corpus's first rows as a Lightning data module without ``datasets`` (the device's image lacks it):
+    batched as ``GeneratedDataModule`` batches them (length buckets, ``collate`` at ``max_length``, seed 0)."""
+
+    cache = None  # no feature cache: the target runs in every step
+
+    def __init__(self, train: dict, val: dict, batch_size: int, max_length: int) -> None:
+        super().__init__()
+        self.train, self.val, self.batch_size, self.max_length = train, val, batch_size, max_length
+
+    def check_target(self, target) -> None:  # the fingerprints are recorded beside the result instead
+        pass
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for ids, mask in zip(self.train["input_ids"], self.train["loss_mask"], strict=True):
+            ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask).bool()
+            counts += torch.bincount(ids[mask], minlength=vocab_size)
+        return counts
+
+    def loader(self, columns: dict, shuffle: bool) -> DataLoader:
+        rows = [
+            {"input_ids": i, "loss_mask": m} for i, m in zip(columns["input_ids"], columns["loss_mask"], strict=True)
+        ]
+        sampler = LengthBucketSampler([len(r["input_ids"]) for r in rows], self.batch_size) if shuffle else None
+        return DataLoader(rows, batch_size=self.batch_size, sampler=sampler,
+                          collate_fn=partial(collate, max_length=self.max_length))  # fmt: skip
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader(self.train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader(self.val, shuffle=False)
+
+
+class TokenCounter(L.Callback):
+    """Tokens (attention-mask positions) of the batches trained, and the seconds from the end of the first step to
+    the end of the last (``steady``: tokens/s with the first step's set-up and warm-up left out)."""
+
+    def __init__(self) -> None:
+        self.tokens, self.first, self.last, self.after_first = 0, None, None, 0
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        n = int(batch["attention_mask"].sum())  # one sync a step: the step has ended on the device either way
+        self.tokens += n
+        self.last = time.perf_counter()
+        if self.first is None:
+            self.first = self.last
+        else:
+            self.after_first += n
+
+    def steady(self) -> float | None:
+        return self.after_first / (self.last - self.first) if self.last and self.last > self.first else None
+
+
+def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Path) -> dict:
+    """The recipe's drafter (``--recipe``: network, loss, optimizer, schedule, clipping) trained by Lightning in bf16
+    on the packed ``--corpus``'s shortest prefix holding ``--tokens`` generated tokens, ``--epochs`` passes, online
+    (the target's forward in every step; no validation during the fit, ``--fit-minutes`` at most); then one
+    validation on ``--val-corpus`` (``val/tau_est``). Saves the drafter to ``export``."""
+    from draftsmith.core.manifest import file_sha256
+    from draftsmith.core.native import save_native
+    from draftsmith.data.packed import read_columns
+    from draftsmith.layers.module import EstimateConfig, OptimConfig
+    from draftsmith.train.fit import FitRun, configure
+
+    started = time.perf_counter()
+    meta, columns = read_columns(args.corpus)
+    cumulative = list(itertools.accumulate(int(m.sum()) for m in columns["loss_mask"]))
+    rows = next((i + 1 for i, c in enumerate(cumulative) if c >= args.tokens), len(cumulative))  # scaling.subset_rows
+    train = {k: columns[k][:rows] for k in ("input_ids", "loss_mask")}
+    _, val = read_columns(args.val_corpus)
+    steps = max(1, math.ceil(args.epochs * rows / args.fit_batch))  # scaling.fit_one's steps
+    config = configure(args.recipe, FitRun(target=target, steps=steps, batch_size=args.fit_batch))
+    init = dict(config["model"]["init_args"])
+    init["optim"] = OptimConfig(**{k: tuple(v) if k == "betas" else v for k, v in init.get("optim", {}).items()})
+    init["estimate"] = EstimateConfig(**init.get("estimate", {}))
+    cls = config["model"]["class_path"]
+    module_name, name = cls.rsplit(".", 1)
+    module = getattr(__import__(module_name, fromlist=[name]), name)(**init)
+    data = PackedData(train, val, args.fit_batch, args.max_length)
+    L.seed_everything(0, verbose=False)
+    accelerator = "gpu" if device.startswith("cuda") else "cpu"
+    precision = "bf16-mixed"
+    common = dict(accelerator=accelerator, devices=1, precision=precision, logger=False, enable_checkpointing=False,
+                  enable_model_summary=False, enable_progress_bar=False)  # fmt: skip
+    counter = TokenCounter()
+    trainer = L.Trainer(max_steps=steps, max_epochs=-1, gradient_clip_val=1.0, limit_val_batches=0,
+                        num_sanity_val_steps=0, max_time={"minutes": args.fit_minutes}, callbacks=[counter],
+                        **common)  # fmt: skip
+    loaded = time.perf_counter()
+    trainer.fit(module, datamodule=data)
+    sync(device)
+    fit_seconds = time.perf_counter() - loaded
+    done = trainer.global_step
+    val_trainer = L.Trainer(**common)
+    metrics = val_trainer.validate(module, datamodule=data, verbose=False)[0]
+    save_native(module.drafter, module.target, export, {"val_tau_est": metrics.get("val/tau_est")})
+    tokens = sum(len(x) for x in train["input_ids"])
+    steady = counter.steady()
+    out = {
+        "recipe": args.recipe, "corpus": str(args.corpus), "corpus_sha256": file_sha256(args.corpus),
+        "corpus_target": meta.get("target"),
+        "target_fingerprint": module.target.fingerprint, "rows": rows, "generated_tokens": cumulative[rows - 1],
+        "row_tokens": tokens, "steps": steps, "steps_done": done, "batch": args.fit_batch, "epochs": args.epochs,
+        "precision": precision, "fit_seconds": round(fit_seconds, 1),
+        "tokens_trained": counter.tokens, "tokens_per_s": round(counter.tokens / fit_seconds, 1),
+        "steady_tokens_per_s": round(steady, 1) if steady else None,
+        "val_tau_est": metrics.get("val/tau_est"), "seconds": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
+    print(f"fit: {done}/{steps} steps in {fit_seconds:.1f} s; val tau_est {out['val_tau_est']}", flush=True)
+    del module, trainer, val_trainer
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return out
+
+
 def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, work: Path):
     """``score`` of plain decoding and the EAGLE-3 on the same prompts, batch-invariant numerics and fast kernels:
     yields each block's name and figures as it ends."""
@@ -169,7 +293,8 @@ def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, 
     from draftsmith.eval.score import ScoreConfig, score_specs
     from draftsmith.families.specs import parse_spec
 
-    for name, invariant in (("batch-invariant", True), ("fast kernels", False)):
+    numerics = (("batch-invariant", True), ("fast kernels", False))
+    for name, invariant in numerics if args.numerics == "both" else numerics[:1]:
         config = ScoreConfig(prompts="builtin:chat-heldout", num_prompts=args.prompts, k=args.k, sampling=Sampling(0.0),
                              max_new_tokens=args.new_tokens, batch_invariant=invariant, device=device)  # fmt: skip
         report = score_specs(target, [parse_spec(f"eagle3={drafter}")], config, work / name.replace(" ", "-"))
@@ -191,26 +316,42 @@ def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, 
 
 
 def markdown(result: dict) -> str:
-    m, a, tr = result["machine"], result["args"], result["training"]
+    m, a, tr, fit = result["machine"], result["args"], result["training"], result.get("fit")
     lines = [
         f"# EAGLE-3 on a GPU: {result['device']}",
         "",
         f"`{m['command']}` at `{m['git']}` on {m['date']}, torch {m['torch']}; target {result['target']} "
         f"({'random weights from its config: costs only' if result['random_weights'] else 'its own weights'}).",
+    ]
+    if tr:
+        lines += [
+            "",
+            f"Training (sequences of {a['seq']} tokens, bf16, {a['steps']} steps of each mode after {a['warmup']} "
+            "warm-up, interleaved; the loss gap: the first batch's loss from cached features against the online one):",
+            "",
+            "| batch | features | ms / step (median) | tokens / s | peak GiB | loss gap |",
+            "|---|---|---|---|---|---|",
+            *(
+                f"| {bs} | {mode} | {row[mode]['ms_per_step']:.1f} | {row[mode]['tokens_per_s']:,.0f} | "
+                f"{row.get('peak_gib', '–')} | {100 * row['cached_loss_gap']:.3f}% |"
+                for bs, row in tr.items()
+                for mode in ("online", "cached")
+            ),
+        ]
+    if fit:
+        lines += [
+            "",
+            f"Fit: `{fit['recipe']}` on {fit['corpus']}'s first {fit['rows']:,} rows ({fit['generated_tokens']:,} "
+            f"generated tokens, {fit['row_tokens']:,} in all), {fit['steps_done']:,} of {fit['steps']:,} steps of "
+            f"{fit['batch']} rows ({fit['epochs']:g} epochs), {fit['precision']}, online features: "
+            f"{fit['fit_seconds']:.1f} s for {fit['tokens_trained']:,} tokens ({fit['tokens_per_s']:,.0f} tokens/s; "
+            f"{fit['steady_tokens_per_s'] or 0:,.0f} after the first step); val τ_est "
+            f"{fit['val_tau_est']:.3f}.",
+        ]
+    lines += [
         "",
-        f"Training (sequences of {a['seq']} tokens, bf16, {a['steps']} steps of each mode after {a['warmup']} "
-        "warm-up, interleaved; the loss gap: the first batch's loss from cached features against the online one):",
-        "",
-        "| batch | features | ms / step (median) | tokens / s | peak GiB | loss gap |",
-        "|---|---|---|---|---|---|",
-        *(
-            f"| {bs} | {mode} | {row[mode]['ms_per_step']:.1f} | {row[mode]['tokens_per_s']:,.0f} | "
-            f"{row.get('peak_gib', '–')} | {100 * row['cached_loss_gap']:.3f}% |"
-            for bs, row in tr.items()
-            for mode in ("online", "cached")
-        ),
-        "",
-        f"Decoding ({a['prompts']} chat-heldout prompts × {a['new_tokens']} tokens, greedy, K = {a['k']}):",
+        f"Decoding ({a['prompts']} chat-heldout prompts × {a['new_tokens']} tokens, greedy, K = {a['k']}; "
+        f"drafter: {result['drafter']}):",
         "",
         f"| numerics | plain tokens/s | EAGLE-3 tokens/s | τ | speedup | r | c | projected (τ = {a['tau'] or '–'}) |",
         "|---|---|---|---|---|---|---|---|",
@@ -243,6 +384,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="sequence 64, batch 2, 2 steps, 2 prompts × 8 tokens")
+    parser.add_argument(
+        "--numerics",
+        choices=("both", "invariant"),
+        default="both",
+        help="decoding blocks: batch-invariant and fast kernels, or batch-invariant (exact) only",
+    )
+    fit = parser.add_argument_group("fit", "train the recipe's drafter on a packed corpus (real weights: --target)")
+    fit.add_argument("--corpus", type=Path, default=None, help="a packed corpus (benchmarks/data/smollm2-1m.tar.xz)")
+    fit.add_argument("--val-corpus", type=Path, default=Path(__file__).parent / "data" / "smollm2-val.tar.xz")
+    fit.add_argument("--tokens", type=int, default=1_000_000, help="the corpus prefix holding this many generated")
+    fit.add_argument("--epochs", type=float, default=2.0, help="passes over that prefix (scaling.py's --epochs)")
+    fit.add_argument("--recipe", default="smollm2/eagle3", help="the drafter's recipe")
+    fit.add_argument("--fit-batch", type=int, default=8, help="rows a step (scaling.py's BATCH)")
+    fit.add_argument("--max-length", type=int, default=640, help="tokens a row (scaling.py's MAX_LENGTH)")
+    fit.add_argument("--fit-minutes", type=float, default=4.0, help="stop the fit after this long (what it did counts)")
+    fit.add_argument("--no-throughput", action="store_true", help="skip the training-throughput stage")
     args = parser.parse_args(argv)
     if args.quick:
         args.seq, args.batch_sizes, args.steps, args.warmup, args.prompts, args.new_tokens = 64, [2], 2, 1, 2, 8
@@ -250,6 +407,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--out is required (or --prepare DIR)")
     if args.config is not None and not (args.config / "config.json").is_file():
         parser.error(f"--config {args.config}: no config.json there (make it with --prepare)")
+    for name in ("corpus", "val_corpus"):
+        path = getattr(args, name)
+        if args.corpus is not None and not path.is_file():
+            parser.error(f"--{name.replace('_', '-')} {path}: no such packed corpus file")
+    if args.corpus is not None and args.config is not None:
+        parser.error("--corpus trains on real answers: give the target's weights (--target), not --config")
     if args.drafter is not None and not args.drafter.exists():
         parser.error(f"--drafter {args.drafter}: no such path")
     if args.prepare is None and args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -281,7 +444,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "machine": m, "device": name, "target": str(args.config or args.target), "random_weights": args.config is not None,
         "drafter": str(args.drafter) if args.drafter else "trained here", "args": {k: v for k, v in vars(args).items()
-        if k in ("seq", "batch_sizes", "steps", "warmup", "draft_vocab", "prompts", "new_tokens", "k", "tau", "quick")},
+        if k in ("seq", "batch_sizes", "steps", "warmup", "draft_vocab", "prompts", "new_tokens", "k", "tau", "quick",
+                 "numerics", "tokens", "epochs", "recipe", "fit_batch", "max_length")},
         "training": {}, "decoding": {}, "seconds": seconds,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -289,14 +453,23 @@ def main(argv: list[str] | None = None) -> None:
     def save() -> None:  # after each stage: a run stopped at the device's time limit keeps what it measured
         (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2))
 
+    drafter = args.drafter
+    if not args.no_throughput:
+        t0 = time.perf_counter()
+        result["training"] = training(target, args.device, args, args.work / "eagle3")
+        seconds["training"] = round(time.perf_counter() - t0, 1)
+        drafter = drafter or args.work / "eagle3"
+        save()
+    if args.corpus is not None:
+        result["fit"] = fit_on_corpus(target, args.device, args, args.work / "fitted")
+        seconds["fit"] = result["fit"]["seconds"]
+        drafter = args.drafter or args.work / "fitted"
+        result["drafter"] = str(args.drafter) if args.drafter else f"fitted here ({args.recipe})"
+        save()
+    if drafter is None:
+        raise SystemExit("gpu_check.py: no drafter to decode with: give --drafter or --corpus, or keep the throughput")
     t0 = time.perf_counter()
-    result["training"] = training(target, args.device, args, args.work / "eagle3")
-    seconds["training"] = round(time.perf_counter() - t0, 1)
-    save()
-    t0 = time.perf_counter()
-    for block, figures in decoding(
-        target, args.drafter or args.work / "eagle3", args.device, args, args.work / "score"
-    ):
+    for block, figures in decoding(target, drafter, args.device, args, args.work / "score"):
         result["decoding"][block] = figures
         seconds["decoding"] = round(time.perf_counter() - t0, 1)
         save()

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_llama, make_tokenizer
+import torch
+import yaml
+from conftest import VOCAB, make_llama, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ABSENT = ("datasets", "jsonargparse", "wandb", "gguf", "deepspeed")
@@ -76,3 +78,69 @@ def test_a_bad_argument_is_one_line(args, message):
     run = gpu_check(*args)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith(f"gpu_check.py: error: {message}")
+
+
+@pytest.fixture(scope="module")
+def packed_corpus(tmp_path_factory) -> Path:
+    """A 4-layer target, its sampled answers packed (train) and its greedy ones (val), and an EAGLE-3 recipe for it."""
+    from draftsmith.data.generate import generate
+    from draftsmith.data.packed import pack
+
+    root = tmp_path_factory.mktemp("gpu-fit")
+    make_llama(seed=0, layers=4).save_pretrained(root / "target")
+    make_tokenizer().save_pretrained(root / "target")
+    g = torch.Generator().manual_seed(0)
+    for name, n, temperature in [("train", 24, 1.0), ("val", 4, 0.0)]:
+        words = (" ".join(f"w{i}" for i in torch.randint(0, 90, (2 + j % 5,), generator=g).tolist()) for j in range(n))
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": w}) + "\n" for w in words))
+        generate(str(root / "target"), str(root / f"{name}.jsonl"), root / name, temperature=temperature,
+                 max_new_tokens=16, device="cpu", shard_size=8)  # fmt: skip
+        pack(root / name, root / f"{name}.tar.xz")
+    recipe = yaml.safe_load((ROOT / "configs" / "smollm2" / "eagle3.yaml").read_text())
+    recipe["model"]["init_args"] |= {"feature_layers": [1, 2, 3], "draft_vocab_size": 48}
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return root
+
+
+def test_packed_data_batches_the_rows_as_the_generated_data_module_does(packed_corpus):
+    """The fit on the GPU reads the packed file without ``datasets``; its batches must be the recipe's fits'."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import PackedData
+
+    from draftsmith.data.packed import read_columns, unpack
+    from draftsmith.train.data import GeneratedDataModule
+
+    _, columns = read_columns(packed_corpus / "train.tar.xz")
+    _, val = read_columns(packed_corpus / "val.tar.xz")
+    rows = 20
+    train = {k: columns[k][:rows] for k in ("input_ids", "loss_mask")}
+    ours = PackedData(train, val, batch_size=4, max_length=12)
+    theirs = GeneratedDataModule(train=str(unpack(packed_corpus / "train.tar.xz", packed_corpus / "unpacked")),
+                                 val=str(packed_corpus / "val"), batch_size=4, max_length=12, train_rows=rows)  # fmt: skip
+    theirs.setup()
+    for a, b in zip(ours.train_dataloader(), theirs.train_dataloader(), strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for a, b in zip(ours.val_dataloader(), theirs.val_dataloader(), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(ours.token_counts(VOCAB), theirs.token_counts(VOCAB))
+
+
+@pytest.mark.slow
+def test_fit_on_a_packed_corpus_then_decode_with_its_drafter(packed_corpus, tmp_path):
+    out = tmp_path / "out"
+    run = gpu_check("--device", "cpu", "--target", str(packed_corpus / "target"), "--no-throughput", "--corpus",
+                    str(packed_corpus / "train.tar.xz"), "--val-corpus", str(packed_corpus / "val.tar.xz"),
+                    "--recipe", str(packed_corpus / "recipe.yaml"), "--tokens", "100", "--epochs", "2",
+                    "--fit-batch", "4", "--prompts", "2", "--new-tokens", "8", "--numerics", "invariant",
+                    "--out", str(out), "--work", str(tmp_path / "work"))  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((out / "gpu_check.json").read_text())
+    fit = result["fit"]
+    assert fit["generated_tokens"] >= 100 and fit["steps"] == fit["steps_done"] == -(-2 * fit["rows"] // 4)
+    assert 1.0 <= fit["val_tau_est"] <= 5.0 and result["training"] == {}
+    assert fit["row_tokens"] < fit["tokens_trained"] <= 2 * fit["row_tokens"] and fit["tokens_per_s"] > 0
+    assert fit["corpus_target"]["tokenizer_hash"] == fit["target_fingerprint"]["tokenizer_hash"]
+    assert list(result["decoding"]) == ["batch-invariant"]
+    assert result["decoding"]["batch-invariant"]["greedy_exact"] == 2  # the fitted drafter decodes exactly
+    assert (tmp_path / "work" / "fitted" / "config.json").is_file()
+    assert "Fit: `" in (out / "gpu_check.md").read_text()

@@ -142,6 +142,23 @@ def _read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return json.loads(members["draftsmith.json"]), arrays
 
 
+def read_columns(path: str | Path) -> tuple[dict, dict]:
+    """The packed corpus ``path``'s metadata and its columns as a generated dir holds them (``input_ids`` and
+    ``loss_mask``: one array per row), read with numpy alone (no ``datasets``: ``unpack`` writes these)."""
+    metadata, a = _read(Path(path))
+    offsets = np.concatenate([[0], np.cumsum(a["lengths"], dtype=np.int64)])
+    mask = np.unpackbits(a["loss_mask"], count=int(offsets[-1]))
+    ids = a["input_ids"].astype(np.int32)
+    columns = {
+        "input_ids": [ids[s:e] for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
+        "loss_mask": [mask[s:e].astype(np.int8) for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
+        "prompt_len": a["prompt_len"],
+        "prompt_index": a["prompt_index"],
+        "sample_index": a["sample_index"],
+    }
+    return metadata, columns
+
+
 def metadata(path: str | Path) -> dict:
     """The ``draftsmith.json`` a packed corpus holds (target fingerprint, settings, counts), read without unpacking."""
     try:
@@ -180,17 +197,7 @@ def unpack(path: str | Path, dest: str | Path | None = None) -> Path:
         return False
 
     def make(tmp: Path) -> None:
-        metadata, a = _read(path)
-        offsets = np.concatenate([[0], np.cumsum(a["lengths"], dtype=np.int64)])
-        mask = np.unpackbits(a["loss_mask"], count=int(offsets[-1]))
-        ids = a["input_ids"].astype(np.int32)
-        columns = {
-            "input_ids": [ids[s:e] for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
-            "loss_mask": [mask[s:e].astype(np.int8) for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
-            "prompt_len": a["prompt_len"],
-            "prompt_index": a["prompt_index"],
-            "sample_index": a["sample_index"],
-        }
+        metadata, columns = read_columns(path)
         with quiet_datasets():
             Dataset.from_dict(columns, features=features(0)).save_to_disk(str(tmp))
         write_metadata(tmp, {**metadata, "packed": {"file": path.name, "sha256": digest}})
