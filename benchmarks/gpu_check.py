@@ -28,6 +28,7 @@ It needs only torch, transformers, lightning, safetensors, peft and scipy (the d
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import math
@@ -40,6 +41,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from common import machine
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from draftsmith.train.data import LengthBucketSampler, collate
@@ -248,17 +250,18 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
     init["estimate"] = EstimateConfig(**init.get("estimate", {}))
     cls = config["model"]["class_path"]
     module_name, name = cls.rsplit(".", 1)
+    L.seed_everything(0, verbose=False)  # as LightningCLI seeds a recipe's fit, before the drafter's initialisation
     module = getattr(__import__(module_name, fromlist=[name]), name)(**init)
     data = PackedData(train, val, args.fit_batch, args.max_length)
-    L.seed_everything(0, verbose=False)
     accelerator = "gpu" if device.startswith("cuda") else "cpu"
-    precision = "bf16-mixed"
+    precision = args.precision
     common = dict(accelerator=accelerator, devices=1, precision=precision, logger=False, enable_checkpointing=False,
                   enable_model_summary=False, enable_progress_bar=False)  # fmt: skip
     counter = TokenCounter()
+    logs = CSVLogger(str(export.parent / "fit-log"), name="", version="")  # train/loss every 10 steps
     trainer = L.Trainer(max_steps=steps, max_epochs=-1, gradient_clip_val=1.0, limit_val_batches=0,
                         num_sanity_val_steps=0, max_time={"minutes": args.fit_minutes}, callbacks=[counter],
-                        **common)  # fmt: skip
+                        **common | {"logger": logs}, log_every_n_steps=args.log_every)  # fmt: skip
     loaded = time.perf_counter()
     trainer.fit(module, datamodule=data)
     sync(device)
@@ -269,6 +272,9 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
     save_native(module.drafter, module.target, export, {"val_tau_est": metrics.get("val/tau_est")})
     tokens = sum(len(x) for x in train["input_ids"])
     steady = counter.steady()
+    logs.finalize("success")
+    with open(Path(logs.log_dir) / "metrics.csv") as f:
+        losses = [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(f) if r.get("train/loss")]
     out = {
         "recipe": args.recipe, "corpus": str(args.corpus), "corpus_sha256": file_sha256(args.corpus),
         "corpus_target": meta.get("target"),
@@ -277,6 +283,7 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
         "precision": precision, "fit_seconds": round(fit_seconds, 1),
         "tokens_trained": counter.tokens, "tokens_per_s": round(counter.tokens / fit_seconds, 1),
         "steady_tokens_per_s": round(steady, 1) if steady else None,
+        "train_loss": losses[:: max(1, len(losses) // 8)] + losses[-1:],
         "val_tau_est": metrics.get("val/tau_est"), "seconds": round(time.perf_counter() - started, 1),
     }  # fmt: skip
     print(f"fit: {done}/{steps} steps in {fit_seconds:.1f} s; val tau_est {out['val_tau_est']}", flush=True)
@@ -372,6 +379,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drafter", type=Path, default=None, help="a trained EAGLE-3 for the decoding block")
     parser.add_argument("--tau", type=float, default=None, help="the verifier's τ of a trained EAGLE-3 at K")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", help="the target's dtype (float32: mechanics on a CPU)")
     parser.add_argument("--out", type=Path, required=False, default=None, help="where gpu_check.json goes ($OUT)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu_check"), help="scratch: target, drafter, reports")
     parser.add_argument("--sha", default=None, help="the git SHA measured (the device's copy has no .git)")
@@ -399,6 +407,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     fit.add_argument("--fit-batch", type=int, default=8, help="rows a step (scaling.py's BATCH)")
     fit.add_argument("--max-length", type=int, default=640, help="tokens a row (scaling.py's MAX_LENGTH)")
     fit.add_argument("--fit-minutes", type=float, default=4.0, help="stop the fit after this long (what it did counts)")
+    fit.add_argument("--precision", default="bf16-mixed", help="Lightning's precision for the fit")
+    fit.add_argument("--log-every", type=int, default=10, help="steps between train/loss records")
     fit.add_argument("--no-throughput", action="store_true", help="skip the training-throughput stage")
     args = parser.parse_args(argv)
     if args.quick:
@@ -435,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
         from draftsmith.targets import resolve
 
         target_dir = resolve(args.target)
-    target = f"{target_dir}:bfloat16"
+    target = f"{target_dir}:{args.dtype}"
     vocab = json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"]
     args.draft_vocab = min(args.draft_vocab, vocab // 2)
     m = machine()

@@ -37,6 +37,7 @@ MARKDOWN = {
     "dspark_smollm2": "dspark",
     "export_vllm": "export_vllm",
     "gpu_check": "gpu_check",
+    "gpu_check_fit": "gpu_check",
     "gpu_numerics": "gpu_numerics",
     "heads_default": "heads",
     "judge": "judge",

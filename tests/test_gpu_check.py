@@ -144,3 +144,36 @@ def test_fit_on_a_packed_corpus_then_decode_with_its_drafter(packed_corpus, tmp_
     assert result["decoding"]["batch-invariant"]["greedy_exact"] == 2  # the fitted drafter decodes exactly
     assert (tmp_path / "work" / "fitted" / "config.json").is_file()
     assert "Fit: `" in (out / "gpu_check.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_packed_fit_trains_step_for_step_as_the_recipes_fit(packed_corpus, tmp_path):
+    """The same recipe, rows, batches, steps and seed: gpu_check's fit (numpy-read rows, a plain Trainer) and
+    ``draftsmith fit`` (LightningCLI, GeneratedDataModule over the unpacked corpus) log the same training losses."""
+    import csv
+
+    from draftsmith.data.packed import unpack
+    from draftsmith.train.fit import FitRun, fit
+
+    target = packed_corpus / "target"
+    run = gpu_check("--device", "cpu", "--dtype", "float32", "--precision", "32-true", "--target", str(target),
+                    "--no-throughput", "--corpus", str(packed_corpus / "train.tar.xz"), "--val-corpus",
+                    str(packed_corpus / "val.tar.xz"), "--recipe", str(packed_corpus / "recipe.yaml"), "--tokens", "100",
+                    "--epochs", "2", "--fit-batch", "4", "--log-every", "1", "--prompts", "1", "--new-tokens", "4",
+                    "--numerics", "invariant", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"))  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    ours = json.loads((tmp_path / "out" / "gpu_check.json").read_text())["fit"]
+    log = tmp_path / "work" / "fit-log" / "metrics.csv"
+    with open(log) as f:
+        our_losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
+    unpacked = unpack(packed_corpus / "train.tar.xz", tmp_path / "unpacked")
+    fit(str(packed_corpus / "recipe.yaml"), FitRun(
+        target=f"{target}:float32", train=str(unpacked), val=str(packed_corpus / "val"), out=tmp_path / "fit",
+        steps=ours["steps"], batch_size=4, data={"train_rows": ours["rows"], "max_length": 640},
+        trainer={"precision": "32-true", "log_every_n_steps": 1, "enable_model_summary": False},
+    ))  # fmt: skip
+    with open(next((tmp_path / "fit").glob("csv/version_*/metrics.csv"))) as f:
+        their_losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
+    assert len(our_losses) >= ours["steps"] - 1 and our_losses.keys() == their_losses.keys()
+    for step, loss in our_losses.items():
+        assert loss == pytest.approx(their_losses[step], rel=1e-4), step
