@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import itertools
 import json
 import math
@@ -217,23 +218,40 @@ class PackedData(L.LightningDataModule):
 
 
 class TokenCounter(L.Callback):
-    """Tokens (attention-mask positions) of the batches trained, and the seconds from the end of the first step to
-    the end of the last (``steady``: tokens/s with the first step's set-up and warm-up left out)."""
+    """Tokens (attention-mask positions) of the batches trained, the seconds from the end of the first step to the
+    end of the last (``steady``: tokens/s with the first step's set-up and warm-up left out), and the first step whose
+    loss is not finite (checked every ``every`` steps: the fit stops there instead of spending the device's time)."""
 
-    def __init__(self) -> None:
-        self.tokens, self.first, self.last, self.after_first = 0, None, None, 0
+    def __init__(self, every: int = 10) -> None:
+        self.every, self.count, self.first_count = every, None, None
+        self.first = self.last = self.nonfinite_step = None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        n = int(batch["attention_mask"].sum())  # one sync a step: the step has ended on the device either way
-        self.tokens += n
+        n = batch["attention_mask"].sum()  # summed on the device: no host sync a step
+        self.count = n if self.count is None else self.count + n
         self.last = time.perf_counter()
         if self.first is None:
-            self.first = self.last
-        else:
-            self.after_first += n
+            if n.is_cuda:
+                torch.cuda.synchronize()
+            self.first, self.first_count = time.perf_counter(), n
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if trainer.global_step % self.every == 0 and not torch.isfinite(loss).item():
+            self.nonfinite_step = trainer.global_step
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, module) -> None:
+        if self.count is not None and self.count.is_cuda:
+            torch.cuda.synchronize()
+        self.last = time.perf_counter()
+
+    @property
+    def tokens(self) -> int:
+        return int(self.count) if self.count is not None else 0
 
     def steady(self) -> float | None:
-        return self.after_first / (self.last - self.first) if self.last and self.last > self.first else None
+        if self.first is None or self.last <= self.first:
+            return None
+        return (self.tokens - int(self.first_count)) / (self.last - self.first)
 
 
 def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Path) -> dict:
@@ -283,7 +301,8 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
     tokens = sum(len(x) for x in train["input_ids"])
     steady = counter.steady()
     logs.finalize("success")
-    with open(Path(logs.log_dir) / "metrics.csv") as f:
+    metrics_csv = Path(logs.log_dir) / "metrics.csv"  # absent when the fit ended before its first record
+    with open(metrics_csv) if metrics_csv.is_file() else io.StringIO("") as f:
         losses = [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(f) if r.get("train/loss")]
     out = {
         "recipe": args.recipe, "corpus": str(args.corpus), "corpus_sha256": file_sha256(args.corpus),
@@ -292,7 +311,7 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
         "row_tokens": tokens, "steps": steps, "steps_done": done, "batch": args.fit_batch, "epochs": args.epochs,
         "precision": precision, "fit_seconds": round(fit_seconds, 1),
         "tokens_trained": counter.tokens, "tokens_per_s": round(counter.tokens / fit_seconds, 1),
-        "steady_tokens_per_s": round(steady, 1) if steady else None,
+        "steady_tokens_per_s": round(steady, 1) if steady else None, "first_nonfinite_step": counter.nonfinite_step,
         "train_loss": losses[:: max(1, len(losses) // 8)] + losses[-1:],
         "val_tau_est": metrics.get("val/tau_est"), "seconds": round(time.perf_counter() - started, 1),
     }  # fmt: skip
@@ -362,7 +381,13 @@ def markdown(result: dict) -> str:
             f"generated tokens, {fit['row_tokens']:,} in all), {fit['steps_done']:,} of {fit['steps']:,} steps of "
             f"{fit['batch']} rows ({fit['epochs']:g} epochs), {fit['precision']}, online features: "
             f"{fit['fit_seconds']:.1f} s for {fit['tokens_trained']:,} tokens ({fit['tokens_per_s']:,.0f} tokens/s; "
-            f"{fit['steady_tokens_per_s'] or 0:,.0f} after the first step); val τ_est "
+            f"{fit['steady_tokens_per_s'] or 0:,.0f} after the first step); "
+            + (
+                f"**its loss was not finite at step {fit['first_nonfinite_step']}** (the fit stopped there); "
+                if fit.get("first_nonfinite_step") is not None
+                else ""
+            )
+            + "val τ_est "
             f"{fit['val_tau_est']:.3f}.",
         ]
     lines += [

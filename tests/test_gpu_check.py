@@ -140,6 +140,7 @@ def test_fit_on_a_packed_corpus_then_decode_with_its_drafter(packed_corpus, tmp_
     assert 1.0 <= fit["val_tau_est"] <= 5.0 and result["training"] == {}
     assert fit["row_tokens"] < fit["tokens_trained"] <= 2 * fit["row_tokens"] and fit["tokens_per_s"] > 0
     assert fit["corpus_target"]["tokenizer_hash"] == fit["target_fingerprint"]["tokenizer_hash"]
+    assert fit["first_nonfinite_step"] is None
     assert list(result["decoding"]) == ["batch-invariant"]
     assert result["decoding"]["batch-invariant"]["greedy_exact"] == 2  # the fitted drafter decodes exactly
     assert (tmp_path / "work" / "fitted" / "config.json").is_file()
@@ -177,3 +178,19 @@ def test_the_packed_fit_trains_step_for_step_as_the_recipes_fit(packed_corpus, t
     assert len(our_losses) >= ours["steps"] - 1 and our_losses.keys() == their_losses.keys()
     for step, loss in our_losses.items():
         assert loss == pytest.approx(their_losses[step], rel=1e-4), step
+
+
+def test_a_loss_that_is_not_finite_stops_the_fit_at_the_next_check():
+    """The GPU fit that did not learn recorded no loss; the counter now stops a fit whose loss is NaN or inf."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import TokenCounter
+
+    counter = TokenCounter(every=10)
+    batch = {"attention_mask": torch.ones(2, 3)}
+    for step, loss in [(9, float("nan")), (10, 2.0), (19, 1.5), (20, float("inf"))]:
+        trainer = SimpleNamespace(global_step=step, should_stop=False)
+        counter.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, batch, step)
+        assert trainer.should_stop == (step == 20)  # step 9's NaN falls between checks; step 20's inf is caught
+    assert counter.nonfinite_step == 20 and counter.tokens == 24
