@@ -55,6 +55,7 @@ from common import machine
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
+from draftsmith.core.machine import training_attention
 from draftsmith.train.data import LengthBucketSampler, collate
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
@@ -137,6 +138,7 @@ def training(target: str, device: str, args: argparse.Namespace, drafter_out: Pa
     module.prepare_from_data(Tokens([x for ids in every.values() for x in ids]))
     module.to(device)
     t.model.to(device)
+    training_attention(device)  # as a Lightning fit does (DrafterModule.on_fit_start)
     opt = torch.optim.AdamW(module.trainable_parameters(), lr=1e-4)
     layers = (*t.feature_layers, t.num_layers)  # what the feature cache stores: the feature layers and the final
     pin = device.startswith("cuda")

@@ -440,3 +440,20 @@ def test_fit_api_names_an_unknown_recipe_in_one_line(tmp_path):
 
     with pytest.raises(DraftsmithError, match="no shipped recipe of that name.*eagle3"):
         recipe_path("eagle4")
+
+
+def test_training_on_cuda_turns_cudnn_attention_off_and_nowhere_else():
+    """cuDNN's SDPA backward gives NaN gradients for some masked shapes on H100 / H200 since torch 2.11 (the lead, not
+    confirmed, for the EAGLE-3 fit of SmolLM2 on an H200 that ended at chance); a fit on a CUDA device turns that
+    kernel off, a CPU fit leaves it alone."""
+    from draftsmith.core.machine import training_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        training_attention("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        training_attention(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -14,6 +14,7 @@ import lightning as L
 import torch
 
 from draftsmith import targets
+from draftsmith.core.machine import training_attention
 from draftsmith.core.native import describe
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
@@ -120,6 +121,7 @@ class DrafterModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.target.model.to(self.device)
+        training_attention(self.device)  # cuDNN's attention backward gives NaN gradients for some masked shapes
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """The recipes' clipping by norm, under FSDP too: Lightning's FSDP precision refuses it, so the norm over all
