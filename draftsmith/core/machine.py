@@ -60,6 +60,7 @@ def training_attention(device: torch.device | str) -> None:
     """Before training on a CUDA device, turn PyTorch's cuDNN attention kernel off: since torch 2.11 its backward
     returns NaN gradients for some masked shapes on H100 / H200 (pytorch/pytorch#196678: an ``attn_mask`` and a
     sequence of 64 past a multiple of 128, among others), and every drafter here passes an attention mask. Flash and
-    memory-efficient attention take over (the same speed where it was measured). Elsewhere, nothing."""
+    memory-efficient attention take over (at the same speed in a report of that bug; not measured here). Elsewhere,
+    nothing."""
     if torch.device(device).type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
