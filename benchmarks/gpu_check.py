@@ -56,7 +56,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from draftsmith.core.machine import training_attention
-from draftsmith.train.data import LengthBucketSampler, collate
+from draftsmith.train.data import LengthBucketSampler, collate, count_generated
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
 
@@ -198,11 +198,7 @@ class PackedData(L.LightningDataModule):
         pass
 
     def token_counts(self, vocab_size: int) -> torch.Tensor:
-        counts = torch.zeros(vocab_size, dtype=torch.long)
-        for ids, mask in zip(self.train["input_ids"], self.train["loss_mask"], strict=True):
-            ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask).bool()
-            counts += torch.bincount(ids[mask], minlength=vocab_size)
-        return counts
+        return count_generated(zip(self.train["input_ids"], self.train["loss_mask"], strict=True), vocab_size)
 
     def loader(self, columns: dict, shuffle: bool) -> DataLoader:
         rows = [

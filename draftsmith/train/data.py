@@ -125,9 +125,15 @@ def _collate_hidden(rows: list[dict], max_length: int) -> dict[int, torch.Tensor
 def generated_token_counts(ds, vocab_size: int) -> torch.Tensor:
     """(V,) int64: how often each token appears on the generated (``loss_mask`` = 1) positions of a generated dataset's
     rows (exact integers: float32 counts stop counting at 2**24 occurrences of a frequent token)."""
+    rows = ds.select_columns(["input_ids", "loss_mask"])
+    return count_generated(((row["input_ids"], row["loss_mask"]) for row in rows), vocab_size)
+
+
+def count_generated(rows, vocab_size: int) -> torch.Tensor:
+    """(V,) int64 counts of the tokens on the ``loss_mask`` = 1 positions of ``rows``, pairs (input_ids, loss_mask)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
-    for row in ds.select_columns(["input_ids", "loss_mask"]):
-        ids, mask = torch.tensor(row["input_ids"]), torch.tensor(row["loss_mask"]).bool()
+    for ids, mask in rows:
+        ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask).bool()
         counts += torch.bincount(ids[mask], minlength=vocab_size)
     return counts
 
