@@ -16,7 +16,10 @@ auto``: each drafter's fastest shape on this machine), ``sampled`` at T 0.7 / to
 trained drafter fastest over both greedy blocks) and the base. A drafter trained after the main blocks were scored
 joins with ``--add NAME``: greedy blocks of its own, NAME and the n-gram (its Δτ paired with the base's prompts of
 the main block: greedy decoding is deterministic, the same tokens in every run), so adding a row costs its own
-decoding and the n-gram's, not the study's.
+decoding and the n-gram's, not the study's. The report itself keeps what a new workspace loses: where ``--out``
+and the study no longer hold a block or a fit, those of ``--results``' earlier JSON stand in when it measured the same
+work on this machine (``earlier_result``), so a drafter trained in a later session joins without the base being
+trained and decoded again.
 
 Each row gives τ beside the fit's val τ_est, first-token acceptance, the speedup over plain decoding of the same
 target and over the fastest plain decoding of the block, and, for greedy blocks, the gain in τ over the base with the
@@ -37,6 +40,8 @@ from typing import NamedTuple
 from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
 from scaling import fit_epochs
 
+from draftsmith.core.files import write_whole
+from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.eval.metrics import tau_gain
@@ -233,13 +238,29 @@ def vocab_coverage(drafter: Path, val: Path) -> float | None:
     return int(counts[held].sum()) / int(counts.sum())
 
 
-def fit_records(study: Path, names: list[str]) -> dict:
+def earlier_result(path: Path, here: dict, dtype: str, prompts: int, max_new_tokens: int) -> dict:
+    """The report ``path`` (results/NAME.json) written by an earlier run of the same work on this machine (the same
+    CPU and flags, threads, torch, dtype, prompts and tokens), or {}: its blocks and fit records stand in for the
+    ones a new workspace lost (``--out``'s saved blocks, the study's drafters), so that a drafter trained later joins
+    with ``--add`` at the cost of its own decoding, not the base's fit and decoding again."""
+    if not path.is_file():
+        return {}
+    result = json.loads(path.read_text())
+    same_machine = all(result["machine"].get(k) == here.get(k) for k in ("cpu", "cpu_flags", "threads", "torch"))
+    same_work = (result["dtype"], result["prompts"], result["max_new_tokens"]) == (dtype, prompts, max_new_tokens)
+    return result if same_machine and same_work else {}
+
+
+def fit_records(study: Path, names: list[str], earlier: dict | None = None) -> dict:
     """Each drafter's fit record (``scaling.fit_one``'s) with its epochs, the recipe it was trained with and its draft
-    vocabulary's coverage of the study's validation answers (``vocab_coverage``)."""
+    vocabulary's coverage of the study's validation answers (``vocab_coverage``); where the study no longer holds the
+    fit, the ``earlier`` report's record of it."""
     fits = {}
     for name in names:
         record = study / "fit" / f"{name}.json"
-        if record.is_file():
+        if not record.is_file() and name in (earlier or {}):
+            fits[name] = earlier[name]
+        elif record.is_file():
             fit = json.loads(record.read_text())
             coverage = vocab_coverage(study / "drafters" / name, study / "data" / "val")
             fits[name] = fit | {
@@ -248,6 +269,44 @@ def fit_records(study: Path, names: list[str]) -> dict:
                 "vocab_coverage": coverage,
             }
     return fits
+
+
+def held(key: BlockKey, out: Path, earlier: dict) -> dict | None:
+    """The block ``key`` saved in ``out``, else the ``earlier`` report's (``earlier_result``), else None."""
+    path = key.file(out)
+    return json.loads(path.read_text()) if path.is_file() else earlier.get("blocks", {}).get(str(key))
+
+
+def saved_blocks(args, earlier: dict) -> dict:
+    """The greedy blocks held (``held``; the sampled mode's drafter is their winner)."""
+    keys = [BlockKey(s, "greedy", added) for s in args.sets for added in ["", *args.add]]
+    return {str(k): b for k in keys if (b := held(k, args.out, earlier)) is not None}
+
+
+def planned(args, sets: list[str], scored: dict, trained: list[str], modes=None) -> list[tuple[BlockKey, list[str]]]:
+    """Each block of ``modes`` (``--modes``) with the decoders it runs, in order: the main blocks (every
+    ``--drafters`` row and the n-gram), ``--add``'s greedy blocks (NAME and the n-gram), the sampled blocks (the base
+    and the winner of the greedy blocks ``scored``; every trained drafter while none is scored). A block saved in
+    ``--out`` with the same decoders is reused by ``saved_block``, not decoded again."""
+    out = []
+    for mode in [m for m in MODES if m in (modes or args.modes)]:
+        runs = {"": [*args.drafters, "ngram"]}  # the block's added name ("": a main block) -> its decoders
+        if mode == "greedy":
+            runs |= {name: [name, "ngram"] for name in args.add}
+        if mode == "sampled":
+            greedy = [k for k in scored if BlockKey.parse(k).mode == "greedy"]
+            picked = [winner({k: scored[k] for k in greedy}, trained)] if greedy else trained
+            runs = {"": [*dict.fromkeys([args.base, *picked]), "ngram"]}
+        out += [(BlockKey(s, mode, added), names) for added, names in runs.items() for s in sets]
+    return out
+
+
+def unsaved(key: BlockKey, names: list[str], out: Path, earlier: dict) -> bool:
+    """Whether the block ``key`` of ``names`` is still to be decoded (none held, or one of other decoders)."""
+    from draftsmith.eval.rows import read_rows
+
+    block = held(key, out, earlier)
+    return block is None or [r.name for r in read_rows(block["drafters"])] != names
 
 
 def main() -> None:
@@ -266,46 +325,48 @@ def main() -> None:
     parser.add_argument("--float32", action="store_true", help="float32 plain decoding as a reference too")
     parser.add_argument("--results", default="recipe_smollm2")
     args = parser.parse_args()
-    for flag, names in (("--drafters", args.drafters), ("--add", args.add)):
-        missing = [n for n in names if not (args.study / "drafters" / n / "config.json").is_file()]
-        if missing:
-            parser.error(f"{flag}: no trained drafter {', '.join(missing)} in {args.study / 'drafters'}")
     if args.base not in args.drafters:
         parser.error(f"--base {args.base}: not one of --drafters ({' '.join(args.drafters)})")
     if both := sorted(set(args.add) & set(args.drafters)):
         parser.error(f"--add {' '.join(both)}: already one of --drafters (scored in the main blocks)")
 
+    dtype = "bfloat16" if native_bf16()[0] else "float32"  # smollm2_targets' choice, known before loading them
+    earlier = earlier_result(RESULTS / f"{args.results}.json", machine(), dtype, args.num_prompts,
+                             args.max_new_tokens)  # fmt: skip
+    trained = [*args.drafters, *args.add]
+    to_score = [(k, names) for k, names in planned(args, args.sets, saved_blocks(args, earlier), trained)
+                if unsaved(k, names, args.out, earlier)]  # fmt: skip
+    needed = {n for _, names in to_score for n in names} - {"ngram"}
+    missing = sorted(n for n in needed if not (args.study / "drafters" / n / "config.json").is_file())
+    if missing:
+        parser.error(
+            f"no trained drafter {', '.join(missing)} in {args.study / 'drafters'} (blocks to score "
+            f"decode it; no saved block in {args.out} or earlier {args.results}.json holds them)"
+        )
+
     dtype, verified, references = smollm2_targets(args.float32)
     sets = {k: v for k, v in heldout_sets(verified.tokenizer, args.num_prompts).items() if k in args.sets}
-    trained = [*args.drafters, *args.add]
     blocks = {}
     for mode in [m for m in MODES if m in args.modes]:
-        runs = {"": [*args.drafters, "ngram"]}  # the block's added name ("": a main block) -> its decoders
-        if mode == "greedy":
-            runs |= {name: [name, "ngram"] for name in args.add}
-        if mode == "sampled":  # the winner of the greedy blocks (scored first, or saved), and the base
-            greedy = [BlockKey(s, "greedy", added) for s in sets for added in ["", *args.add]]
-            saved = {str(k): k.file(args.out) for k in greedy}
-            scored = {k: json.loads(p.read_text()) for k, p in saved.items() if p.is_file()} | blocks
-            if not any(BlockKey.parse(k).mode == "greedy" for k in scored):
-                parser.error("--modes sampled: its drafter is the greedy blocks' winner; score --modes greedy first")
-            runs = {"": [*dict.fromkeys([args.base, winner(scored, trained)]), "ngram"]}
-        for added, names in runs.items():
-            for set_name, (prompts, categories) in sets.items():
-                key = BlockKey(set_name, mode, added)
-                blocks[str(key)] = saved_block(
-                    key.file(args.out),
-                    names,
-                    lambda: score_block(verified, references, args.study, names, prompts, categories,  # noqa: B023
-                                        args.max_new_tokens, mode),  # noqa: B023
-                )  # fmt: skip
+        if mode == "sampled" and not saved_blocks(args, earlier):  # greedy blocks scored are saved
+            parser.error("--modes sampled: its drafter is the greedy blocks' winner; score --modes greedy first")
+        for key, names in planned(args, list(sets), saved_blocks(args, earlier) | blocks, trained, [mode]):
+            prompts, categories = sets[key.set_name]
+            if not key.file(args.out).is_file() and (block := held(key, args.out, earlier)):
+                write_whole(key.file(args.out), json.dumps(block, indent=2))  # the report's block, reused
+            blocks[str(key)] = saved_block(
+                key.file(args.out),
+                names,
+                lambda: score_block(verified, references, args.study, names, prompts, categories,  # noqa: B023
+                                    args.max_new_tokens, key.mode),  # noqa: B023
+            )  # fmt: skip
     result = {
         "machine": machine(),
         "target": "smollm2",
         "dtype": dtype,
         "study": str(args.study),
         "base": args.base,
-        "fits": fit_records(args.study, trained),
+        "fits": fit_records(args.study, trained, earlier.get("fits")),
         "prompts": args.num_prompts,
         "max_new_tokens": args.max_new_tokens,
         "blocks": blocks,

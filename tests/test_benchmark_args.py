@@ -86,8 +86,10 @@ def test_dspark_refuses_a_study_without_its_drafters(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--drafters", "eagle3-1M", "lk-1M"], "--drafters: no trained drafter lk-1M in {drafters}"),
-        (["--drafters", "eagle3-1M", "--add", "16k-1M"], "--add: no trained drafter 16k-1M in {drafters}"),
+        (["--drafters", "eagle3-1M", "lk-1M"], "no trained drafter lk-1M in {drafters} (blocks to score decode it; "
+         "no saved block in {out} or earlier none.json holds them)"),
+        (["--drafters", "eagle3-1M", "--add", "16k-1M"], "no trained drafter 16k-1M in {drafters} (blocks to score "
+         "decode it; no saved block in {out} or earlier none.json holds them)"),
         (["--drafters", "eagle3-1M", "--add", "eagle3-1M"], "--add eagle3-1M: already one of --drafters (scored in "
          "the main blocks)"),
     ],
@@ -95,8 +97,9 @@ def test_dspark_refuses_a_study_without_its_drafters(tmp_path):
 def test_recipe_refuses_a_drafter_the_study_has_not_trained_or_scores_twice(tmp_path, extra, message):
     (tmp_path / "drafters" / "eagle3-1M").mkdir(parents=True)
     (tmp_path / "drafters" / "eagle3-1M" / "config.json").write_text("{}")
+    elsewhere = ["--out", str(tmp_path / "out"), "--results", "none"]  # no saved block stands in
     run = subprocess.run(
-        [sys.executable, "benchmarks/recipe.py", "--study", str(tmp_path), "--base", "eagle3-1M", *extra],
+        [sys.executable, "benchmarks/recipe.py", "--study", str(tmp_path), "--base", "eagle3-1M", *extra, *elsewhere],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -104,4 +107,4 @@ def test_recipe_refuses_a_drafter_the_study_has_not_trained_or_scores_twice(tmp_
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     last = run.stderr.strip().splitlines()[-1]
-    assert last == "recipe.py: error: " + message.format(drafters=tmp_path / "drafters")
+    assert last == "recipe.py: error: " + message.format(drafters=tmp_path / "drafters", out=tmp_path / "out")

@@ -87,3 +87,49 @@ def test_block_keys_read_back_as_written_and_name_the_saved_files():
         assert str(key) == text and key.file(out) == out / file
     assert BlockKey.parse("mt-bench greedy +x") == ("mt-bench", "greedy", "x")
     assert BlockKey.parse("mt-bench sampled").added == ""
+
+
+def test_a_new_workspace_adds_a_drafter_without_its_base_when_the_report_holds_the_blocks(
+    tmp_path, monkeypatch, capsys
+):
+    """The report's JSON stands in for the blocks and fits a new workspace lost (``--out``, the study's drafters), when
+    it measured the same work on this machine: adding NAME then needs NAME's drafter only. Checked before any target
+    loads (a missing drafter is one line naming it)."""
+    import json
+
+    import pytest
+    import recipe
+    from common import machine
+
+    from draftsmith.core.machine import native_bf16
+
+    report = {
+        "machine": machine(),
+        "dtype": "bfloat16" if native_bf16()[0] else "float32",
+        "prompts": 32,
+        "max_new_tokens": 128,
+        "base": "a",
+        "fits": {"a": {"steps": 5}},
+        "blocks": {
+            "mt-bench greedy": block({"a": 12.0, "ngram": 11.0}, {"a": 1.74}),
+            "chat-heldout greedy": block({"a": 20.0, "ngram": 11.0}, {"a": 2.17}),
+        },
+    }
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    monkeypatch.setattr(recipe, "RESULTS", tmp_path)
+    argv = ["recipe.py", "--study", str(tmp_path / "study"), "--drafters", "a", "--base", "a", "--add", "c"]
+    argv += ["--out", str(tmp_path / "out"), "--modes", "greedy", "--results", "r"]
+
+    def refused() -> str:
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit):
+            recipe.main()
+        return capsys.readouterr().err.splitlines()[-1]
+
+    assert "no trained drafter c in" in refused()  # a's blocks come from the report
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+    assert recipe.fit_records(tmp_path / "study", ["a", "c"], report["fits"]) == {"a": {"steps": 5}}
+
+    report["machine"]["cpu_flags"] = [*report["machine"]["cpu_flags"], "other"]  # another machine's speeds
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    assert "no trained drafter a, c in" in refused()
