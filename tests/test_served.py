@@ -61,6 +61,36 @@ def test_a_cell_is_reused_only_for_the_same_inputs_and_is_never_half_written(tmp
     assert served.load_cell(path, key) is None
 
 
+def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs_drafter_and_prompts(tmp_path):
+    from common import machine
+
+    here, ngram = machine(), {"method": "ngram", "k": 4}
+    cell = {"drafter": "ngram", "set": "mt-bench", "batch": 1, "vllm": "0.32.0", "chunks": [{"same": 1}],
+            "summary": {"counters": {"num_drafts": 3}}}  # fmt: skip
+    report = {"machine": here, "target": {"tokenizer_hash": "t"}, "dtype": "float32", "vllm": "0.32.0",
+              "args": {"k": 4, "prompts": 32}, "drafters": {"ngram": ngram}, "sets": {"mt-bench": "builtin:mt-bench"},
+              "cells": [cell, {"drafter": "ngram", "set": "mt-bench", "batch": 4, "error": "failed"}]}  # fmt: skip
+    path = tmp_path / "served.json"
+    path.write_text(json.dumps(report))
+    inputs, sets = {"target": {"tokenizer_hash": "t"}, "dtype": "float32", "vllm": "0.32.0"}, dict(report["sets"])
+
+    def kept(**change) -> dict:
+        given = {"inputs": inputs, "drafters": {"ngram": ngram}, "sets": sets, "args": {"k": 4, "prompts": 32}} | change
+        return served.earlier_cells(path, here, given["inputs"], given["drafters"], given["sets"], given["args"])
+
+    assert kept() == {("ngram", "mt-bench", 1): {
+        "key": None, "vllm": "0.32.0", "chunks": [{"same": 1}], "counters": {"num_drafts": 3},
+        "measured": {"git": here["git"], "date": here["date"]}}}  # a failed cell is measured again  # fmt: skip
+    assert kept(inputs=inputs | {"dtype": "bfloat16"}) == {}
+    assert kept(args={"k": 3, "prompts": 32}) == {}
+    assert kept(drafters={"ngram": ngram | {"k": 3}}) == {}
+    assert kept(sets={"mt-bench": "other.jsonl"}) == {}
+    report["machine"] = here | {"cpu_flags": ["other"]}
+    path.write_text(json.dumps(report))
+    assert kept() == {}
+    assert served.earlier_cells(tmp_path / "none.json", here, inputs, {}, sets, {}) == {}
+
+
 def chunk(plain: tuple[float, list[int]], drafter: tuple[float, list[int]], same: int) -> dict:
     """A cell's chunk: each side's seconds and row lengths, every row at 10 ms per token after its first."""
     return {
@@ -170,4 +200,9 @@ def test_quick_serves_a_tiny_target_with_vllms_ngram_and_a_rerun_reuses_its_cell
     served.main(args)  # everything saved: no engine starts, the same figures
     second = json.loads((tmp_path / "results" / "q.json").read_text())
     assert second["computed"] == [] and second["cells"] == first["cells"]
+    for saved in (tmp_path / "work" / "cells").iterdir():  # a new workspace: the report's cells stand in
+        saved.unlink()
+    served.main(args)
+    third = json.loads((tmp_path / "results" / "q.json").read_text())
+    assert third["computed"] == [] and third["cells"] == first["cells"]
     assert (tmp_path / "results" / "q.md").read_text().count("| ngram (4) |") == 1
