@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import itertools
 import json
 import math
 import shutil
@@ -56,7 +55,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from draftsmith.core.machine import training_attention
-from draftsmith.train.data import LengthBucketSampler, collate, count_generated
+from draftsmith.train.data import LengthBucketSampler, collate, count_generated, generated_prefix
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
 
@@ -265,8 +264,7 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
 
     started = time.perf_counter()
     meta, columns = read_columns(args.corpus)
-    cumulative = list(itertools.accumulate(int(m.sum()) for m in columns["loss_mask"]))
-    rows = next((i + 1 for i, c in enumerate(cumulative) if c >= args.tokens), len(cumulative))  # scaling.subset_rows
+    rows, generated = generated_prefix(columns["loss_mask"], args.tokens)
     train = {k: columns[k][:rows] for k in ("input_ids", "loss_mask")}
     _, val = read_columns(args.val_corpus)
     steps = max(1, math.ceil(args.epochs * rows / args.fit_batch))  # scaling.fit_one's steps
@@ -305,7 +303,7 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
     out = {
         "recipe": args.recipe, "corpus": str(args.corpus), "corpus_sha256": file_sha256(args.corpus),
         "corpus_target": meta.get("target"),
-        "target_fingerprint": module.target.fingerprint, "rows": rows, "generated_tokens": cumulative[rows - 1],
+        "target_fingerprint": module.target.fingerprint, "rows": rows, "generated_tokens": generated,
         "row_tokens": tokens, "steps": steps, "steps_done": done, "batch": args.fit_batch, "epochs": args.epochs,
         "precision": precision, "fit_seconds": round(fit_seconds, 1),
         "tokens_trained": counter.tokens, "tokens_per_s": round(counter.tokens / fit_seconds, 1),

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import math
 import os
@@ -68,6 +67,7 @@ from draftsmith.eval.score import score_drafters
 from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
 from draftsmith.targets import load_target, resolve
+from draftsmith.train.data import generated_prefix
 from draftsmith.train.fit import FitRun, fit_export
 from draftsmith.train.suite import generated_once
 
@@ -220,12 +220,8 @@ def subset_rows(train: Path, sizes: list[int]) -> dict[int, tuple[int, int]]:
     """Per size: (rows, generated tokens) of the shortest prefix of the corpus holding that many generated tokens
     (the whole corpus when it holds fewer)."""
     ds, _ = load_generated(train)
-    cumulative = list(itertools.accumulate(sum(m) for m in ds["loss_mask"]))
-    out = {}
-    for size in sizes:
-        rows = next((i + 1 for i, c in enumerate(cumulative) if c >= size), len(cumulative))
-        out[size] = (rows, cumulative[rows - 1])
-    return out
+    masks = ds["loss_mask"]
+    return {size: generated_prefix(masks, size) for size in sizes}
 
 
 def fit_epochs(fit: dict) -> float | None:

@@ -194,3 +194,18 @@ def test_a_loss_that_is_not_finite_stops_the_fit_at_the_next_check():
         counter.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, batch, step)
         assert trainer.should_stop == (step == 20)  # step 9's NaN falls between checks; step 20's inf is caught
     assert counter.nonfinite_step == 20 and counter.tokens == 24
+
+
+def test_a_data_budget_is_the_shortest_prefix_of_rows_holding_that_many_generated_tokens():
+    """``train.data.generated_prefix``: the one rule of scaling.py's sizes and gpu_check's --tokens (numpy or list
+    columns alike)."""
+    import numpy as np
+
+    from draftsmith.train.data import generated_prefix
+
+    masks = [[0, 1, 1], np.array([0, 0, 1], dtype=np.int8), [1, 1, 1, 1]]  # 2, 1, 4 generated tokens
+    assert generated_prefix(masks, 2) == (1, 2)
+    assert generated_prefix(masks, 3) == (2, 3)
+    assert generated_prefix(masks, 4) == (3, 7)
+    assert generated_prefix(masks, 100) == (3, 7)  # fewer than asked: all of them
+    assert generated_prefix([], 5) == (0, 0)

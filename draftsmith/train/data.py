@@ -138,6 +138,17 @@ def count_generated(rows, vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def generated_prefix(loss_masks, size: int) -> tuple[int, int]:
+    """(rows, generated tokens) of the shortest prefix of rows whose ``loss_mask`` columns hold ``size`` generated
+    tokens (all the rows when they hold fewer): the data of a fit at a data budget, one rule for every caller."""
+    rows = total = 0
+    for mask in loss_masks:
+        rows, total = rows + 1, total + int(torch.as_tensor(mask).sum())
+        if total >= size:
+            break
+    return rows, total
+
+
 class CachedRows(torch.utils.data.Dataset):
     """Dataset rows with their cached target hidden states (``hidden``: layer -> (n, H))."""
 
