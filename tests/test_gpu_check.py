@@ -209,3 +209,28 @@ def test_a_data_budget_is_the_shortest_prefix_of_rows_holding_that_many_generate
     assert generated_prefix(masks, 4) == (3, 7)
     assert generated_prefix(masks, 100) == (3, 7)  # fewer than asked: all of them
     assert generated_prefix([], 5) == (0, 0)
+
+
+def test_smollm2s_weights_travel_in_two_parts_under_the_calls_limit_and_convert_there_to_the_same_bits(tmp_path):
+    """``benchmarks/gpu_weights.sh``: split here, then the device's two calls (A keeps part A and the gguf package,
+    B joins the parts and converts), run on this machine: the target dir it writes holds the float32 target's own
+    weights, bit for bit, with this machine's config and tokenizer."""
+    import os
+
+    from draftsmith.core.manifest import file_sha256
+    from draftsmith.targets import resolve
+
+    env = os.environ | {"GPU": str(tmp_path / "gpu"), "WHL": str(tmp_path / "whl"), "KEEP": str(tmp_path / "keep"),
+                        "PYTHON": sys.executable}  # fmt: skip
+    out = tmp_path / "smol"
+    for step in (["split"], ["a"], ["b", str(out)]):
+        run = subprocess.run(["bash", "benchmarks/gpu_weights.sh", *step], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+    assert all((tmp_path / "gpu" / p).stat().st_size < 64 * 2**20 for p in ("part-a", "part-b"))
+    target = resolve("smollm2")
+    assert file_sha256(out / "model.safetensors") == file_sha256(target / "model.safetensors")
+    assert (
+        json.loads((out / "config.json").read_text())["eos_token_id"]
+        == json.loads((target / "config.json").read_text())["eos_token_id"]
+    )
