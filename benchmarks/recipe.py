@@ -42,6 +42,7 @@ from scaling import fit_epochs
 
 from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
+from draftsmith.core.manifest import file_sha256
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.eval.metrics import tau_gain
@@ -238,35 +239,57 @@ def vocab_coverage(drafter: Path, val: Path) -> float | None:
     return int(counts[held].sum()) / int(counts.sum())
 
 
-def earlier_result(path: Path, here: dict, dtype: str, prompts: int, max_new_tokens: int) -> dict:
+def earlier_result(path: Path, here: dict, dtype: str, prompts: int, max_new_tokens: int, study: Path) -> dict:
     """The report ``path`` (results/NAME.json) written by an earlier run of the same work on this machine (the same
     CPU and flags, threads, torch, dtype, prompts and tokens), or {}: its blocks and fit records stand in for the
     ones a new workspace lost (``--out``'s saved blocks, the study's drafters), so that a drafter trained later joins
-    with ``--add`` at the cost of its own decoding, not the base's fit and decoding again."""
+    with ``--add`` at the cost of its own decoding, not the base's fit and decoding again. A drafter the study holds
+    other weights of than the report scored (``same_drafter``: trained again, or changed) is dropped from it with
+    every block that decoded it: those are scored again."""
     if not path.is_file():
         return {}
     result = json.loads(path.read_text())
     same_machine = all(result["machine"].get(k) == here.get(k) for k in ("cpu", "cpu_flags", "threads", "torch"))
     same_work = (result["dtype"], result["prompts"], result["max_new_tokens"]) == (dtype, prompts, max_new_tokens)
-    return result if same_machine and same_work else {}
+    if not (same_machine and same_work):
+        return {}
+    stale = {name for name, fit in result["fits"].items() if not same_drafter(study, name, fit)}
+    result["fits"] = {name: fit for name, fit in result["fits"].items() if name not in stale}
+    result["blocks"] = {key: block for key, block in result["blocks"].items()
+                        if not stale & {row["name"] for row in block["drafters"]}}  # fmt: skip
+    return result
+
+
+def same_drafter(study: Path, name: str, fit: dict) -> bool:
+    """Whether the drafter ``name`` of the study is the one a report's ``fit`` record describes: the same weights
+    (their hash, recorded from this version on; before, the same val τ_est), or none in the study (lost)."""
+    weights = study / "drafters" / name / "model.safetensors"
+    if not weights.is_file():
+        return True
+    if "weights" in fit:
+        return fit["weights"] == file_sha256(weights)
+    record = study / "fit" / f"{name}.json"
+    return record.is_file() and json.loads(record.read_text()).get("val_tau_est") == fit.get("val_tau_est")
 
 
 def fit_records(study: Path, names: list[str], earlier: dict | None = None) -> dict:
-    """Each drafter's fit record (``scaling.fit_one``'s) with its epochs, the recipe it was trained with and its draft
-    vocabulary's coverage of the study's validation answers (``vocab_coverage``); where the study no longer holds the
-    fit, the ``earlier`` report's record of it."""
+    """Each drafter's fit record (``scaling.fit_one``'s) with its epochs, the recipe it was trained with, its
+    weights' hash and its draft vocabulary's coverage of the study's validation answers (``vocab_coverage``); the
+    ``earlier`` report's record where it has one (``earlier_result`` kept it: the same drafter, or one the study no
+    longer holds)."""
     fits = {}
     for name in names:
         record = study / "fit" / f"{name}.json"
-        if not record.is_file() and name in (earlier or {}):
+        if name in (earlier or {}):
             fits[name] = earlier[name]
         elif record.is_file():
             fit = json.loads(record.read_text())
-            coverage = vocab_coverage(study / "drafters" / name, study / "data" / "val")
+            drafter = study / "drafters" / name
             fits[name] = fit | {
                 "epochs": fit_epochs(fit),
                 "recipe": f"smollm2/{name.rsplit('-', 1)[0]}",
-                "vocab_coverage": coverage,
+                "vocab_coverage": vocab_coverage(drafter, study / "data" / "val"),
+                "weights": file_sha256(drafter / "model.safetensors"),
             }
     return fits
 
@@ -332,7 +355,7 @@ def main() -> None:
 
     dtype = "bfloat16" if native_bf16()[0] else "float32"  # smollm2_targets' choice, known before loading them
     earlier = earlier_result(RESULTS / f"{args.results}.json", machine(), dtype, args.num_prompts,
-                             args.max_new_tokens)  # fmt: skip
+                             args.max_new_tokens, args.study)  # fmt: skip
     trained = [*args.drafters, *args.add]
     to_score = [(k, names) for k, names in planned(args, args.sets, saved_blocks(args, earlier), trained)
                 if unsaved(k, names, args.out, earlier)]  # fmt: skip

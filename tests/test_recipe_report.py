@@ -130,6 +130,23 @@ def test_a_new_workspace_adds_a_drafter_without_its_base_when_the_report_holds_t
     assert not (tmp_path / "out").exists()  # refused before anything is written
     assert recipe.fit_records(tmp_path / "study", ["a", "c"], report["fits"]) == {"a": {"steps": 5}}
 
+    from draftsmith.core.manifest import file_sha256
+
+    def kept() -> dict:
+        (tmp_path / "r.json").write_text(json.dumps(report))
+        return recipe.earlier_result(tmp_path / "r.json", machine(), report["dtype"], 32, 128, tmp_path / "study")
+
+    assert set(kept()["blocks"]) == {"mt-bench greedy", "chat-heldout greedy"}  # a: no longer in the study
+    weights = tmp_path / "study" / "drafters" / "a" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"a trained again")
+    assert kept()["blocks"] == {} and kept()["fits"] == {}  # no hash, no val τ_est in the study: another drafter
+    report["fits"]["a"]["weights"] = file_sha256(weights)
+    assert set(kept()["blocks"]) == {"mt-bench greedy", "chat-heldout greedy"}  # the same weights
+    report["fits"]["a"]["weights"] = "0" * 64
+    assert kept()["blocks"] == {} and kept()["fits"] == {}  # other weights: a's blocks are scored again
+    weights.unlink()
+
     report["machine"]["cpu_flags"] = [*report["machine"]["cpu_flags"], "other"]  # another machine's speeds
     (tmp_path / "r.json").write_text(json.dumps(report))
     assert "no trained drafter a, c in" in refused()
