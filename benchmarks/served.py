@@ -314,7 +314,8 @@ def markdown(result: dict) -> str:
     lines.append(f"{measured_on(result['machine'])}; load average {result['load'][0]} → {result['load'][1]}.")
     measured = [c for c in cells if "error" not in c]
     if len(result.get("computed", [])) < len(measured):  # cells saved by an earlier run: its SHA and date, not this
-        runs = sorted({f"`{c['measured']['git']}` on {c['measured']['date']}" for c in measured if c.get("measured")})
+        runs = sorted({f"`{c['measured']['git']}` on {c['measured']['date']}" if c.get("measured") else "unrecorded"
+                       for c in measured})  # fmt: skip
         lines.append(f"This run measured {len(result.get('computed', []))} of the {len(measured)} cells; the others were "
                      f"reused from `{a.get('out', '--out')}/cells` (or this report's earlier JSON), measured by an "
                      f"earlier run with the same inputs" + (f" (cells measured at {', '.join(runs)})." if runs else "."))  # fmt: skip
