@@ -354,7 +354,8 @@ def main() -> None:
         parser.error(f"--add {' '.join(both)}: already one of --drafters (scored in the main blocks)")
 
     dtype = "bfloat16" if native_bf16()[0] else "float32"  # smollm2_targets' choice, known before loading them
-    earlier = earlier_result(RESULTS / f"{args.results}.json", machine(), dtype, args.num_prompts,
+    here = machine()
+    earlier = earlier_result(RESULTS / f"{args.results}.json", here, dtype, args.num_prompts,
                              args.max_new_tokens, args.study)  # fmt: skip
     trained = [*args.drafters, *args.add]
     to_score = [(k, names) for k, names in planned(args, args.sets, saved_blocks(args, earlier), trained)
@@ -384,7 +385,7 @@ def main() -> None:
                                     args.max_new_tokens, key.mode),  # noqa: B023
             )  # fmt: skip
     result = {
-        "machine": machine(),
+        "machine": here,
         "target": "smollm2",
         "dtype": dtype,
         "study": str(args.study),

@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     if plain is not None:
         plain.close()
     result = {
-        "machine": machine(), "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "machine": here, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "vllm": next((c["vllm"] for c in cells if c.get("vllm")), "?"), "target": fingerprint,
         "target_name": name, "dtype": dtype, "dtype_why": why, "eager": args.eager, "batches": args.batches,
         "sets": {label: args.sets[label] for label in prompts}, "drafters": drafters, "scores": scores,
