@@ -13,7 +13,7 @@ the feature cache by its shards, training from its last checkpoint, scoring by i
    answers to them in ``DTYPE``, sampled at T 0.7 / top-p 0.9 with a quarter of the prompts greedy, by the engine
    ``benchmarks/generate.py --engines`` measured fastest (vLLM, ``--engine``). Greedy validation data on held-out
    chat prompts (packed too, ``PACKED_VAL``, used where this run's dtype made it).
-2. ``features``: the target's hidden states over the whole corpus (its disk use printed before it starts).
+2. ``features``: the target's hidden states over the rows the fits read (the largest subset's; its disk use printed before it starts).
 3. ``fit``: each family on nested subsets of the corpus (the first rows holding ``--sizes`` generated tokens; the
    corpus is in shuffled prompt order, so each subset is a random sample and contains the smaller ones), its draft
    vocabulary chosen from its own subset, ``--epochs`` passes (at least ``--min-steps`` steps); the heads (Medusa-1,
@@ -202,8 +202,9 @@ def make_val(out: Path, val_prompts: int) -> Path:
     )
 
 
-def make_features(train: Path) -> Path:
-    """The target's hidden states over the whole corpus: EAGLE-3's three feature layers and the final one, computed
+def make_features(train: Path, rows: int | None = None) -> Path:
+    """The target's hidden states over the corpus's first ``rows`` rows (None: all; the fits read no others; a
+    cache of more rows is kept, one of fewer grown): EAGLE-3's three feature layers and the final one, computed
     in ``DTYPE`` (the packed corpus was made in bfloat16; where bf16 is emulated the target runs in float32, as the
     fits and the scoring do, and ~7x faster than in emulated bf16)."""
     layers = json.loads((Path(resolve("smollm2")) / "config.json").read_text())["num_hidden_layers"]
@@ -213,6 +214,7 @@ def make_features(train: Path) -> Path:
         list(default_feature_layers(layers, 3)),
         max_length=MAX_LENGTH,
         overwrite=True,
+        rows=rows,
     )
 
 
@@ -464,8 +466,9 @@ def main() -> None:
         data = make_data(args.out, args.magpie, engine, args.max_new_tokens, args.val_prompts)  # reused once made
     if args.stages == ["data"]:
         return
-    features = None if args.online else make_features(data[0])
     subsets = subset_rows(data[0], args.sizes)
+    # only the rows the largest subset's fits read (the 250k subset: a fifth of the 1M corpus's cache)
+    features = None if args.online else make_features(data[0], max(rows for rows, _ in subsets.values()))
     for size, (rows, tokens) in subsets.items():
         print(f"subset {label(size)}: the first {rows} rows, {tokens:,} generated tokens")
     fits = {}

@@ -180,3 +180,25 @@ def test_train_rows_trains_on_a_prefix_the_full_cache_serves(setup, cache):  # n
         assert len(rows[i]["hidden"][4]) == min(64, len(rows[i]["input_ids"]))
     with pytest.raises(DraftsmithError, match="data.train_rows"):
         cached_data(setup, cache, train_rows=10**6).setup()
+
+
+def test_prefix_cache_serves_its_first_rows_and_grows_in_place(setup, cache, tmp_path):  # noqa: F811
+    out, model = tmp_path / "features", module(setup, 3)
+    args = (str(setup["target"]), setup["data-train"], [1, 2, 3], out, "float16")
+    cache_features(*args, max_length=64, shard_rows=32, rows=40)  # rounded up to whole shards: 64 rows
+    assert json.loads((out / "features.json").read_text())["rows"] == 64
+    assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    cached_data(setup, out, train_rows=64).check_target(model.target)  # a fit on the first 64 rows: served
+    with pytest.raises(DraftsmithError, match="holds the first 64 rows"):
+        cached_data(setup, out).check_target(model.target)  # every row: refused before any step
+    kept = (out / "shard-00001.safetensors").stat().st_mtime_ns
+    cache_features(*args, max_length=64, shard_rows=32)  # the whole data: the two shards kept, the rest added
+    assert (out / "shard-00001.safetensors").stat().st_mtime_ns == kept
+    for path in cache.glob("shard-*.safetensors"):
+        a, b = load_file(str(out / path.name)), load_file(str(path))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert FeatureCache(out).where == FeatureCache(cache).where
+    cache_features(*args, max_length=64, shard_rows=32, rows=10)  # fewer rows than it holds: kept whole
+    assert json.loads((out / "features.json").read_text())["rows"] == FeatureCache(cache).meta["rows"]
+    with pytest.raises(DraftsmithError, match="rows must be positive"):
+        cache_features(*args, max_length=64, shard_rows=32, rows=0)

@@ -150,3 +150,10 @@ def test_a_new_workspace_adds_a_drafter_without_its_base_when_the_report_holds_t
     report["machine"]["cpu_flags"] = [*report["machine"]["cpu_flags"], "other"]  # another machine's speeds
     (tmp_path / "r.json").write_text(json.dumps(report))
     assert "no trained drafter a, c in" in refused()
+
+
+def test_the_report_names_its_drafters_data_budgets_in_order():
+    from recipe import data_sizes
+
+    assert data_sizes({"eagle3_31-1M": {}, "eagle3_31_ttt7-250k": {}, "eagle3-250k": {}}) == ["250k", "1M"]
+    assert data_sizes({"eagle3_31-1M": {}}) == ["1M"]

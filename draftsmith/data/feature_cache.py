@@ -57,9 +57,11 @@ def cache_features(
     batch_size: int = 8,
     shard_rows: int = 64,
     overwrite: bool = False,
+    rows: int | None = None,
 ) -> Path:
     """Cache the target's hidden states ``layers`` (HF ``hidden_states`` indices; the final normed state is always
-    added) over every row of the generated dataset ``data``; resumes an unfinished cache at ``out``.
+    added) over every row of the generated dataset ``data`` (or its first ``rows``); resumes an unfinished cache at
+    ``out``, and grows a prefix cache of the same settings to a longer prefix without recomputing its shards.
 
     Args:
         target: the target that generated ``data`` (a local dir, ``default`` or ``smollm2``), in the dtype the data
@@ -74,6 +76,9 @@ def cache_features(
         batch_size: rows per target forward.
         shard_rows: rows per shard file.
         overwrite: replace a cache of other settings at ``out`` instead of refusing it.
+        rows: cache the first ``rows`` rows only, rounded up to whole shards (fits on the first rows of a corpus,
+            ``data.train_rows``, read no others); None: every row. A cache that already holds at least as many rows
+            of the same data and settings is kept as it is.
     """
     from draftsmith.data.shards import check_dataset_target, generated_dir, load_generated
 
@@ -86,6 +91,9 @@ def cache_features(
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
     out = Path(out or f"{str(generated_dir(data)).rstrip('/')}-features")  # a packed corpus: beside its unpacking
+    if rows is not None and rows < 1:
+        raise DraftsmithError(f"features: rows must be positive, got {rows}")
+    cached = len(ds) if rows is None else min(len(ds), -(-rows // shard_rows) * shard_rows)
     record = {
         "format": FORMAT,
         "target": t.fingerprint,
@@ -94,18 +102,25 @@ def cache_features(
         "layers": resolved,
         "dtype": dtype,
         "max_length": max_length,
-        "rows": len(ds),
+        "rows": cached,
         "shard_rows": shard_rows,
     }
     old = _read_meta(out)
-    if old is not None and {k: v for k, v in old.items() if k not in ("status", "seconds")} != record:
+    settings = {k: v for k, v in (old or {}).items() if k not in ("status", "seconds", "rows")}
+    if old is not None and settings != {k: v for k, v in record.items() if k != "rows"}:
         if not overwrite:
             raise DraftsmithError(f"features: {out} holds a cache of other settings; pass --overwrite or another --out")
         shutil.rmtree(out)
         old = None
-    if old is not None and old.get("status") == "complete":
-        return out
+    if old is not None and old.get("status") == "complete" and old["rows"] >= cached:
+        return out  # the same rows or a longer prefix of them
+    # its shards are of the same rows (shards of shard_rows from row 0): a longer prefix keeps them, a shorter
+    # unfinished one drops those past its end (a complete cache is read shard by shard, every shard on disk)
     out.mkdir(parents=True, exist_ok=True)
+    for path in out.glob("shard-*.safetensors"):
+        if int(path.name.split("-")[1].split(".")[0]) * shard_rows >= cached:
+            path.unlink()
+    ds = ds.select(range(cached)) if cached < len(ds) else ds
     tokens = sum(min(n, max_length) for n in map(len, ds["input_ids"]))
     need = tokens * len(resolved) * t.config.get_text_config(decoder=True).hidden_size * getattr(torch, dtype).itemsize
     free = shutil.disk_usage(out).free
@@ -180,8 +195,9 @@ class FeatureCache:
         self.where = [(s, int(a), int(b)) for s, p in enumerate(self.parts) for a, b in _spans(p["lengths"])]
         """Row i -> (shard, start, end) of its tokens in that shard's tensors."""
 
-    def check(self, target, metadata: dict, layers: tuple[int, ...], max_length: int) -> None:
-        """Refuse a cache made for another target, other data, without ``layers``, or shorter than ``max_length``."""
+    def check(self, target, metadata: dict, layers: tuple[int, ...], max_length: int, rows: int | None = None) -> None:
+        """Refuse a cache made for another target, other data, without ``layers``, shorter than ``max_length``, or
+        holding fewer than the first ``rows`` rows of the data (a prefix cache)."""
         from draftsmith.core.target import check_fingerprint
 
         check_fingerprint(self.meta["target"], target.fingerprint, f"feature cache {self.path}")
@@ -194,6 +210,11 @@ class FeatureCache:
             raise DraftsmithError(
                 f"features: {self.path} holds rows truncated to {self.meta['max_length']} tokens; "
                 f"train with --data.max_length {self.meta['max_length']} or less"
+            )
+        if rows is not None and rows > self.meta["rows"]:
+            raise DraftsmithError(
+                f"features: {self.path} holds the first {self.meta['rows']} rows of {self.meta['data']}, the fit "
+                f"reads {rows}; cache more rows (cache_features rows=) or train on fewer (--data.train_rows)"
             )
 
     def row(self, i: int) -> dict[int, torch.Tensor]:

@@ -250,7 +250,7 @@ class GeneratedDataModule(ResumesMidEpoch, L.LightningDataModule):
         check_dataset_target(self.val_metadata, target)
         if self.cache is not None:
             layers = (*target.feature_layers, target.num_layers)
-            self.cache.check(target, self.metadata, layers, self.hparams.max_length)
+            self.cache.check(target, self.metadata, layers, self.hparams.max_length, len(self.train_ds))
 
     def token_counts(self, vocab_size: int) -> torch.Tensor:
         """How often each token appears on generated (loss_mask = 1) positions of the training data."""
