@@ -101,14 +101,14 @@ RECIPES = {
 """The families: EAGLE-3, EAGLE-1 and P-EAGLE (started from the EAGLE-3 of the same subset) on every subset; the
 heads (Medusa-1, Hydra, Hydra++) on the ``HEADS_AT`` subset; the recipe study's rows (EAGLE-3.1's norms, the LK
 loss, DFlash, DSpark, and the rows over EAGLE-3.1 in ``configs/smollm2/study/``, each that recipe with one change:
-``STUDY``) on the largest subset only, and only when ``--families`` names them."""
+``STUDY``) on the largest subset asked for only (``--sizes``; the default's 1M), and only when ``--families`` names
+them."""
 EPOCHS = {"eagle3_31_e4": 4.0, "eagle3_31_e8": 8.0}
 """Study rows that are another row's recipe trained for more passes than ``--epochs`` (DeepSpec: τ peaked near 4.6
 epochs of a fixed set)."""
 STUDY = ("eagle3_31", "eagle3_lk", "dflash", "dspark", *(f for f in RECIPES if f.startswith("eagle3_31_")))
-"""Families trained on the full corpus only (issue 51's recipe study on the packed corpus), not by default."""
-STUDY_AT = 1_000_000
-"""The subset the ``STUDY`` families are trained on."""
+"""Families trained on the largest subset only (issue 51's recipe study on the packed corpus: 1M, or a cheaper
+ablation at ``--sizes 250000``), not by default."""
 HEADS = ("medusa1", "hydra", "hydrapp")
 HEADS_AT = 300_000
 """The one subset the heads are trained on: the papers' ordering Hydra++ > Hydra > Medusa-1 is asked for from 300k
@@ -123,10 +123,16 @@ ORDERINGS = [("eagle3", "eagle1"), ("hydrapp", "hydra"), ("hydra", "medusa1")]
 tokens or more."""
 
 
-def trained_at(family: str, size: int) -> bool:
+def trained_at(family: str, size: int, sizes: list[int]) -> bool:
+    """Whether ``family`` is fitted on the subset of ``size`` tokens in a run of ``sizes``."""
     if family in STUDY:
-        return size == STUDY_AT
+        return size == max(sizes)
     return family not in HEADS or size == HEADS_AT
+
+
+def untrained(families: list[str], sizes: list[int]) -> list[str]:
+    """The ``families`` that no subset of ``sizes`` trains (the heads without ``HEADS_AT``): refused up front."""
+    return [f for f in families if not any(trained_at(f, size, sizes) for size in sizes)]
 
 
 def results_name(target: str = TARGET) -> str:
@@ -454,6 +460,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.corpus != "generate" and not (is_packed(args.corpus) and Path(args.corpus).is_file()):
         parser.error(f"--corpus {args.corpus}: no packed corpus file (a .tar.xz of `draftsmith pack`) nor `generate`")
+    if none := untrained(args.families, args.sizes):
+        parser.error(f"--families {' '.join(none)}: trained at {HEADS_AT:,} tokens only, not one of --sizes")
     engine = {"engine": args.engine, "batch_size": args.batch_size}
     if args.snapshot:  # the corpus's finished shards so far (its first rows), while its generation goes on
         if args.snapshot.resolve() == (args.out / "data" / "train").resolve():
@@ -473,7 +481,9 @@ def main() -> None:
         print(f"subset {label(size)}: the first {rows} rows, {tokens:,} generated tokens")
     fits = {}
     for size, (rows, _) in subsets.items():
-        for family in [f for f in args.families if trained_at(f, size)]:  # P-EAGLE after the EAGLE-3 it starts from
+        for family in [
+            f for f in args.families if trained_at(f, size, args.sizes)
+        ]:  # P-EAGLE after the EAGLE-3 it starts from
             record = args.out / "fit" / f"{family}-{label(size)}.json"
             if "fit" in args.stages:
                 fits[family, size] = fit_one(args.out, family, size, rows, data, features, args.epochs, args.min_steps)

@@ -62,7 +62,12 @@ def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
         {**data, "rows": data["rows"] + better, "orderings": scaling.orderings(data["rows"] + better)}
     )
     assert "eagle3 τ" in text and "does not hold" in text and "![scaling](scaling.png)" in text
-    assert scaling.results_name("smollm2:float32") == "scaling_float32" and not scaling.trained_at("hydra", 1_000_000)
+    assert scaling.results_name("smollm2:float32") == "scaling_float32"
+    assert not scaling.trained_at("hydra", 1_000_000, [1_000_000])
+    # the study's rows on the largest subset asked for: 1M by default, 250k in an ablation run of that size alone
+    assert scaling.trained_at("eagle3_31_ttt7", 250_000, [250_000])
+    assert not scaling.trained_at("eagle3_31_ttt7", 250_000, [250_000, 1_000_000])
+    assert scaling.untrained(["eagle3_31", "hydra", "eagle3"], [250_000]) == ["hydra"]  # refused, not skipped
 
 
 def test_scaling_report_carries_over_an_earlier_run_only_of_the_same_corpus():
