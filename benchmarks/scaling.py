@@ -13,7 +13,8 @@ the feature cache by its shards, training from its last checkpoint, scoring by i
    answers to them in ``DTYPE``, sampled at T 0.7 / top-p 0.9 with a quarter of the prompts greedy, by the engine
    ``benchmarks/generate.py --engines`` measured fastest (vLLM, ``--engine``). Greedy validation data on held-out
    chat prompts (packed too, ``PACKED_VAL``, used where this run's dtype made it).
-2. ``features``: the target's hidden states over the rows the fits read (the largest subset's; its disk use printed before it starts).
+2. ``features``: the target's hidden states over the rows the fits read (the largest subset's; its disk use printed
+   before it starts).
 3. ``fit``: each family on nested subsets of the corpus (the first rows holding ``--sizes`` generated tokens; the
    corpus is in shuffled prompt order, so each subset is a random sample and contains the smaller ones), its draft
    vocabulary chosen from its own subset, ``--epochs`` passes (at least ``--min-steps`` steps); the heads (Medusa-1,
@@ -481,9 +482,8 @@ def main() -> None:
         print(f"subset {label(size)}: the first {rows} rows, {tokens:,} generated tokens")
     fits = {}
     for size, (rows, _) in subsets.items():
-        for family in [
-            f for f in args.families if trained_at(f, size, args.sizes)
-        ]:  # P-EAGLE after the EAGLE-3 it starts from
+        # P-EAGLE after the EAGLE-3 it starts from
+        for family in [f for f in args.families if trained_at(f, size, args.sizes)]:
             record = args.out / "fit" / f"{family}-{label(size)}.json"
             if "fit" in args.stages:
                 fits[family, size] = fit_one(args.out, family, size, rows, data, features, args.epochs, args.min_steps)
