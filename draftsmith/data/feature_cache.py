@@ -117,8 +117,9 @@ def cache_features(
     # its shards are of the same rows (shards of shard_rows from row 0): a longer prefix keeps them, a shorter
     # unfinished one drops those past its end (a complete cache is read shard by shard, every shard on disk)
     out.mkdir(parents=True, exist_ok=True)
+    kept = {_shard_name(s // shard_rows) for s in range(0, cached, shard_rows)}
     for path in out.glob("shard-*.safetensors"):
-        if int(path.name.split("-")[1].split(".")[0]) * shard_rows >= cached:
+        if path.name not in kept:
             path.unlink()
     ds = ds.select(range(cached)) if cached < len(ds) else ds
     tokens = sum(min(n, max_length) for n in map(len, ds["input_ids"]))
@@ -135,7 +136,7 @@ def cache_features(
     store = getattr(torch, dtype)
     shards = range(0, len(ds), shard_rows)
     for s in tqdm(shards, desc="features", unit="shard"):
-        path = out / f"shard-{s // shard_rows:05d}.safetensors"
+        path = out / _shard_name(s // shard_rows)
         if path.is_file():
             continue
         rows = [ids[:max_length] for ids in ds[s : s + shard_rows]["input_ids"]]
@@ -165,6 +166,11 @@ def cache_features(
         os.replace(tmp, path)
     _write_meta(out, {**record, "status": "complete", "seconds": round(time.perf_counter() - started, 1)})
     return out
+
+
+def _shard_name(index: int) -> str:
+    """The file of the cache's ``index``-th shard (rows ``index * shard_rows`` on)."""
+    return f"shard-{index:05d}.safetensors"
 
 
 def _read_meta(out: Path) -> dict | None:
