@@ -157,3 +157,28 @@ def test_the_report_names_its_drafters_data_budgets_in_order():
 
     assert data_sizes({"eagle3_31-1M": {}, "eagle3_31_ttt7-250k": {}, "eagle3-250k": {}}) == ["250k", "1M"]
     assert data_sizes({"eagle3_31-1M": {}}) == ["1M"]
+
+
+def test_a_run_of_some_modes_keeps_the_reports_other_blocks_and_says_when_the_sampled_ones_lack_the_winner():
+    """``--modes greedy`` with ``--add NAME``: the report's auto and sampled blocks stay as measured (not dropped),
+    in the report's mode order; when NAME then wins, the report says the sampled blocks decoded the former winner."""
+    from recipe import in_mode_order, other_modes, unsampled_winner
+
+    earlier = {"blocks": {
+        "mt-bench greedy": block({"a": 12.0, "ngram": 11.0}, {"a": 1.74}),
+        "mt-bench auto": block({"a": 12.5, "ngram": 11.0}, {"a": 1.70}),
+        "mt-bench sampled": block({"a": 11.0, "ngram": 10.5}, {"a": 1.60}),
+    }}  # fmt: skip
+    kept = other_modes(earlier, ["greedy"])
+    assert list(kept) == ["mt-bench auto", "mt-bench sampled"]
+    assert other_modes(earlier, ["greedy", "auto", "sampled"]) == {}
+    scored = {"mt-bench greedy": earlier["blocks"]["mt-bench greedy"],
+              "mt-bench greedy +c": block({"c": 16.5, "ngram": 11.5}, {"c": 1.95})}  # fmt: skip
+    blocks = in_mode_order(scored | kept)
+    assert list(blocks) == ["mt-bench greedy", "mt-bench greedy +c", "mt-bench auto", "mt-bench sampled"]
+
+    note = unsampled_winner({"blocks": blocks, "fits": {"a": {}, "c": {}}})
+    assert note.startswith("the sampled blocks decoded a (the winner when they were scored); the winner now, c,")
+    blocks["mt-bench greedy +c"] = block({"c": 10.0, "ngram": 11.5}, {"c": 1.95})  # c slower: a still wins
+    assert unsampled_winner({"blocks": blocks, "fits": {"a": {}, "c": {}}}) is None
+    assert unsampled_winner({"blocks": scored, "fits": {"a": {}, "c": {}}}) is None  # no sampled block
