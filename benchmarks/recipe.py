@@ -14,7 +14,7 @@ float32), plain decoding of the same weights with the fastest kernels (the faste
 with ``--float32``), the n-gram drafter and every drafter. Modes: ``greedy`` chains at K = 4, ``auto`` (``--k
 auto``: each drafter's fastest shape on this machine), ``sampled`` at T 0.7 / top-p 0.9, K = 4, for the winner (the
 trained drafter fastest over both greedy blocks) and the base. A drafter trained after the main blocks were scored
-joins with ``--add NAME``: greedy blocks of its own, NAME and the n-gram (its Δτ paired with the base's prompts of
+joins with ``--add NAME``: greedy and ``auto`` blocks of its own, NAME and the n-gram (its Δτ paired with the base's prompts of
 the main block: greedy decoding is deterministic, the same tokens in every run), so adding a row costs its own
 decoding and the n-gram's, not the study's. The report itself keeps what a new workspace loses: where ``--out``
 and the study no longer hold a block or a fit, those of ``--results``' earlier JSON stand in when it measured the same
@@ -338,13 +338,13 @@ def saved_blocks(args, earlier: dict) -> dict:
 
 def planned(args, sets: list[str], scored: dict, trained: list[str], modes=None) -> list[tuple[BlockKey, list[str]]]:
     """Each block of ``modes`` (``--modes``) with the decoders it runs, in order: the main blocks (every
-    ``--drafters`` row and the n-gram), ``--add``'s greedy blocks (NAME and the n-gram), the sampled blocks (the base
-    and the winner of the greedy blocks ``scored``; every trained drafter while none is scored). A block saved in
-    ``--out`` with the same decoders is reused by ``saved_block``, not decoded again."""
+    ``--drafters`` row and the n-gram), ``--add``'s greedy and auto blocks (NAME and the n-gram), the sampled blocks
+    (the base and the winner of the greedy blocks ``scored``; every trained drafter while none is scored). A block
+    saved in ``--out`` with the same decoders is reused by ``saved_block``, not decoded again."""
     out = []
     for mode in [m for m in MODES if m in (modes or args.modes)]:
         runs = {"": [*args.drafters, "ngram"]}  # the block's added name ("": a main block) -> its decoders
-        if mode == "greedy":
+        if mode in ("greedy", "auto"):
             runs |= {name: [name, "ngram"] for name in args.add}
         if mode == "sampled":
             greedy = [k for k in scored if BlockKey.parse(k).mode == "greedy"]
@@ -380,7 +380,7 @@ def main() -> None:
     parser.add_argument("--drafters", nargs="+", default=["eagle3-1M", "eagle3_31-1M"], help="names in STUDY/drafters")
     parser.add_argument("--base", default="eagle3-1M", help="the recipe every other is compared with")
     parser.add_argument("--add", action="append", default=[], metavar="NAME",
-                        help="a drafter scored beside the n-gram in greedy blocks of its own (repeatable): the "
+                        help="a drafter scored beside the n-gram in greedy and auto blocks of its own (repeatable): the "
                              "rows of --drafters, scored before, are not decoded again")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs/recipe"))
     parser.add_argument("--num-prompts", type=int, default=32)

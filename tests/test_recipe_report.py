@@ -182,3 +182,21 @@ def test_a_run_of_some_modes_keeps_the_reports_other_blocks_and_says_when_the_sa
     blocks["mt-bench greedy +c"] = block({"c": 10.0, "ngram": 11.5}, {"c": 1.95})  # c slower: a still wins
     assert unsampled_winner({"blocks": blocks, "fits": {"a": {}, "c": {}}}) is None
     assert unsampled_winner({"blocks": scored, "fits": {"a": {}, "c": {}}}) is None  # no sampled block
+
+
+def test_an_added_drafter_gets_greedy_and_auto_blocks_of_its_own_and_the_sampled_block_stays_the_main_ones():
+    from argparse import Namespace
+
+    from recipe import planned
+
+    args = Namespace(drafters=["a", "b"], add=["c"], base="a", modes=["greedy", "auto", "sampled"])
+    plan = [(str(key), names) for key, names in planned(args, ["mt-bench"], {}, ["a", "b", "c"])]
+    assert plan == [
+        ("mt-bench greedy", ["a", "b", "ngram"]),
+        ("mt-bench greedy +c", ["c", "ngram"]),
+        ("mt-bench auto", ["a", "b", "ngram"]),
+        ("mt-bench auto +c", ["c", "ngram"]),
+        ("mt-bench sampled", ["a", "b", "c", "ngram"]),  # no greedy block scored yet: every trained drafter
+    ]
+    scored = {"mt-bench greedy": block({"a": 12.0, "b": 13.0, "ngram": 11.0}, {})}
+    assert planned(args, ["mt-bench"], scored, ["a", "b"], ["sampled"])[0][1] == ["a", "b", "ngram"]
