@@ -366,30 +366,77 @@ def render(text: str) -> str:
     return BLOCK.sub(block, text)
 
 
-CURVES = {"smollm2": "scaling_families"}
-"""Recipe set -> the data-scaling results whose learning curves ``draftsmith pipeline`` predicts τ from
-(``draftsmith/configs/SET/learning_curve.json``)."""
+CURVES = {"smollm2": ("scaling_families", ("recipe_smollm2_250k", "recipe_smollm2"))}
+"""Recipe set -> the results whose learning curves ``draftsmith pipeline`` predicts τ from
+(``draftsmith/configs/SET/learning_curve.json``): the data-scaling study's, and the recipe study's reports (their
+rows of a pipeline family at two or more data budgets, e.g. EAGLE-3.1 at 250k and 1M, per number of passes)."""
+
+
+def study_size(name: str) -> int:
+    """A study drafter's data budget from its name (``scaling.fit_one``'s ``ROW-SIZE``: 250k, 1M)."""
+    size = name.rsplit("-", 1)[1]
+    return round(float(size[:-1]) * (1e6 if size[-1] == "M" else 1e3))
+
+
+def recipe_points(names: tuple[str, ...], dtype: str) -> tuple[dict[tuple[str, float], dict[str, list]], list[str]]:
+    """(pipeline family, passes) -> set -> [(tokens, τ)] from the recipe reports ``names`` measured in ``dtype``:
+    each row of a recipe the pipeline trains as a family (``scaling.RECIPES``: ``eagle3_31_e4`` is ``eagle3_31``
+    with 4 passes; a study-only change such as ``eagle3_31_lk`` is none), greedy at the study's K."""
+    scaling = importlib.import_module("scaling")
+    recipe = importlib.import_module("recipe")
+    points, measured = {}, []
+    for name in names:
+        result = load(name)
+        if result["dtype"] != dtype:
+            continue
+        measured.append(f"{result['machine']['git']} {result['machine']['date']}")
+        for key, block in result["blocks"].items():
+            parsed = recipe.BlockKey.parse(key)
+            if parsed.mode != "greedy":
+                continue
+            for row in block["drafters"]:
+                fit = result["fits"].get(row["name"])
+                family = scaling.RECIPES.get(row["name"].rsplit("-", 1)[0], "").removeprefix("smollm2/")
+                if fit is None or not family or "/" in family:
+                    continue
+                sets = points.setdefault((family, float(fit["epochs"])), {})
+                sets.setdefault(parsed.set_name, []).append((study_size(row["name"]), row["tau"]))
+    return points, measured
 
 
 def learning_curves() -> dict[Path, str]:
-    """Per recipe set of ``CURVES``: its measured learning curves (τ = a + b·ln(generated tokens), per family and
-    held-out set, greedy at the study's K), with what measured them, as ``draftsmith pipeline`` reads them."""
+    """Per recipe set of ``CURVES``: its measured learning curves (τ = a + b·ln(generated tokens), per family,
+    passes over the data and held-out set, greedy at the studies' K), each with what measured it and the budgets it
+    spans, as ``draftsmith pipeline`` reads them."""
+    scaling = importlib.import_module("scaling")
     out = {}
-    for recipes, name in CURVES.items():
+    for recipes, (name, reports) in CURVES.items():
         result = load(name)
         sizes = sorted({r["size"] for r in result["rows"]})
-        curves = {}
+        study = {"source": f"benchmarks/results/{name}.json",
+                 "measured": f"{result['machine']['git']} {result['machine']['date']}"}  # fmt: skip
+        by_family = {}
         for key, fit in result["curves"].items():
             set_name, family = key.split("/")
             if fit is not None:
-                curves.setdefault(family, {})[set_name] = {"a": fit["a"], "b": fit["b"]}
+                by_family.setdefault(family, {})[set_name] = {"a": fit["a"], "b": fit["b"]}
+        curves = [{"family": family, "epochs": result["args"]["epochs"], "tokens": [sizes[0], sizes[-1]]} | study
+                  | {"sets": sets} for family, sets in by_family.items()]  # fmt: skip
+        points, measured = recipe_points(reports, result["target"].split(":")[1])
+        for (family, epochs), sets in points.items():
+            budgets = sorted({x for pts in sets.values() for x, _ in pts})
+            if len(budgets) < 2:  # one budget: no curve
+                continue
+            fits = {s: scaling.fit_curve(sorted(pts)) for s, pts in sets.items()}
+            curves.append({
+                "family": family, "epochs": epochs, "tokens": [budgets[0], budgets[-1]],
+                "source": " and ".join(f"benchmarks/results/{r}.json" for r in reports),
+                "measured": ", ".join(measured),
+                "sets": {s: {"a": f["a"], "b": f["b"]} for s, f in fits.items()},
+            })  # fmt: skip
         record = {
-            "source": f"benchmarks/results/{name}.json",
-            "measured": f"{result['machine']['git']} {result['machine']['date']}",
             "target": result["target"],
-            "k": importlib.import_module("scaling").MODES["greedy"][0],  # the greedy blocks' K
-            "epochs": result["args"]["epochs"],
-            "tokens": [sizes[0], sizes[-1]],
+            "k": scaling.MODES["greedy"][0],  # the greedy blocks' K (the recipe study's too: 4)
             "curves": curves,
         }
         out[ROOT / "draftsmith" / "configs" / recipes / "learning_curve.json"] = json.dumps(record, indent=2) + "\n"

@@ -73,19 +73,27 @@ def test_a_sized_budget_is_kept_when_the_run_is_made_again(tmp_path, capsys):
 
 
 def test_the_learning_curve_predicts_tau_for_the_target_it_was_measured_on():
-    curve = json.loads((RECIPES / "smollm2" / "learning_curve.json").read_text())
-    assert curve["target"].startswith("smollm2") and curve["k"] == 4
+    record = json.loads((RECIPES / "smollm2" / "learning_curve.json").read_text())
+    assert record["target"].startswith("smollm2") and record["k"] == 4
     smollm2 = ResolvedTarget(TargetSpec("smollm2"), Path("unused"), "bfloat16")
-    text = predicted_tau(PLAN, smollm2, 1_000_000)
-    eagle3 = curve["curves"]["eagle3"]
-    expected = [f"{c['a'] + c['b'] * math.log(1_000_000):.2f} {s}" for s, c in eagle3.items()]
-    assert f"eagle3 {' / '.join(expected)}" in text and "within the measured" in text
-    assert "extrapolated" in predicted_tau(PLAN, smollm2, 50_000_000)
+    plan = replace(PLAN, budget=replace(PLAN.budget, epochs=2.0), drafters=("eagle3_31", "eagle1"))
+    text = predicted_tau(plan, smollm2, 1_000_000)
+    assert text.startswith("τ at K = 4 predicted for 1,000,000 generated tokens and 2 passes over them: ")
+    for family in ("eagle3_31", "eagle1"):  # the recipe study's curve and the data-scaling study's
+        curve = next(c for c in record["curves"] if c["family"] == family and c["epochs"] == 2.0)
+        expected = [f"{c['a'] + c['b'] * math.log(1_000_000):.2f} {s}" for s, c in curve["sets"].items()]
+        assert f"{family} {' / '.join(expected)} (within the measured {curve['tokens'][0]:,}–1,000,000; " in text
+    assert "extrapolated" in predicted_tau(plan, smollm2, 50_000_000)
     assert "medusa1" not in text  # only the families the run trains
+    # passes no curve measured: said so per family, not predicted from another number of passes
+    five = predicted_tau(replace(plan, budget=replace(plan.budget, epochs=5.0)), smollm2, 1_000_000)
+    assert "eagle1: measured at 2 passes, not at this run's 5" in five and "eagle1 " not in five
+    assert predicted_tau(PLAN, smollm2, 1_000_000).startswith("no learning curve for a run of its recipes' own steps")
     # another target with the same recipe set: no prediction, said so
     other = ResolvedTarget(TargetSpec("runs/my-model"), Path("runs/my-model"), "float32")
-    assert predicted_tau(PLAN, other, 1_000_000).startswith("no learning curve measured for this target")
-    assert predicted_tau(replace(PLAN, recipes=""), smollm2, 1_000_000).startswith("no learning curve measured")
+    assert predicted_tau(plan, other, 1_000_000).startswith("no learning curve measured for this target")
+    assert predicted_tau(replace(plan, recipes=""), smollm2, 1_000_000).startswith("no learning curve measured")
+    assert predicted_tau(replace(plan, drafters=("medusa1",)), smollm2, 1_000_000).startswith("no learning curve")
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--hours", "0"), ("--num-prompts", "0")])

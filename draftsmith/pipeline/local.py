@@ -324,8 +324,9 @@ def sized_once(out: Path, sizing: Sizing, budget: Budget, size) -> Budget:
 
 def predicted_tau(plan: Plan, target: targets.ResolvedTarget, tokens: int) -> str:
     """What the learning curves measured for this recipe set and target (``configs/SET/learning_curve.json``, written
-    by ``benchmarks/tables.py`` from the data-scaling study) predict for ``tokens`` generated training tokens, in
-    words; or why there is no prediction."""
+    by ``benchmarks/tables.py`` from the data-scaling and recipe studies) predict for ``tokens`` generated training
+    tokens, per family the run trains, at the run's passes over the data (``plan.budget.epochs``), in words; or why
+    there is no prediction."""
     path = RECIPES / (plan.recipes or ".") / "learning_curve.json"
     if not path.is_file():
         return f"no learning curve measured for the recipe set {plan.recipes or 'default'}"
@@ -333,18 +334,26 @@ def predicted_tau(plan: Plan, target: targets.ResolvedTarget, tokens: int) -> st
     measured_on = record["target"].split(":")[0]
     if Path(target.spec.source).name != measured_on:
         return f"no learning curve measured for this target (the recipe set's is {measured_on}'s)"
-    lo, hi = record["tokens"]
-    where = "within" if lo <= tokens <= hi else "outside (extrapolated)"
-    parts = [
-        f"{family} " + " / ".join(f"{c['a'] + c['b'] * math.log(tokens):.2f} {s}" for s, c in sets.items())
-        for family, sets in record["curves"].items()
-        if family in plan.drafters
-    ]
+    epochs, parts = plan.budget.epochs, []
+    if epochs <= 0:
+        return "no learning curve for a run of its recipes' own steps (the curves are per passes over the data)"
+    for family in plan.drafters:
+        mine = [c for c in record["curves"] if c["family"] == family]
+        curve = next((c for c in mine if c["epochs"] == epochs), None)
+        if curve is None:
+            if mine:
+                passes = " / ".join(f"{c['epochs']:g}" for c in mine)
+                parts.append(f"{family}: measured at {passes} passes, not at this run's {epochs:g}")
+            continue
+        lo, hi = curve["tokens"]
+        where = "within" if lo <= tokens <= hi else "outside (extrapolated)"
+        taus = " / ".join(f"{c['a'] + c['b'] * math.log(tokens):.2f} {s}" for s, c in curve["sets"].items())
+        parts.append(f"{family} {taus} ({where} the measured {lo:,}–{hi:,}; {curve['source']})")
     if not parts:
         return f"no learning curve measured for {', '.join(plan.drafters) or 'these families'}"
     return (
-        f"τ at K = {record['k']} predicted for up to {tokens:,} generated tokens ({where} the measured {lo:,}–{hi:,}; "
-        f"{record['source']}, {record['epochs']:g} epochs): " + "; ".join(parts)
+        f"τ at K = {record['k']} predicted for {tokens:,} generated tokens and {epochs:g} passes over them: "
+        + "; ".join(parts)
     )
 
 
