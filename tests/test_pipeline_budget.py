@@ -17,6 +17,7 @@ from draftsmith.pipeline.local import (
     Speeds,
     _estimates,
     _families,
+    passes,
     predicted_tau,
     size_budget,
     sized_once,
@@ -44,6 +45,14 @@ def test_the_budget_is_the_most_prompts_that_fit_the_hours():
     # twice the time buys more prompts; a set smaller than what fits is taken whole
     assert size_budget(Sizing(2.0, 100_000), SPEEDS, PLAN.budget, PLAN, 5, 2).train_prompts > n
     assert size_budget(Sizing(1.0, 300), SPEEDS, PLAN.budget, PLAN, 5, 2).train_prompts == 300
+
+
+def test_the_smollm2_recipe_set_makes_the_passes_its_study_measured_to_pay_and_the_hours_buy_fewer_prompts():
+    assert passes("smollm2") == 4.0 and passes("") == EPOCHS == 2.0 and passes("runs/my-recipes") == EPOCHS
+    two = size_budget(Sizing(1.0, 100_000), SPEEDS, replace(PLAN.budget, epochs=2.0), PLAN, 5, 2)
+    four = size_budget(Sizing(1.0, 100_000), SPEEDS, replace(PLAN.budget, epochs=passes("smollm2")), PLAN, 5, 2)
+    assert (two.epochs, four.epochs) == (2.0, 4.0) and four.train_prompts < two.train_prompts
+    assert recipe_steps("smollm2/eagle3_31", four) == max(100, math.ceil(4.0 * four.train_prompts / four.batch_size))
 
 
 def test_hours_too_short_for_the_smallest_budget_are_refused_in_one_line():

@@ -260,7 +260,18 @@ def _estimates(speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_block
 
 
 EPOCHS = 2.0
-"""Passes over the training prompts each family makes when the budget is sized by time (the recipe study's)."""
+"""Passes over the training prompts each family makes by default (the data-scaling study's)."""
+PASSES = {LARGE: 4.0}
+"""Passes per recipe set where the recipe study measured more to pay: ``LARGE``'s EAGLE-3.1 at 4 passes over the
+packed corpus's 250k and 1M tokens against 2 (``benchmarks/results/recipe_smollm2.md``, ``recipe_smollm2_250k.md``)."""
+
+
+def passes(recipes: str) -> float:
+    """The passes over the training prompts each family of the recipe set ``recipes`` makes (``PASSES``, else
+    ``EPOCHS``)."""
+    return PASSES.get(recipes, EPOCHS)
+
+
 SMALLEST = 48
 """The fewest training prompts a time-sized budget takes (the smoke runs' size)."""
 
@@ -275,13 +286,14 @@ class Sizing:
 
 
 def sized(budget: Budget, n: int) -> Budget:
-    """``budget`` with ``n`` training prompts, each family fitting ``EPOCHS`` passes over them (a time-sized budget)."""
-    return replace(budget, train_prompts=n, epochs=EPOCHS, fit_steps=0)
+    """``budget`` with ``n`` training prompts, each family fitting the budget's passes over them (``EPOCHS`` where it
+    sets none; a time-sized budget)."""
+    return replace(budget, train_prompts=n, epochs=budget.epochs or EPOCHS, fit_steps=0)
 
 
 def size_budget(sizing: Sizing, speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_blocks: int) -> Budget:
     """``budget`` with the most training prompts (at least ``SMALLEST``, at most ``sizing.available``) whose
-    estimated stages (``_estimates``) fit ``sizing.hours``, each family fitting ``EPOCHS`` passes over them (its
+    estimated stages (``_estimates``) fit ``sizing.hours``, each family fitting the budget's passes over them (its
     recipe's steps the floor). Refused in one line when even the smallest does not fit."""
 
     def seconds(n: int) -> float:
@@ -316,7 +328,7 @@ def sized_once(out: Path, sizing: Sizing, budget: Budget, size) -> Budget:
         how = "by this machine's measured speed"
     every = " (all of them)" if budget.train_prompts == sizing.available else ""
     print(
-        f"  data: {budget.train_prompts} training prompts{every}, each family {EPOCHS:g} passes over them: the "
+        f"  data: {budget.train_prompts} training prompts{every}, each family {budget.epochs:g} passes over them: the "
         f"most that fit --hours {sizing.hours:g}, {how}"
     )
     return budget
@@ -557,9 +569,9 @@ def pipeline(
         prompt_field: the prompt's field name in JSONL / dataset sources.
         num_prompts: training prompts used (the first N); default: the most that fit ``hours``.
         hours: the time the run may take on this machine when ``num_prompts`` is not given: the training prompts
-            (each family ``EPOCHS`` passes over them) are the most whose stages fit it by the target's speed,
-            measured before any data is made (``size_budget``); the τ the measured learning curve predicts for them
-            is printed before the data is made.
+            (each family making ``passes(recipes)`` passes over them: 4 for ``smollm2``, else 2) are the most whose
+            stages fit it by the target's speed, measured before any data is made (``size_budget``); the τ the
+            measured learning curves predict for them is printed before the data is made.
         heldout: held-out prompts (validation data and the verifier's scoring set).
         max_new_tokens: tokens the target writes per prompt, for data and for scoring.
         steps_scale: each recipe's training steps times this.
@@ -605,7 +617,7 @@ def pipeline(
         available = counts[prompts]
         print(f"  prompts: {train_src} for training, {heldout_src} held out (--heldout-prompts)")
     given = num_prompts or available  # sized by time in the run when not given
-    full = Budget(given, max_new_tokens, heldout, fit_scale=steps_scale, epochs=EPOCHS)
+    full = Budget(given, max_new_tokens, heldout, fit_scale=steps_scale, epochs=passes(recipe_dir))
     budget = FAST if fast else full
     sizing = None if fast or num_prompts is not None else Sizing(hours, available)
     cache = info.layers >= 12 if features is None else features
