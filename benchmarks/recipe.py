@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
-from scaling import fit_epochs
+from scaling import fit_epochs, tokens_of
 
 from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
@@ -127,9 +127,7 @@ def gain_cell(base, row) -> str:
 
 def data_sizes(fits: dict) -> list[str]:
     """The data budgets of the study's drafters, from their names (``scaling.fit_one``'s ``FAMILY-SIZE``)."""
-    return sorted(
-        {name.rsplit("-", 1)[1] for name in fits}, key=lambda s: float(s[:-1]) * (1e6 if s[-1] == "M" else 1e3)
-    )
+    return sorted({name.rsplit("-", 1)[1] for name in fits}, key=tokens_of)
 
 
 def markdown(result: dict) -> str:

@@ -242,6 +242,11 @@ def label(size: int) -> str:
     return f"{size // 1000}k" if size < 1_000_000 else f"{size / 1e6:g}M"
 
 
+def tokens_of(text: str) -> int:
+    """The size a ``label`` names (``250k`` -> 250,000; ``1M`` -> 1,000,000)."""
+    return int(float(text[:-1]) * (1_000 if text.endswith("k") else 1_000_000))
+
+
 def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path | None, epochs: float, min_steps: int):
     """Train ``family`` on the first ``rows`` rows (resumed from its last checkpoint when interrupted); returns
     its export dir and a record of the fit (steps, seconds, load)."""
@@ -591,8 +596,7 @@ def earlier_run(subsets: dict[int, tuple[int, int]], name: str | None = None) ->
 
 def block_size(title: str) -> int:
     """A block title's subset size (``mt-bench greedy 1M`` -> 1,000,000): the report lists blocks by size."""
-    size = title.rsplit(" ", 1)[-1]
-    return int(float(size[:-1]) * (1_000 if size.endswith("k") else 1_000_000))
+    return tokens_of(title.rsplit(" ", 1)[-1])
 
 
 def orderings(rows: list[dict]) -> list[dict]:

@@ -372,12 +372,6 @@ CURVES = {"smollm2": ("scaling_families", ("recipe_smollm2_250k", "recipe_smollm
 rows of a pipeline family at two or more data budgets, e.g. EAGLE-3.1 at 250k and 1M, per number of passes)."""
 
 
-def study_size(name: str) -> int:
-    """A study drafter's data budget from its name (``scaling.fit_one``'s ``ROW-SIZE``: 250k, 1M)."""
-    size = name.rsplit("-", 1)[1]
-    return round(float(size[:-1]) * (1e6 if size[-1] == "M" else 1e3))
-
-
 def recipe_points(names: tuple[str, ...], dtype: str) -> tuple[dict[tuple[str, float], dict[str, list]], list[str]]:
     """(pipeline family, passes) -> set -> [(tokens, τ)] from the recipe reports ``names`` measured in ``dtype``:
     each row of a recipe the pipeline trains as a family (``scaling.RECIPES``: ``eagle3_31_e4`` is ``eagle3_31``
@@ -400,7 +394,9 @@ def recipe_points(names: tuple[str, ...], dtype: str) -> tuple[dict[tuple[str, f
                 if fit is None or not family or "/" in family:
                     continue
                 sets = points.setdefault((family, float(fit["epochs"])), {})
-                sets.setdefault(parsed.set_name, []).append((study_size(row["name"]), row["tau"]))
+                sets.setdefault(parsed.set_name, []).append(
+                    (scaling.tokens_of(row["name"].rsplit("-", 1)[1]), row["tau"])
+                )
     return points, measured
 
 
