@@ -149,20 +149,29 @@ def installed_vllm(python: Path) -> str | None:
     return run.stdout.strip() or None
 
 
-def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: dict, args: dict) -> dict:
-    """(drafter, set, batch) -> a cell of the report ``path`` (results/NAME.json) written by an earlier run on this
-    machine (the same CPU and flags, threads, torch) with the same ``inputs`` (target fingerprint, dtype, vLLM) and
-    ``args`` (K, prompts, tokens), drafter config and prompt source, rebuilt as the cell file it was: such cells stand in for
-    those a new workspace lost from ``--out/cells``, so that adding a drafter measures its own cells only. A cell
-    saved with its key (from this version on) must match the new key too (``main``)."""
+def earlier_report(path: Path, here: dict, inputs: dict, args: dict) -> dict | None:
+    """The report ``path`` (results/NAME.json) if an earlier run wrote it on this machine (the same CPU and flags,
+    threads, torch) with the same ``inputs`` (target fingerprint, dtype, vLLM) and ``args`` (K, prompts, tokens),
+    else None: only such a report's cells are comparable with this run's."""
     if not path.is_file():
-        return {}
+        return None
     result = json.loads(path.read_text())
     same_machine = all(result["machine"].get(k) == here.get(k) for k in ("cpu", "cpu_flags", "threads", "torch"))
-    measured = {"git": result["machine"]["git"], "date": result["machine"]["date"]}  # the run's, where a cell lacks it
     same_args = all(result["args"].get(k) == v for k, v in args.items())
     if not (same_machine and same_args) or any(result.get(k) != v for k, v in inputs.items()):
+        return None
+    return result
+
+
+def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: dict, args: dict) -> dict:
+    """(drafter, set, batch) -> a cell of the report ``path`` of an earlier run (``earlier_report``) with the same
+    drafter config and prompt source, rebuilt as the cell file it was: such cells stand in for those a new workspace
+    lost from ``--out/cells``, so that adding a drafter measures its own cells only. A cell saved with its key (from
+    this version on) must match the new key too (``main``)."""
+    result = earlier_report(path, here, inputs, args)
+    if result is None:
         return {}
+    measured = {"git": result["machine"]["git"], "date": result["machine"]["date"]}  # the run's, where a cell lacks it
     return {
         (c["drafter"], c["set"], c["batch"]): {"key": c.get("key"), "vllm": c["vllm"], "chunks": c["chunks"],
                                                "counters": c["summary"]["counters"] or None,
@@ -171,6 +180,28 @@ def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: di
         if "chunks" in c and c["drafter"] in drafters and result["drafters"].get(c["drafter"]) == drafters[c["drafter"]]
         and c["set"] in sets and result["sets"].get(c["set"]) == sets[c["set"]]
     }  # fmt: skip
+
+
+def other_drafters(
+    path: Path, here: dict, inputs: dict, drafters: dict, sets: dict, args: dict
+) -> tuple[dict, list, dict]:
+    """What this run keeps of the earlier report ``path`` (``earlier_report``): the drafters it does not name, with
+    their configs and their measured cells on this run's prompt sets (a run that adds a drafter keeps the rows whose
+    drafter this workspace no longer holds), and the verifier scores of those and of the drafters it names with the
+    same config. Empty where the report is not comparable."""
+    result = earlier_report(path, here, inputs, args)
+    if result is None:
+        return {}, [], {}
+    measured = {"git": result["machine"]["git"], "date": result["machine"]["date"]}
+    same_set = {s for s in sets if result["sets"].get(s) == sets[s]}
+    cells = [c | {"measured": c.get("measured") or measured} for c in result["cells"]
+             if "chunks" in c and c["drafter"] not in drafters and c["set"] in same_set]  # fmt: skip
+    others = {n: d for n, d in result["drafters"].items() if n in {c["drafter"] for c in cells}}
+    same = set(others) | {n for n, d in drafters.items() if result["drafters"].get(n) == d}
+    scores = {
+        s: {n: v for n, v in by.items() if n in same} for s, by in result.get("scores", {}).items() if s in same_set
+    }
+    return others, cells, {s: by for s, by in scores.items() if by}
 
 
 def side(reply: dict) -> dict:
@@ -312,6 +343,9 @@ def markdown(result: dict) -> str:
     notes = [f"- {n}: {d['note']}" for n, d in result["drafters"].items() if d.get("note")]
     lines += notes + ([""] if failed or notes else [])
     lines.append(f"{measured_on(result['machine'])}; load average {result['load'][0]} → {result['load'][1]}.")
+    if result.get("kept"):
+        lines.append(f"Kept from this report's earlier run, as measured (drafters this run did not name): "
+                     f"{', '.join(result['kept'])}.")  # fmt: skip
     measured = [c for c in cells if "error" not in c]
     if len(result.get("computed", [])) < len(measured):  # cells saved by an earlier run: its SHA and date, not this
         runs = sorted({f"`{c['measured']['git']}` on {c['measured']['date']}" if c.get("measured") else "unrecorded"
@@ -451,6 +485,11 @@ def main(argv: list[str] | None = None) -> None:
             current.close()
     if plain is not None:
         plain.close()
+    others, kept, kept_scores = other_drafters(args.results / f"{args.name}.json", here, inputs, drafters, args.sets,
+                                               same_args)  # fmt: skip
+    for label, by in kept_scores.items():  # a score named in this run wins over the kept one
+        scores[label] = by | scores.get(label, {})
+    drafters, cells = drafters | others, cells + kept
     result = {
         "machine": here, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "vllm": next((c["vllm"] for c in cells if c.get("vllm")), "?"), "target": fingerprint,
@@ -458,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         "sets": {label: args.sets[label] for label in prompts}, "drafters": drafters, "scores": scores,
         "args": {"k": args.k, "prompts": args.prompts, "new_tokens": args.new_tokens, "quick": args.quick,
                  "out": str(args.out)},
-        "computed": computed, "cells": cells,
+        "computed": computed, "cells": cells, "kept": sorted(others),
     }  # fmt: skip
     write(args.name, result, markdown(result), args.results)
 

@@ -91,6 +91,35 @@ def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs
     assert served.earlier_cells(tmp_path / "none.json", here, inputs, {}, sets, {}) == {}
 
 
+def test_a_run_keeps_the_earlier_reports_other_drafters_with_their_cells_and_scores(tmp_path):
+    from common import machine
+
+    here, ngram, eagle3 = machine(), {"method": "ngram", "k": 4}, {"method": "eagle3", "k": 4}
+    cells = [{"drafter": d, "set": s, "batch": 1, "vllm": "0.32.0", "chunks": [{"same": 1}], "summary": {}}
+             for d in ("ngram", "eagle3") for s in ("mt-bench", "chat-heldout")]  # fmt: skip
+    scores = {s: {"ngram": {"tau": 1.4}, "eagle3": {"tau": 1.5}} for s in ("mt-bench", "chat-heldout")}
+    report = {"machine": here, "dtype": "float32", "args": {"k": 4}, "drafters": {"ngram": ngram, "eagle3": eagle3},
+              "sets": {"mt-bench": "builtin:mt-bench", "chat-heldout": "builtin:chat-heldout"}, "scores": scores,
+              "cells": cells + [{"drafter": "dflash", "set": "mt-bench", "batch": 1, "error": "failed"}]}  # fmt: skip
+    path = tmp_path / "served.json"
+    path.write_text(json.dumps(report))
+    sets, inputs, measured = (
+        {"mt-bench": "builtin:mt-bench"},
+        {"dtype": "float32"},
+        {"git": here["git"], "date": here["date"]},
+    )
+    drafters, kept, kept_scores = served.other_drafters(path, here, inputs, {"ngram": ngram}, sets, {"k": 4})
+    assert drafters == {"eagle3": eagle3}  # named here: not kept; failed only (dflash): measured again, not kept
+    assert kept == [cells[2] | {"measured": measured}]  # its cells on this run's sets only
+    assert kept_scores == {"mt-bench": {"ngram": {"tau": 1.4}, "eagle3": {"tau": 1.5}}}  # ngram: the same config
+    _, _, kept_scores = served.other_drafters(path, here, inputs, {"ngram": ngram | {"k": 3}}, sets, {"k": 4})
+    assert kept_scores == {"mt-bench": {"eagle3": {"tau": 1.5}}}  # a changed ngram: its earlier score is not its own
+    assert served.other_drafters(path, here, inputs, {}, sets, {"k": 3}) == ({}, [], {})  # other K: nothing kept
+    assert served.other_drafters(path, here, inputs, {}, {"mt-bench": "my.jsonl"}, {"k": 4}) == ({}, [], {})
+    md = served.markdown(result({1: 1.5}, tau=2.0) | {"kept": ["dflash", "eagle3"]})
+    assert "Kept from this report's earlier run, as measured (drafters this run did not name): dflash, eagle3." in md
+
+
 def chunk(plain: tuple[float, list[int]], drafter: tuple[float, list[int]], same: int) -> dict:
     """A cell's chunk: each side's seconds and row lengths, every row at 10 ms per token after its first."""
     return {
