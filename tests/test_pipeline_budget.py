@@ -18,6 +18,7 @@ from draftsmith.pipeline.local import (
     _estimates,
     _families,
     passes,
+    pipeline,
     predicted_tau,
     size_budget,
     sized_once,
@@ -49,6 +50,10 @@ def test_the_budget_is_the_most_prompts_that_fit_the_hours():
 
 def test_the_smollm2_recipe_set_makes_the_passes_its_study_measured_to_pay_and_the_hours_buy_fewer_prompts():
     assert passes("smollm2") == 4.0 and passes("") == EPOCHS == 2.0 and passes("runs/my-recipes") == EPOCHS
+    # the CLI's --hours help (the pipeline's docstring) states the same passes
+    assert f"passes over them: {passes(LARGE):g} for ``{LARGE}``, else {EPOCHS:g})" in " ".join(
+        pipeline.__doc__.split()
+    )
     two = size_budget(Sizing(1.0, 100_000), SPEEDS, replace(PLAN.budget, epochs=2.0), PLAN, 5, 2)
     four = size_budget(Sizing(1.0, 100_000), SPEEDS, replace(PLAN.budget, epochs=passes("smollm2")), PLAN, 5, 2)
     assert (two.epochs, four.epochs) == (2.0, 4.0) and four.train_prompts < two.train_prompts
