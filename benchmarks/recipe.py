@@ -14,9 +14,10 @@ float32), plain decoding of the same weights with the fastest kernels (the faste
 with ``--float32``), the n-gram drafter and every drafter. Modes: ``greedy`` chains at K = 4, ``auto`` (``--k
 auto``: each drafter's fastest shape on this machine), ``sampled`` at T 0.7 / top-p 0.9, K = 4, for the winner (the
 trained drafter fastest over both greedy blocks) and the base. A drafter trained after the main blocks were scored
-joins with ``--add NAME``: greedy and ``auto`` blocks of its own, NAME and the n-gram (its Δτ paired with the base's prompts of
-the main block: greedy decoding is deterministic, the same tokens in every run), so adding a row costs its own
-decoding and the n-gram's, not the study's. The report itself keeps what a new workspace loses: where ``--out``
+joins with ``--add NAME``: greedy and ``auto`` blocks of its own, NAME and the n-gram, and sampled ones where it wins
+(the main sampled blocks kept as measured; its Δτ paired with the base's prompts of the main block: greedy decoding
+is deterministic, the same tokens in every run), so adding a row costs its own decoding and the n-gram's, not the
+study's. The report itself keeps what a new workspace loses: where ``--out``
 and the study no longer hold a block or a fit, those of ``--results``' earlier JSON stand in when it measured the same
 work on this machine (``earlier_result``), so a drafter trained in a later session joins without the base being
 trained and decoded again; a run of some ``--modes`` keeps the report's blocks of the others as they were
@@ -239,14 +240,17 @@ def goals(result: dict) -> list[str]:
 def unsampled_winner(result: dict) -> str | None:
     """Why the sampled blocks lack the winner, when they do: they were decoded before it was scored (a run of other
     ``--modes`` keeps them as measured); None when every sampled block decodes it, or there is none."""
-    sampled = [read_block(b)[1] for key, b in result["blocks"].items() if BlockKey.parse(key).mode == "sampled"]
+    by_set: dict[str, set] = {}  # a set's sampled blocks (main and ``+NAME``) -> the names they decoded
+    for key, b in result["blocks"].items():
+        if (k := BlockKey.parse(key)).mode == "sampled":
+            by_set.setdefault(k.set_name, set()).update(r.name for r in read_block(b)[1])
     best = winner(result["blocks"], list(result["fits"]))
-    if not sampled or all(best in {r.name for r in rows} for rows in sampled):
+    if not by_set or all(best in names for names in by_set.values()):
         return None
-    names = sorted({r.name for rows in sampled for r in rows} - {"ngram"})
+    names = sorted(set().union(*by_set.values()) - {"ngram"})
     return (
         f"the sampled blocks decoded {', '.join(names)} (the winner when they were scored); the winner now, {best}, "
-        "is not sampled yet (`--modes sampled` decodes it beside the base)"
+        "is not sampled yet (`--modes sampled` decodes it: an --add drafter in blocks of its own beside the n-gram)"
     )
 
 
@@ -329,26 +333,41 @@ def held(key: BlockKey, out: Path, earlier: dict) -> dict | None:
 
 
 def saved_blocks(args, earlier: dict) -> dict:
-    """The greedy blocks held (``held``; the sampled mode's drafter is their winner)."""
+    """The greedy blocks held (``held``; the sampled mode's drafter is their winner) and the main sampled ones."""
     keys = [BlockKey(s, "greedy", added) for s in args.sets for added in ["", *args.add]]
+    keys += [BlockKey(s, "sampled") for s in args.sets]
     return {str(k): b for k in keys if (b := held(k, args.out, earlier)) is not None}
+
+
+def decoders(block: dict) -> list[str]:
+    """The names a saved block decoded, in its order."""
+    from draftsmith.eval.rows import read_rows
+
+    return [r.name for r in read_rows(block["drafters"])]
 
 
 def planned(args, sets: list[str], scored: dict, trained: list[str], modes=None) -> list[tuple[BlockKey, list[str]]]:
     """Each block of ``modes`` (``--modes``) with the decoders it runs, in order: the main blocks (every
     ``--drafters`` row and the n-gram), ``--add``'s greedy and auto blocks (NAME and the n-gram), the sampled blocks
-    (the base and the winner of the greedy blocks ``scored``; every trained drafter while none is scored). A block
-    saved in ``--out`` with the same decoders is reused by ``saved_block``, not decoded again."""
+    (the base and the winner of the greedy blocks ``scored``; every trained drafter while none is scored). A winner
+    joined with ``--add`` gets sampled blocks of its own (it and the n-gram) and the main sampled blocks stay as
+    ``scored`` holds them (else the base and the n-gram), so sampling the winner does not decode the base again. A
+    block saved in ``--out`` with the same decoders is reused by ``saved_block``, not decoded again."""
     out = []
     for mode in [m for m in MODES if m in (modes or args.modes)]:
-        runs = {"": [*args.drafters, "ngram"]}  # the block's added name ("": a main block) -> its decoders
+        runs = {"": {s: [*args.drafters, "ngram"] for s in sets}}  # added name ("": main) -> set -> its decoders
         if mode in ("greedy", "auto"):
-            runs |= {name: [name, "ngram"] for name in args.add}
+            runs |= {name: {s: [name, "ngram"] for s in sets} for name in args.add}
         if mode == "sampled":
-            greedy = [k for k in scored if BlockKey.parse(k).mode == "greedy"]
-            picked = [winner({k: scored[k] for k in greedy}, trained)] if greedy else trained
-            runs = {"": [*dict.fromkeys([args.base, *picked]), "ngram"]}
-        out += [(BlockKey(s, mode, added), names) for added, names in runs.items() for s in sets]
+            greedy = {k: b for k, b in scored.items() if BlockKey.parse(k).mode == "greedy"}
+            best = winner(greedy, trained) if greedy else None
+            if best in args.add:
+                main = {s: scored.get(str(BlockKey(s, "sampled"))) for s in sets}
+                runs = {"": {s: decoders(b) if b else [args.base, "ngram"] for s, b in main.items()},
+                        best: {s: [best, "ngram"] for s in sets}}  # fmt: skip
+            else:
+                runs = {"": {s: [*dict.fromkeys([args.base, *([best] if best else trained)]), "ngram"] for s in sets}}
+        out += [(BlockKey(s, mode, added), by_set[s]) for added, by_set in runs.items() for s in sets]
     return out
 
 
@@ -366,10 +385,8 @@ def in_mode_order(blocks: dict) -> dict:
 
 def unsaved(key: BlockKey, names: list[str], out: Path, earlier: dict) -> bool:
     """Whether the block ``key`` of ``names`` is still to be decoded (none held, or one of other decoders)."""
-    from draftsmith.eval.rows import read_rows
-
     block = held(key, out, earlier)
-    return block is None or [r.name for r in read_rows(block["drafters"])] != names
+    return block is None or decoders(block) != names
 
 
 def main() -> None:

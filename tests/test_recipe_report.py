@@ -200,3 +200,28 @@ def test_an_added_drafter_gets_greedy_and_auto_blocks_of_its_own_and_the_sampled
     ]
     scored = {"mt-bench greedy": block({"a": 12.0, "b": 13.0, "ngram": 11.0}, {})}
     assert planned(args, ["mt-bench"], scored, ["a", "b"], ["sampled"])[0][1] == ["a", "b", "ngram"]
+
+
+def test_a_winner_joined_with_add_is_sampled_in_blocks_of_its_own_and_the_main_sampled_blocks_stay_as_measured():
+    """The sampled mode decodes the winner; one joined with ``--add`` (``c``) gets its own sampled blocks beside the
+    n-gram, and the main ones keep what they decoded (the base and the former winner ``b``), so sampling ``c`` does
+    not need the base's drafter in the workspace; the report's note then knows ``c`` is sampled."""
+    from argparse import Namespace
+
+    from recipe import planned, unsampled_winner
+
+    args = Namespace(drafters=["a", "b"], add=["c"], base="a", modes=["sampled"])
+    greedy = {"mt-bench greedy": block({"a": 12.0, "b": 13.0, "ngram": 11.0}, {}),
+              "mt-bench greedy +c": block({"c": 16.5, "ngram": 11.5}, {})}  # fmt: skip
+    held = {"mt-bench sampled": block({"a": 11.0, "b": 12.0, "ngram": 10.5}, {})}
+    plan = [(str(key), names) for key, names in planned(args, ["mt-bench"], greedy | held, ["a", "b", "c"])]
+    assert plan == [("mt-bench sampled", ["a", "b", "ngram"]), ("mt-bench sampled +c", ["c", "ngram"])]
+    plan = [(str(key), names) for key, names in planned(args, ["mt-bench"], greedy, ["a", "b", "c"])]
+    assert plan == [("mt-bench sampled", ["a", "ngram"]), ("mt-bench sampled +c", ["c", "ngram"])]  # none held
+    slower = greedy | {"mt-bench greedy +c": block({"c": 10.0, "ngram": 11.5}, {})}  # b wins: one main block
+    assert [names for _, names in planned(args, ["mt-bench"], slower | held, ["a", "b", "c"])] == [["a", "b", "ngram"]]
+
+    fits = {"a": {}, "b": {}, "c": {}}
+    assert unsampled_winner({"blocks": greedy | held, "fits": fits}).endswith("beside the n-gram)")
+    own = {"mt-bench sampled +c": block({"c": 15.0, "ngram": 10.5}, {})}
+    assert unsampled_winner({"blocks": greedy | held | own, "fits": fits}) is None
