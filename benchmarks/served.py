@@ -163,6 +163,15 @@ def earlier_report(path: Path, here: dict, inputs: dict, args: dict) -> dict | N
     return result
 
 
+def measured_by(result: dict, cell: dict) -> dict | None:
+    """The git SHA and date that measured a cell of the report ``result``: its own record, else the report's run where
+    that run measured it (``computed``), else None (unrecorded: a run that reused a cell is not its measurement)."""
+    if cell.get("measured"):
+        return cell["measured"]
+    mine = cell_path(Path(), cell["drafter"], cell["set"], cell["batch"]).name in result.get("computed", [])
+    return {"git": result["machine"]["git"], "date": result["machine"]["date"]} if mine else None
+
+
 def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: dict, args: dict) -> dict:
     """(drafter, set, batch) -> a cell of the report ``path`` of an earlier run (``earlier_report``) with the same
     drafter config and prompt source, rebuilt as the cell file it was: such cells stand in for those a new workspace
@@ -171,11 +180,10 @@ def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: di
     result = earlier_report(path, here, inputs, args)
     if result is None:
         return {}
-    measured = {"git": result["machine"]["git"], "date": result["machine"]["date"]}  # the run's, where a cell lacks it
     return {
         (c["drafter"], c["set"], c["batch"]): {"key": c.get("key"), "vllm": c["vllm"], "chunks": c["chunks"],
                                                "counters": c["summary"]["counters"] or None,
-                                               "measured": c.get("measured") or measured}
+                                               "measured": measured_by(result, c)}
         for c in result["cells"]
         if "chunks" in c and c["drafter"] in drafters and result["drafters"].get(c["drafter"]) == drafters[c["drafter"]]
         and c["set"] in sets and result["sets"].get(c["set"]) == sets[c["set"]]
@@ -192,9 +200,8 @@ def other_drafters(
     result = earlier_report(path, here, inputs, args)
     if result is None:
         return {}, [], {}
-    measured = {"git": result["machine"]["git"], "date": result["machine"]["date"]}
     same_set = {s for s in sets if result["sets"].get(s) == sets[s]}
-    cells = [c | {"measured": c.get("measured") or measured} for c in result["cells"]
+    cells = [c | {"measured": measured_by(result, c)} for c in result["cells"]
              if "chunks" in c and c["drafter"] not in drafters and c["set"] in same_set]  # fmt: skip
     others = {n: d for n, d in result["drafters"].items() if n in {c["drafter"] for c in cells}}
     same = set(others) | {n for n, d in drafters.items() if result["drafters"].get(n) == d}

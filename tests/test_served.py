@@ -80,7 +80,10 @@ def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs
 
     assert kept() == {("ngram", "mt-bench", 1): {
         "key": None, "vllm": "0.32.0", "chunks": [{"same": 1}], "counters": {"num_drafts": 3},
-        "measured": {"git": here["git"], "date": here["date"]}}}  # a failed cell is measured again  # fmt: skip
+        "measured": None}}  # a failed cell is measured again; the report's run reused this one: unrecorded  # fmt: skip
+    path.write_text(json.dumps(report | {"computed": ["ngram__mt-bench__b1.json"]}))
+    assert kept()[("ngram", "mt-bench", 1)]["measured"] == {"git": here["git"], "date": here["date"]}  # its run's
+    path.write_text(json.dumps(report))
     assert kept(inputs=inputs | {"dtype": "bfloat16"}) == {}
     assert kept(args={"k": 3, "prompts": 32}) == {}
     assert kept(drafters={"ngram": ngram | {"k": 3}}) == {}
@@ -103,14 +106,10 @@ def test_a_run_keeps_the_earlier_reports_other_drafters_with_their_cells_and_sco
               "cells": cells + [{"drafter": "dflash", "set": "mt-bench", "batch": 1, "error": "failed"}]}  # fmt: skip
     path = tmp_path / "served.json"
     path.write_text(json.dumps(report))
-    sets, inputs, measured = (
-        {"mt-bench": "builtin:mt-bench"},
-        {"dtype": "float32"},
-        {"git": here["git"], "date": here["date"]},
-    )
+    sets, inputs = {"mt-bench": "builtin:mt-bench"}, {"dtype": "float32"}
     drafters, kept, kept_scores = served.other_drafters(path, here, inputs, {"ngram": ngram}, sets, {"k": 4})
     assert drafters == {"eagle3": eagle3}  # named here: not kept; failed only (dflash): measured again, not kept
-    assert kept == [cells[2] | {"measured": measured}]  # its cells on this run's sets only
+    assert kept == [cells[2] | {"measured": None}]  # its cells on this run's sets only; measured by an unrecorded run
     assert kept_scores == {"mt-bench": {"ngram": {"tau": 1.4}, "eagle3": {"tau": 1.5}}}  # ngram: the same config
     _, _, kept_scores = served.other_drafters(path, here, inputs, {"ngram": ngram | {"k": 3}}, sets, {"k": 4})
     assert kept_scores == {"mt-bench": {"eagle3": {"tau": 1.5}}}  # a changed ngram: its earlier score is not its own
