@@ -17,11 +17,11 @@ trained drafter fastest over both greedy blocks) and the base. A drafter trained
 joins with ``--add NAME``: greedy and ``auto`` blocks of its own, NAME and the n-gram, and sampled ones where it wins
 (the main sampled blocks kept as measured; its Δτ paired with the base's prompts of the main block: greedy decoding
 is deterministic, the same tokens in every run), so adding a row costs its own decoding and the n-gram's, not the
-study's. The report itself keeps what a new workspace loses: where ``--out``
-and the study no longer hold a block or a fit, those of ``--results``' earlier JSON stand in when it measured the same
-work on this machine (``earlier_result``), so a drafter trained in a later session joins without the base being
-trained and decoded again; a run of some ``--modes`` keeps the report's blocks of the others as they were
-measured (the report says when its sampled blocks lack a winner scored since).
+study's. The report itself keeps what a new workspace loses: where ``--out`` and the study no longer hold a block or
+a fit, those of ``--results``' earlier JSON stand in when it measured the same work on this machine
+(``earlier_result``), so a drafter trained in a later session joins without the base being trained and decoded
+again; a run of some ``--modes`` keeps the report's blocks of the others as they were measured (the report says when
+its sampled blocks lack a winner scored since).
 
 Each row gives τ beside the fit's val τ_est, first-token acceptance, the speedup over plain decoding of the same
 target and over the fastest plain decoding of the block, and, for greedy blocks, the gain in τ over the base with the
@@ -239,7 +239,8 @@ def goals(result: dict) -> list[str]:
 
 def unsampled_winner(result: dict) -> str | None:
     """Why the sampled blocks lack the winner, when they do: they were decoded before it was scored (a run of other
-    ``--modes`` keeps them as measured); None when every sampled block decodes it, or there is none."""
+    ``--modes`` keeps them as measured); None when each set's sampled blocks (main or ``+NAME``) decode it, or there
+    is none."""
     by_set: dict[str, set] = {}  # a set's sampled blocks (main and ``+NAME``) -> the names they decoded
     for key, b in result["blocks"].items():
         if (k := BlockKey.parse(key)).mode == "sampled":

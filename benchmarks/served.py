@@ -172,12 +172,11 @@ def measured_by(result: dict, cell: dict) -> dict | None:
     return {"git": result["machine"]["git"], "date": result["machine"]["date"]} if mine else None
 
 
-def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: dict, args: dict) -> dict:
-    """(drafter, set, batch) -> a cell of the report ``path`` of an earlier run (``earlier_report``) with the same
-    drafter config and prompt source, rebuilt as the cell file it was: such cells stand in for those a new workspace
-    lost from ``--out/cells``, so that adding a drafter measures its own cells only. A cell saved with its key (from
-    this version on) must match the new key too (``main``)."""
-    result = earlier_report(path, here, inputs, args)
+def earlier_cells(result: dict | None, drafters: dict, sets: dict) -> dict:
+    """(drafter, set, batch) -> a cell of an earlier run's report ``result`` (``earlier_report``; None: none) with
+    the same drafter config and prompt source, rebuilt as the cell file it was: such cells stand in for those a new
+    workspace lost from ``--out/cells``, so that adding a drafter measures its own cells only. A cell saved with its
+    key (from this version on) must match the new key too (``main``)."""
     if result is None:
         return {}
     return {
@@ -190,14 +189,11 @@ def earlier_cells(path: Path, here: dict, inputs: dict, drafters: dict, sets: di
     }  # fmt: skip
 
 
-def other_drafters(
-    path: Path, here: dict, inputs: dict, drafters: dict, sets: dict, args: dict
-) -> tuple[dict, list, dict]:
-    """What this run keeps of the earlier report ``path`` (``earlier_report``): the drafters it does not name, with
-    their configs and their measured cells on this run's prompt sets (a run that adds a drafter keeps the rows whose
-    drafter this workspace no longer holds), and the verifier scores of those and of the drafters it names with the
-    same config. Empty where the report is not comparable."""
-    result = earlier_report(path, here, inputs, args)
+def other_drafters(result: dict | None, drafters: dict, sets: dict) -> tuple[dict, list, dict]:
+    """What this run keeps of an earlier run's report ``result`` (``earlier_report``; None: none): the drafters it
+    does not name, with their configs and their measured cells on this run's prompt sets (a run that adds a drafter
+    keeps the rows whose drafter this workspace no longer holds), and the verifier scores of those and of the drafters
+    it names with the same config."""
     if result is None:
         return {}, [], {}
     same_set = {s for s in sets if result["sets"].get(s) == sets[s]}
@@ -450,7 +446,8 @@ def main(argv: list[str] | None = None) -> None:
     same_args = {"k": args.k, "prompts": args.prompts, "new_tokens": args.new_tokens, "quick": args.quick}
     inputs = {"target": fingerprint, "dtype": dtype, "eager": args.eager, "vllm": installed_vllm(python)}
     here = machine()
-    earlier = earlier_cells(args.results / f"{args.name}.json", here, inputs, drafters, args.sets, same_args)
+    report = earlier_report(args.results / f"{args.name}.json", here, inputs, same_args)  # read once, before writing
+    earlier = earlier_cells(report, drafters, args.sets)
     for dname, d in drafters.items():
         current, failed = None, None
         for label, ps in prompts.items():
@@ -492,8 +489,7 @@ def main(argv: list[str] | None = None) -> None:
             current.close()
     if plain is not None:
         plain.close()
-    others, kept, kept_scores = other_drafters(args.results / f"{args.name}.json", here, inputs, drafters, args.sets,
-                                               same_args)  # fmt: skip
+    others, kept, kept_scores = other_drafters(report, drafters, args.sets)
     for label, by in kept_scores.items():  # a score named in this run wins over the kept one
         scores[label] = by | scores.get(label, {})
     drafters, cells = drafters | others, cells + kept

@@ -76,7 +76,8 @@ def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs
 
     def kept(**change) -> dict:
         given = {"inputs": inputs, "drafters": {"ngram": ngram}, "sets": sets, "args": {"k": 4, "prompts": 32}} | change
-        return served.earlier_cells(path, here, given["inputs"], given["drafters"], given["sets"], given["args"])
+        result = served.earlier_report(path, here, given["inputs"], given["args"])
+        return served.earlier_cells(result, given["drafters"], given["sets"])
 
     assert kept() == {("ngram", "mt-bench", 1): {
         "key": None, "vllm": "0.32.0", "chunks": [{"same": 1}], "counters": {"num_drafts": 3},
@@ -91,7 +92,8 @@ def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs
     report["machine"] = here | {"cpu_flags": ["other"]}
     path.write_text(json.dumps(report))
     assert kept() == {}
-    assert served.earlier_cells(tmp_path / "none.json", here, inputs, {}, sets, {}) == {}
+    assert served.earlier_report(tmp_path / "none.json", here, inputs, {}) is None
+    assert served.earlier_cells(None, {}, sets) == {}
 
 
 def test_a_run_keeps_the_earlier_reports_other_drafters_with_their_cells_and_scores(tmp_path):
@@ -107,14 +109,16 @@ def test_a_run_keeps_the_earlier_reports_other_drafters_with_their_cells_and_sco
     path = tmp_path / "served.json"
     path.write_text(json.dumps(report))
     sets, inputs = {"mt-bench": "builtin:mt-bench"}, {"dtype": "float32"}
-    drafters, kept, kept_scores = served.other_drafters(path, here, inputs, {"ngram": ngram}, sets, {"k": 4})
+    earlier = served.earlier_report(path, here, inputs, {"k": 4})
+    drafters, kept, kept_scores = served.other_drafters(earlier, {"ngram": ngram}, sets)
     assert drafters == {"eagle3": eagle3}  # named here: not kept; failed only (dflash): measured again, not kept
     assert kept == [cells[2] | {"measured": None}]  # its cells on this run's sets only; measured by an unrecorded run
     assert kept_scores == {"mt-bench": {"ngram": {"tau": 1.4}, "eagle3": {"tau": 1.5}}}  # ngram: the same config
-    _, _, kept_scores = served.other_drafters(path, here, inputs, {"ngram": ngram | {"k": 3}}, sets, {"k": 4})
+    _, _, kept_scores = served.other_drafters(earlier, {"ngram": ngram | {"k": 3}}, sets)
     assert kept_scores == {"mt-bench": {"eagle3": {"tau": 1.5}}}  # a changed ngram: its earlier score is not its own
-    assert served.other_drafters(path, here, inputs, {}, sets, {"k": 3}) == ({}, [], {})  # other K: nothing kept
-    assert served.other_drafters(path, here, inputs, {}, {"mt-bench": "my.jsonl"}, {"k": 4}) == ({}, [], {})
+    assert served.earlier_report(path, here, inputs, {"k": 3}) is None  # other K: nothing kept
+    assert served.other_drafters(None, {}, sets) == ({}, [], {})
+    assert served.other_drafters(earlier, {}, {"mt-bench": "my.jsonl"}) == ({}, [], {})  # other prompts
     md = served.markdown(result({1: 1.5}, tau=2.0) | {"kept": ["dflash", "eagle3"]})
     assert "Kept from this report's earlier run, as measured (drafters this run did not name): dflash, eagle3." in md
 
