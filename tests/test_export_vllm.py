@@ -163,7 +163,8 @@ def served(tmp_path_factory) -> dict:
             parallel = {"parallel_drafting": True} if method == "peagle" else {}
             runs.append({"name": name, "speculative_config": spec | parallel | {"num_speculative_tokens": K}})
             continue
-        if method in ("pard", "draft_lm", "peagle", "dflash"):  # served as the printed command says
+        # served as the printed command says (PARD's and P-EAGLE's parallel_drafting included)
+        if method in ("pard", "draft_lm", "peagle", "dflash"):
             printed = json.loads(command.split("--speculative-config '", 1)[1].rstrip("'"))
             runs.append({"name": name, "speculative_config": printed | {"num_speculative_tokens": K}})
             continue
