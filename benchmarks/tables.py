@@ -31,6 +31,7 @@ MARKDOWN = {
     "bf16_target": "bf16_target",
     "bf16_target_amx": "bf16_target",
     "bf16_target_amx_eagle3": "bf16_target",
+    "bf16_target_amx_sdpa": "bf16_target",
     "bf16_target_prepacked": "bf16_target",
     "bf16_target_sdpa": "bf16_target",
     "crossvocab": "crossvocab",
