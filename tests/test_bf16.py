@@ -107,22 +107,26 @@ def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others
 @pytest.mark.skipif(
     not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU's oneDNN has no bf16 kernels to pre-pack for"
 )
-def test_batch_invariant_bf16_linear_runs_prepacked_with_the_bits_of_f_linear_at_every_width():
-    """The pre-packed bf16 Linear (oneDNN's blocked weight): each of 64 rows alone equals it among the 64, equals
-    ``F.linear`` on the 64, and a weight written in place is packed again. The packed kernel alone on one row
-    differs from it among many (7 of 64 rows on the EPYC): computing a single row as two is what this checks."""
+def test_batch_invariant_bf16_linear_runs_prepacked_row_invariant_with_the_bits_of_f_linear_at_round_widths():
+    """The pre-packed bf16 Linear (oneDNN's blocked weight): each of 65 rows alone (a decode step) equals it among
+    the 65 (the verification block of the largest static tree, 64 nodes, ``auto_k.TREE_SIZES``), equals ``F.linear``
+    at 2 to 32 rows (chains up to K = 31, trees up to 31 nodes), and a weight written in place is packed again. The
+    packed kernel alone on one row differs from it among many (7 of 64 rows on the EPYC): computing a single row as
+    two is what this checks. From 33 rows ``F.linear`` may take another path than the packed kernel (the AMX Xeon,
+    torch 2.13: every SmolLM2 shape), which is one reason batch-invariant targets run the packed one."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(1536, 576, bias=True).to(torch.bfloat16)
-    x = (torch.randn(64, 1536) * 0.5).to(torch.bfloat16)
+    x = (torch.randn(65, 1536) * 0.5).to(torch.bfloat16)
     make_batch_invariant(linear)
     with torch.no_grad():
-        alone = torch.cat([linear(x[i : i + 1]) for i in range(64)])
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(65)])
         together = linear(x)
         assert linear in numerics._PACKED
         assert torch.equal(alone, together)
-        assert torch.equal(together, torch.nn.functional.linear(x, linear.weight, linear.bias))
+        for n in range(2, 33):
+            assert torch.equal(linear(x[:n]), torch.nn.functional.linear(x[:n], linear.weight, linear.bias)), n
         linear.weight.mul_(2)
-        assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
+        assert torch.equal(linear(x[:9]), torch.nn.functional.linear(x[:9], linear.weight, linear.bias))
         packed = linear(x[:2])
         assert torch.equal(copy.deepcopy(linear)(x), linear(x))  # a copy (no opaque tensor to copy) packs its own
     out = linear(x[:2])  # gradients asked of the weight: F.linear's path, the same bits

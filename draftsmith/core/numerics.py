@@ -10,9 +10,9 @@ decoding. Which kernels differ on which CPU, by how much, and what the fix costs
 numerics".
 
 ``make_batch_invariant`` removes these sources: every one-row Linear (and GPT-2 ``Conv1D``) call runs as two rows
-(the row twice; the first result is kept), a bf16 CPU Linear on its weight pre-packed once for oneDNN (the same
-bits as ``F.linear``, about half its cost at decoding widths), and attention runs as ``invariant_attention``: every
-query's attention computed at the same shapes whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys
+(the row twice; the first result is kept), a bf16 CPU Linear on its weight pre-packed once for oneDNN (the bits
+of ``F.linear`` at 2 to 32 rows, about half its cost, row-invariant), and attention runs as ``invariant_attention``:
+every query's attention computed at the same shapes whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys
 padded to the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is
 computed exactly as the one-token step at its position computes it; on a CPU through PyTorch's fused SDPA kernel at
 those shapes (float32 scores and softmax), with a soft-cap or on another device in HF's eager order. Each keyword
@@ -81,9 +81,11 @@ and pickles of a model never see an opaque oneDNN tensor, and it dies with its m
 def _invariant_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``self(x)`` with every row computed as it is among many: a single row runs as two (the row twice, the first
     result kept), since one-row kernels take another path. A bf16 CPU weight runs pre-packed (oneDNN's blocked
-    layout, as inductor's freezing emits): at two rows or more it gives ``F.linear``'s bits at about half its cost
-    at decoding widths (benchmarks/linear_prepack.py; ``tests/test_bf16.py`` checks both on the machine of the
-    day); at one row even the packed kernel may differ (SmolLM2's ``down_proj``, by up to 0.125)."""
+    layout, as inductor's freezing emits): at 2 to 32 rows it gives ``F.linear``'s bits at about half its cost
+    (benchmarks/linear_prepack.py; ``tests/test_bf16.py`` checks both on the machine of the day), and it stays
+    row-invariant past them up to the largest verification block (65 rows), where ``F.linear`` may change paths
+    (the AMX Xeon: from 33 rows; the packed ``down_proj`` there from 150). At one row even the packed kernel may
+    differ (``down_proj``, by up to 0.125)."""
     single = x.numel() == x.shape[-1]
     rows = torch.cat([x.reshape(1, -1)] * 2) if single else x  # (2, in) or x as it is
     if _packs_bf16(self.weight) and x.dtype == torch.bfloat16:
