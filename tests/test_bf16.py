@@ -113,7 +113,7 @@ def test_batch_invariant_bf16_linear_runs_prepacked_row_invariant_with_the_bits_
     at 2 to 32 rows (chains up to K = 31, trees up to 31 nodes), and a weight written in place is packed again. The
     packed kernel alone on one row differs from it among many (7 of 64 rows on the EPYC): computing a single row as
     two is what this checks. From 33 rows ``F.linear`` may take another path than the packed kernel (the AMX Xeon,
-    torch 2.13: every SmolLM2 shape), which is one reason batch-invariant targets run the packed one."""
+    torch 2.13: SmolLM2's Linear shapes but one), which is one reason batch-invariant targets run the packed one."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(1536, 576, bias=True).to(torch.bfloat16)
     x = (torch.randn(65, 1536) * 0.5).to(torch.bfloat16)
