@@ -22,6 +22,7 @@ from draftsmith.core.numerics import INVARIANT_ATTENTION, invariant_attention, i
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import ALLOW_DTYPE_MISMATCH, Target, check_fingerprint, rollback
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval import auto_k
 from draftsmith.eval import verifier as verifier_module
 from draftsmith.eval.score import divergences, score_drafters
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
@@ -108,18 +109,19 @@ def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others
     not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU's oneDNN has no bf16 kernels to pre-pack for"
 )
 def test_batch_invariant_bf16_linear_runs_prepacked_row_invariant_with_the_bits_of_f_linear_at_round_widths():
-    """The pre-packed bf16 Linear (oneDNN's blocked weight): each of 65 rows alone (a decode step) equals it among
-    the 65 (the verification block of the largest static tree, 64 nodes, ``auto_k.TREE_SIZES``), equals ``F.linear``
-    at 2 to 32 rows (chains up to K = 31, trees up to 31 nodes), and a weight written in place is packed again. The
-    packed kernel alone on one row differs from it among many (7 of 64 rows on the EPYC): computing a single row as
-    two is what this checks. From 33 rows ``F.linear`` may take another path than the packed kernel (the AMX Xeon,
-    torch 2.13: SmolLM2's Linear shapes but one), which is one reason batch-invariant targets run the packed one."""
+    """The pre-packed bf16 Linear (oneDNN's blocked weight): each row alone (a decode step) equals it among the rows
+    of the largest verification block (the largest static tree of ``auto_k.TREE_SIZES`` and its root: 65 rows),
+    equals ``F.linear`` at 2 to 32 rows (chains up to K = 31, trees up to 31 nodes), and a weight written in place
+    is packed again. The packed kernel alone on one row differs from it among many (7 of 64 rows on the EPYC):
+    computing a single row as two is what this checks. From 33 rows ``F.linear`` may take another path than the
+    packed kernel (the AMX Xeon, torch 2.13: SmolLM2's Linear shapes but one)."""
     torch.manual_seed(0)
+    widest = max(auto_k.TREE_SIZES) + 1
     linear = torch.nn.Linear(1536, 576, bias=True).to(torch.bfloat16)
-    x = (torch.randn(65, 1536) * 0.5).to(torch.bfloat16)
+    x = (torch.randn(widest, 1536) * 0.5).to(torch.bfloat16)
     make_batch_invariant(linear)
     with torch.no_grad():
-        alone = torch.cat([linear(x[i : i + 1]) for i in range(65)])
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(widest)])
         together = linear(x)
         assert linear in numerics._PACKED
         assert torch.equal(alone, together)
