@@ -315,6 +315,31 @@ def test_fingerprint_mismatch_is_refused(env, tmp_path):
         export(env["eagle3"], "vllm", tmp_path / "out", target=str(other))
 
 
+def test_the_config_hash_outlives_a_transformers_upgrade_and_still_tells_configs_apart(monkeypatch):
+    """An upgrade of transformers is not another target: the config hash leaves out the ``transformers_version``
+    the config serialises. Artifacts made when the hash still covered it are recognised for the same config (that
+    hash is recomputed here as they computed it, under a pretended 5.3.1) and refused for another config."""
+    import hashlib
+
+    import transformers.configuration_utils as configuration_utils
+
+    from draftsmith.core.target import check_fingerprint
+
+    def old_hash(config) -> str:
+        cfg = {k: v for k, v in config.to_diff_dict().items() if not k.startswith("_") and k != "dtype"}
+        return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    model, other = make_llama(seed=0, layers=LAYERS), make_llama(seed=0, layers=LAYERS)
+    other.config.rms_norm_eps = 1e-3
+    fingerprint = Target(model, make_tokenizer(), name="t").fingerprint
+    monkeypatch.setattr(configuration_utils, "__version__", "5.3.1")
+    assert Target(model, make_tokenizer(), name="t").fingerprint == fingerprint
+    assert old_hash(model.config) != fingerprint["config_hash"]
+    check_fingerprint(fingerprint | {"config_hash": old_hash(model.config)}, fingerprint, "an old corpus")
+    with pytest.raises(DraftsmithError, match="an old corpus was made for target .* differ in config_hash"):
+        check_fingerprint(fingerprint | {"config_hash": old_hash(other.config)}, fingerprint, "an old corpus")
+
+
 def test_native_round_trip_gives_identical_verifier_output(env, tmp_path, prompts):
     t3 = env["t3"]
     out = export(env["eagle3"], "native", tmp_path / "out")

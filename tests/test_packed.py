@@ -146,3 +146,18 @@ def test_the_repositorys_smollm2_corpus_is_a_complete_million_token_draw_of_smol
     assert train["generated_tokens"] >= 1_000_000 and train["rows"] == train["prompts_used"]
     assert val["settings"]["temperature"] == 0.0
     assert (root / "smollm2-1m.tar.xz").stat().st_size <= 10e6
+
+
+def test_the_repositorys_smollm2_corpus_is_taken_as_made_by_the_smollm2_target_installed_here():
+    """The corpus was drawn under transformers 5.24; under the transformers installed now (5.25 serialises its own
+    version into the config, which the target's config hash once covered) the smollm2 target in bf16 still takes it
+    as its own, as ``fit`` checks it."""
+    from draftsmith.data.packed import metadata
+    from draftsmith.data.shards import check_dataset_target
+    from draftsmith.export.common import target_fingerprint
+    from draftsmith.targets import resolve
+
+    fingerprint = target_fingerprint(resolve("smollm2"), "bfloat16")
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+    for name in ("smollm2-1m.tar.xz", "smollm2-val.tar.xz"):
+        check_dataset_target(metadata(root / name), fingerprint, name)

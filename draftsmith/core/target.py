@@ -20,6 +20,8 @@ from draftsmith.errors import DraftsmithError
 
 # Layer types whose attention draftsmith can express in one additive mask (see ``Target.layer_masks``).
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
+# cache layer types (transformers >= 5.25) that hold a recurrent or convolution state instead of, or beside, a KV cache
+RECURRENT_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding"})
 # Attention implementations that apply a custom 4D mask as given (flash attention ignores it); the batch-invariant
 # one lays each tree query's keys out as its one-token step does (``numerics._tree_groups``).
 MASKED_ATTENTION = ("eager", "sdpa", INVARIANT_ATTENTION)
@@ -104,7 +106,9 @@ def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
     chosen positions), or one with attention layers other than full and sliding-window ones.
     """
     arch = type(model).__name__
-    if getattr(model, "_is_stateful", False):
+    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    # transformers before 5.25 marks such models `_is_stateful`; from 5.25 their cache layers are typed recurrent
+    if getattr(model, "_is_stateful", False) or RECURRENT_TYPES.intersection(types):
         raise DraftsmithError(
             f"target: {arch} keeps a recurrent state, which cannot be rolled back to before a rejected draft; "
             f"draftsmith needs a target whose every layer is attention with a KV cache"
@@ -114,7 +118,6 @@ def attention_windows(model: PreTrainedModel) -> dict[str, int | None]:
             f"target: {arch} takes no position_ids, which draftsmith needs to place draft tokens (tree drafts "
             f"put siblings at the same position)"
         )
-    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
     if isinstance(kwargs, dict):  # transformers before 5.2x: one dict for all layers, its window the sliding ones'
         kwargs = [{} if kind == "full_attention" else kwargs for kind in types]
     windows: dict[str, int | None] = {}
@@ -419,7 +422,10 @@ class Target:
     @property
     def fingerprint(self) -> dict:
         """Identity of this target that datasets, checkpoints and exports record."""
-        cfg = {k: v for k, v in self.config.to_diff_dict().items() if not k.startswith("_") and k != "dtype"}
+        cfg = {k: v for k, v in self.config.to_diff_dict().items() if not k.startswith("_") and k not in UNHASHED}
+        hashed = _config_hash(cfg)
+        if hashed not in LEGACY_CONFIG_HASHES:
+            LEGACY_CONFIG_HASHES[hashed] = _legacy_config_hashes(cfg)
         return {
             "name": self.name,
             "model_type": self.config.model_type,
@@ -427,12 +433,47 @@ class Target:
             "hidden_size": self.hidden_size,
             "num_layers": self.num_layers,
             "tokenizer_hash": tokenizer_hash(self.tokenizer) if self.tokenizer is not None else None,
-            "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16],
+            "config_hash": hashed,
             "dtype": self.dtype,
         }
 
 
 IDENTITY_KEYS = ("model_type", "vocab_size", "hidden_size", "num_layers", "tokenizer_hash", "config_hash")
+# config fields the hash leaves out: the dtype (recorded and checked on its own) and the version of transformers that
+# serialised the config (an upgrade of transformers is not another target)
+UNHASHED = ("dtype", "transformers_version")
+LEGACY_CONFIG_HASHES: dict[str, frozenset[str]] = {}
+"""Each config hash of a target built in this process -> the hashes artifacts made before draftsmith left the
+transformers version out of it recorded for the same config (``_legacy_config_hashes``)."""
+
+
+def _config_hash(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _legacy_config_hashes(cfg: dict) -> frozenset[str]:
+    """The config hashes that artifacts made before 2026-12-04 recorded for ``cfg``: they covered the
+    ``transformers_version`` field too, i.e. the version installed when the artifact was made, which they do not
+    record beside it. Recomputed for every 5.x release number up to the installed minor version (a few hundred
+    hashes of a small JSON: milliseconds), so a corpus, cache or drafter made under an older transformers is still
+    recognised as made for this target."""
+    import transformers
+
+    minor = int(transformers.__version__.split(".")[1])
+    return frozenset(
+        _config_hash(cfg | {"transformers_version": f"5.{m}.{p}"}) for m in range(minor + 1) for p in range(10)
+    )
+
+
+def identity_diff(expected: dict, actual: dict) -> list[str]:
+    """The identity keys in which two target fingerprints differ (an old artifact's config hash, recorded with the
+    transformers version in it, matches a target built in this process with the same config)."""
+    diff = [k for k in IDENTITY_KEYS if expected.get(k) != actual.get(k)]
+    if "config_hash" in diff and expected.get("config_hash") in LEGACY_CONFIG_HASHES.get(actual.get("config_hash"), ()):
+        diff.remove("config_hash")
+    return diff
+
+
 ALLOW_DTYPE_MISMATCH = "DRAFTSMITH_ALLOW_DTYPE_MISMATCH"
 """Environment variable: ``1`` uses data, feature caches and drafters made against the same target in another
 dtype, with a warning, instead of refusing them."""
@@ -441,7 +482,7 @@ dtype, with a warning, instead of refusing them."""
 def check_fingerprint(expected: dict, actual: dict, what: str) -> None:
     """Raise a clear error when an artifact was made for another target, or for the same one in another dtype
     (artifacts that record no dtype were made in float32, the only one before dtypes were recorded)."""
-    diff = [k for k in IDENTITY_KEYS if expected.get(k) != actual.get(k)]
+    diff = identity_diff(expected, actual)
     made, used = expected.get("dtype", "float32"), actual.get("dtype", "float32")
     if not diff and made != used:
         if os.environ.get(ALLOW_DTYPE_MISMATCH) == "1":

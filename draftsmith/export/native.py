@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from draftsmith.core.native import save_native
-from draftsmith.core.target import IDENTITY_KEYS
+from draftsmith.core.target import identity_diff
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import PlainRow, ScoreRow
@@ -45,7 +45,7 @@ def score_rows(src: Source, reports: list[Path], name: str | None) -> list[dict]
         except (OSError, json.JSONDecodeError) as e:
             raise DraftsmithError(f"--scores {path}: not a readable score report.json ({e})") from None
         fp = report.get("target", {})
-        if any(fp.get(k) != src.info["target"].get(k) for k in IDENTITY_KEYS):
+        if identity_diff(src.info["target"], fp) and identity_diff(fp, src.info["target"]):
             raise DraftsmithError(f"--scores {path}: scored against target {fp.get('name')!r}, not this drafter's")
         drafters = report.get("drafters", [])
         wanted = {name} if name else {str(src.path), src.path.name}

@@ -15,7 +15,7 @@ import torch
 
 from draftsmith.core import native
 from draftsmith.core.draft import Drafter
-from draftsmith.core.target import IDENTITY_KEYS, Target, check_fingerprint
+from draftsmith.core.target import Target, check_fingerprint, identity_diff
 from draftsmith.errors import DraftsmithError
 
 
@@ -87,7 +87,7 @@ def made_for(info: dict, target: Target) -> dict:
     made for several targets (a sorted draft LM, S2D: ``targets``), the one of ``target``'s identity, else
     ``target``."""
     for fingerprint in info.get("targets") or []:
-        if all(fingerprint.get(k) == target.fingerprint.get(k) for k in IDENTITY_KEYS):
+        if not identity_diff(fingerprint, target.fingerprint):
             return fingerprint
     return info["target"]
 
