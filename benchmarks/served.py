@@ -158,9 +158,23 @@ def earlier_report(path: Path, here: dict, inputs: dict, args: dict) -> dict | N
     result = json.loads(path.read_text())
     same_machine = all(result["machine"].get(k) == here.get(k) for k in ("cpu", "cpu_flags", "threads", "torch"))
     same_args = all(result["args"].get(k) == v for k, v in args.items())
-    if not (same_machine and same_args) or any(result.get(k) != v for k, v in inputs.items()):
+    if not (same_machine and same_args) or not same_inputs(result, inputs):
         return None
     return result
+
+
+def same_inputs(result: dict, inputs: dict) -> bool:
+    """Whether the report ``result`` was made from ``inputs``; of the target fingerprint the identity as
+    ``identity_diff`` compares it (a config hash recorded before it left out the transformers version is the same
+    target's), and the rest as recorded."""
+    from draftsmith.core.target import identity_diff
+
+    def rest(fingerprint: dict) -> dict:
+        return {k: v for k, v in fingerprint.items() if k != "config_hash"}
+
+    old, new = result.get("target") or {}, inputs.get("target") or {}
+    same_target = not identity_diff(old, new) and rest(old) == rest(new)
+    return same_target and all(result.get(k) == v for k, v in inputs.items() if k != "target")
 
 
 def measured_by(result: dict, cell: dict) -> dict | None:

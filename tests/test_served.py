@@ -61,7 +61,9 @@ def test_a_cell_is_reused_only_for_the_same_inputs_and_is_never_half_written(tmp
     assert served.load_cell(path, key) is None
 
 
-def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs_drafter_and_prompts(tmp_path):
+def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs_drafter_and_prompts(
+    tmp_path, monkeypatch
+):
     from common import machine
 
     here, ngram = machine(), {"method": "ngram", "k": 4}
@@ -86,6 +88,15 @@ def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs
     assert kept()[("ngram", "mt-bench", 1)]["measured"] == {"git": here["git"], "date": here["date"]}  # its run's
     path.write_text(json.dumps(report))
     assert kept(inputs=inputs | {"dtype": "bfloat16"}) == {}
+    assert kept(inputs=inputs | {"target": {"tokenizer_hash": "u"}}) == {}
+    # a report whose target recorded its config hash with the transformers version in it: kept for that config only
+    import draftsmith.core.target as core_target
+
+    monkeypatch.setitem(core_target.LEGACY_CONFIG_HASHES, "new", frozenset({"old"}))
+    path.write_text(json.dumps(report | {"target": {"tokenizer_hash": "t", "config_hash": "old"}}))
+    assert len(kept(inputs=inputs | {"target": {"tokenizer_hash": "t", "config_hash": "new"}})) == 1
+    assert kept(inputs=inputs | {"target": {"tokenizer_hash": "t", "config_hash": "other"}}) == {}
+    path.write_text(json.dumps(report))
     assert kept(args={"k": 3, "prompts": 32}) == {}
     assert kept(drafters={"ngram": ngram | {"k": 3}}) == {}
     assert kept(sets={"mt-bench": "other.jsonl"}) == {}
