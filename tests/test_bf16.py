@@ -105,6 +105,43 @@ def test_batch_invariant_linear_gives_a_row_alone_the_value_it_gets_among_others
         pytest.skip("this machine's one-row bf16 Linear already rounds as the many-row one")
 
 
+def test_a_one_row_linear_runs_as_one_row_only_where_the_probe_found_it_rounds_as_among_many(monkeypatch):
+    """``numerics._one_row_as_many``: a kernel that rounds a row alone otherwise than among others (here one row's
+    outputs nudged by 1%) is caught; on this machine a batch-invariant one-row bf16 call runs one row where the
+    probe passed (the AVX2-only EPYC), two where it did not, the pre-packed kernel where oneDNN has bf16 kernels,
+    and its row equals that row among 65 either way."""
+    from draftsmith.core import numerics
+
+    real = torch.nn.functional.linear
+
+    def nudged(x, weight, bias=None):
+        out = real(x, weight, bias)
+        return (out.float() * 1.01).to(out.dtype) if x.shape[0] == 1 else out
+
+    numerics._one_row_as_many.cache_clear()
+    monkeypatch.setattr(torch.nn.functional, "linear", nudged)
+    assert not numerics._one_row_as_many(64, 32, False, torch.bfloat16)
+    numerics._one_row_as_many.cache_clear()
+    rows_seen = []
+
+    def recorded(x, weight, bias=None):
+        rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recorded)
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(1536, 576, bias=False)).to(torch.bfloat16)
+    make_batch_invariant(layer)
+    x = torch.randn(65, 1536).to(torch.bfloat16)
+    probed = numerics._one_row_as_many(1536, 576, False, torch.bfloat16)  # with the real kernel
+    with torch.no_grad():
+        among = layer(x)
+        rows_seen.clear()
+        alone = layer(x[:1])
+    assert torch.equal(alone, among[:1])
+    assert rows_seen == ([] if numerics._packs_bf16(layer[0].weight) else [1] if probed else [2])
+
+
 @pytest.mark.skipif(
     not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU's oneDNN has no bf16 kernels to pre-pack for"
 )

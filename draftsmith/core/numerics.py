@@ -78,19 +78,48 @@ _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 and pickles of a model never see an opaque oneDNN tensor, and it dies with its module."""
 
 
+PROBED_ROWS = (*range(2, 18), 24, 32, 33, 48, 64, 65)
+"""The row counts ``_one_row_as_many`` compares one row with: every chain block to K = 16 and the static trees'
+blocks (``auto_k.TREE_SIZES`` + 1, 65 the widest), and the widths where kernels commonly change paths (32 / 33)."""
+
+
+@functools.cache
+def _one_row_as_many(in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> bool:
+    """Whether this CPU's ``F.linear`` in ``dtype`` computes a row alone with the bits it gives that row among
+    ``PROBED_ROWS`` rows, for a Linear of this shape: probed once per shape and process on random rows and weights
+    (a kernel that takes another path for one row rounds some of a random row's outputs differently). True where
+    bf16 has no oneDNN kernels and PyTorch computes each output as one float32-accumulated dot product at every
+    width (the AMD EPYC with avx2 only, torch 2.13; SmolLM2's shapes take ~2 s, nearly all of it its 49k-token LM
+    head's); then a one-row call needs
+    no second row, which there doubles a bf16 Linear's cost (``benchmarks/results/step_profile_avx2.md``)."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=g).mul_(in_features**-0.5).to(dtype)
+    b = torch.randn(out_features, generator=g).to(dtype) if bias else None
+    x = torch.randn(max(PROBED_ROWS), in_features, generator=g).to(dtype)
+    with torch.no_grad():
+        alone = torch.cat([torch.nn.functional.linear(x[i : i + 1], weight, b) for i in range(len(x))])
+        return all(torch.equal(torch.nn.functional.linear(x[:n], weight, b), alone[:n]) for n in PROBED_ROWS)
+
+
 def _invariant_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``self(x)`` with every row computed as it is among many: a single row runs as two (the row twice, the first
-    result kept), since one-row kernels take another path. A bf16 CPU weight runs pre-packed (oneDNN's blocked
+    result kept), since one-row kernels take another path, except where this CPU's one-row kernel was probed to
+    round as the many-row one (``_one_row_as_many``). A bf16 CPU weight runs pre-packed (oneDNN's blocked
     layout, as inductor's freezing emits): at 2 to 32 rows it gives ``F.linear``'s bits at about half its cost
     (benchmarks/linear_prepack.py; ``tests/test_bf16.py`` checks both on the machine of the day), and it stays
     row-invariant past them up to the largest verification block (65 rows), where ``F.linear`` may change paths
     (the AMX Xeon: from 33 rows; the packed ``down_proj`` there from 150). At one row even the packed kernel may
     differ (``down_proj``, by up to 0.125)."""
     single = x.numel() == x.shape[-1]
-    rows = torch.cat([x.reshape(1, -1)] * 2) if single else x  # (2, in) or x as it is
     if _packs_bf16(self.weight) and x.dtype == torch.bfloat16:
+        rows = torch.cat([x.reshape(1, -1)] * 2) if single else x  # (2, in) or x as it is
         out = torch.ops.mkldnn._linear_pointwise(rows, _packed_weight(self), self.bias, "none", [], "")
+    elif (
+        single and x.device.type == "cpu" and _one_row_as_many(*self.weight.shape[::-1], self.bias is not None, x.dtype)
+    ):
+        return torch.nn.functional.linear(x, self.weight, self.bias)
     else:
+        rows = torch.cat([x.reshape(1, -1)] * 2) if single else x
         out = torch.nn.functional.linear(rows, self.weight, self.bias)
     return out[:1].reshape(*x.shape[:-1], out.shape[-1]) if single else out
 
