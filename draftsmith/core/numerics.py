@@ -10,8 +10,10 @@ decoding. Which kernels differ on which CPU, by how much, and what the fix costs
 numerics".
 
 ``make_batch_invariant`` removes these sources: every one-row Linear (and GPT-2 ``Conv1D``) call runs as two rows
-(the row twice; the first result is kept), a bf16 CPU Linear on its weight pre-packed once for oneDNN (the bits
-of ``F.linear`` at 2 to 32 rows, about half its cost, row-invariant), and attention runs as ``invariant_attention``:
+(the row twice; the first result is kept) unless this CPU's kernel was probed to round one row as it rounds it
+among others (``_one_row_as_many``: bf16 without oneDNN bf16 kernels, e.g. on an AVX2-only CPU), a bf16 CPU
+Linear on its weight pre-packed once for oneDNN where it has bf16 kernels (the bits of ``F.linear`` at 2 to 32
+rows, about half its cost, row-invariant), and attention runs as ``invariant_attention``:
 every query's attention computed at the same shapes whatever the call: ``QUERY_ROWS`` queries (zero-padded) over keys
 padded to the next multiple of ``KEY_BLOCK`` after the query's own position, so a query of a verification block is
 computed exactly as the one-token step at its position computes it; on a CPU through PyTorch's fused SDPA kernel at
