@@ -149,9 +149,9 @@ def test_the_repositorys_smollm2_corpus_is_a_complete_million_token_draw_of_smol
 
 
 def test_the_repositorys_smollm2_corpus_is_taken_as_made_by_the_smollm2_target_installed_here():
-    """The corpus was drawn under transformers 5.24; under the transformers installed now (5.25 serialises its own
-    version into the config, which the target's config hash once covered) the smollm2 target in bf16 still takes it
-    as its own, as ``fit`` checks it."""
+    """The corpus was drawn under transformers 5.24, and its target's config hash then covered the version the
+    config serialises (the installed one); under the transformers installed now the smollm2 target in bf16 still
+    takes it as its own, as ``fit`` checks it (under 5.25, before the hash left the version out, it did not)."""
     from draftsmith.data.packed import metadata
     from draftsmith.data.shards import check_dataset_target
     from draftsmith.export.common import target_fingerprint
