@@ -92,8 +92,8 @@ def _one_row_as_many(in_features: int, out_features: int, bias: bool, dtype: tor
     (a kernel that takes another path for one row rounds some of a random row's outputs differently). True where
     bf16 has no oneDNN kernels and PyTorch computes each output as one float32-accumulated dot product at every
     width (the AMD EPYC with avx2 only, torch 2.13; SmolLM2's shapes take ~2 s, nearly all of it its 49k-token LM
-    head's); then a one-row call needs
-    no second row, which there doubles a bf16 Linear's cost (``benchmarks/results/step_profile_avx2.md``)."""
+    head's); then a one-row call needs no second row, which there doubles a bf16 Linear's cost
+    (``benchmarks/results/step_profile_avx2.md``)."""
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=g).mul_(in_features**-0.5).to(dtype)
     b = torch.randn(out_features, generator=g).to(dtype) if bias else None
@@ -113,15 +113,14 @@ def _invariant_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     (the AMX Xeon: from 33 rows; the packed ``down_proj`` there from 150). At one row even the packed kernel may
     differ (``down_proj``, by up to 0.125)."""
     single = x.numel() == x.shape[-1]
-    if _packs_bf16(self.weight) and x.dtype == torch.bfloat16:
-        rows = torch.cat([x.reshape(1, -1)] * 2) if single else x  # (2, in) or x as it is
-        out = torch.ops.mkldnn._linear_pointwise(rows, _packed_weight(self), self.bias, "none", [], "")
-    elif (
-        single and x.device.type == "cpu" and _one_row_as_many(*self.weight.shape[::-1], self.bias is not None, x.dtype)
-    ):
+    packed = _packs_bf16(self.weight) and x.dtype == torch.bfloat16
+    one_row = single and not packed and x.device.type == "cpu"
+    if one_row and _one_row_as_many(*self.weight.shape[::-1], self.bias is not None, x.dtype):
         return torch.nn.functional.linear(x, self.weight, self.bias)
+    rows = torch.cat([x.reshape(1, -1)] * 2) if single else x  # (2, in) or x as it is
+    if packed:
+        out = torch.ops.mkldnn._linear_pointwise(rows, _packed_weight(self), self.bias, "none", [], "")
     else:
-        rows = torch.cat([x.reshape(1, -1)] * 2) if single else x
         out = torch.nn.functional.linear(rows, self.weight, self.bias)
     return out[:1].reshape(*x.shape[:-1], out.shape[-1]) if single else out
 
