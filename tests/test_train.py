@@ -128,8 +128,11 @@ def val_metrics(version: Path) -> list[dict]:
     return [r for r in rows if r.get("val/tau_est")]
 
 
-def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, tmp_path):
-    main(fit_args(setup, tmp_path, "eagle3", "--trainer.max_steps=40", "--trainer.val_check_interval=20"))
+def test_fit_cli_writes_checkpoints_that_score_loads_and_decodes_exactly(setup, tmp_path, capsys):
+    main(fit_args(setup, tmp_path, "eagle3", "--trainer.max_steps=40", "--trainer.val_check_interval=20",
+                  "--trainer.enable_progress_bar=true"))  # fmt: skip
+    out = capsys.readouterr().out  # not a terminal, as a log file: the text bar counts the steps there
+    assert "Epoch 0: " in out and ("it/s" in out or "s/it" in out)
     ckpts = tmp_path / "csv" / "version_0" / "checkpoints"
     assert {p.name for p in ckpts.iterdir()} == {"best.ckpt", "last.ckpt"}
     metrics = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from datetime import timedelta
 
 import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -59,6 +61,11 @@ LOGGERS = [
 ]
 
 
+TEXT_PROGRESS_BAR = "lightning.pytorch.callbacks.TQDMProgressBar"
+"""The progress bar of a fit whose output is not a terminal (a log file, nohup, SLURM): Lightning's default where
+``rich`` is installed, the rich bar, draws nothing there, so a long fit's log showed no step count or time left."""
+
+
 class DraftsmithCLI(LightningCLI):
     """LightningCLI with draftsmith's trainer defaults: best-by-``val/tau_est`` and last checkpoints,
     CSV + wandb (offline unless ``WANDB_MODE`` says otherwise) logs under ``default_root_dir``,
@@ -91,6 +98,14 @@ class DraftsmithCLI(LightningCLI):
                 args.save_dir = root
         if root != ".":
             os.makedirs(root, exist_ok=True)
+        callbacks = config.trainer.callbacks
+        if (
+            not sys.stdout.isatty()
+            and config.trainer.enable_progress_bar is not False
+            and isinstance(callbacks, list)
+            and not any("ProgressBar" in str(getattr(c, "class_path", "")) for c in callbacks)
+        ):
+            callbacks.append(Namespace(class_path=TEXT_PROGRESS_BAR, init_args=Namespace()))
 
     def before_fit(self) -> None:
         """The run's manifest (command, git SHA, versions, target fingerprint, seed) beside its checkpoints."""
