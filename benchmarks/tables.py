@@ -218,6 +218,58 @@ def scaling_headline(name: str = "scaling") -> str:
     )
 
 
+def recipe_headline(names: str = "recipe_smollm2") -> str:
+    """The README's best trained drafter: each recipe report's winner (``recipe.winner``) beside the n-gram of the
+    same blocks, per machine and held-out set: greedy at K = 4 (τ, first-token acceptance, speed over the block's
+    fastest plain decoding and over the n-gram), at ``--k auto``'s K, and sampled at T 0.7 (over plain decoding of the
+    same target: sampled blocks decode no reference); "–" where the report has no such block for it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from draftsmith.eval.rows import read_block
+
+    recipe = importlib.import_module("recipe")
+    lines = [
+        "| CPU | set | drafter | τ (K = 4) | first-token acc. | × fastest plain (K = 4) | × n-gram (K = 4) | "
+        "K by --k auto: × fastest plain | sampled T 0.7, K = 4 (τ) | greedy exact |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    sources = []
+    for name in names.split(","):
+        result = load(name)
+        best = recipe.winner(result["blocks"], list(result["fits"]))
+        m = result["machine"]
+        cpu = f"{m['cpu']} ({', '.join(f for f in m['cpu_flags'] if 'bf16' in f)})"
+        by_mode: dict[tuple[str, str], tuple] = {}  # (set, mode) -> (plain, {name: row}) of the block holding best
+        for key, b in result["blocks"].items():
+            plain, rows = read_block(b)
+            found = {r.name: r for r in rows}
+            if best in found:
+                by_mode[recipe.BlockKey.parse(key)[:2]] = (plain, found)
+        for set_name in recipe.SETS:
+            if (set_name, "greedy") not in by_mode:
+                continue
+            plain, greedy = by_mode[set_name, "greedy"]
+            for drafter in (best, "ngram"):
+                g = greedy[drafter]
+                auto = by_mode.get((set_name, "auto"), (None, {}))
+                a = auto[1].get(drafter)
+                t = by_mode.get((set_name, "sampled"), (None, {}))[1].get(drafter)
+                lines.append(
+                    f"| {cpu} | {set_name} | {drafter} | {g.tau:.2f} | {g.accept_at[0]:.2f} | "
+                    f"{g.tokens_per_s / plain.fastest.tokens_per_s:.2f}× | "
+                    + (f"{g.tokens_per_s / greedy['ngram'].tokens_per_s:.2f}× | " if drafter != "ngram" else "– | ")
+                    + (f"{a.auto_k.k}: {a.tokens_per_s / auto[0].fastest.tokens_per_s:.2f}× | " if a else "– | ")
+                    + (f"{t.speedup:.2f}× ({t.tau:.2f}) | " if t else "– | ")
+                    + f"{g.greedy_exact}/{g.prompts} |"
+                )
+        fastest = {n for plain, _ in by_mode.values() for n in (plain.references or {})}
+        sources.append(
+            f"- {cpu}: the {result['dtype']} batch-invariant target verifies; the fastest plain decoding is the "
+            f"fastest of its own and {' and '.join(sorted(fastest))}, in the same run; {result['prompts']} prompts × "
+            f"{result['max_new_tokens']} new tokens per set. {source(result)}"
+        )
+    return "\n".join([*lines, "", *sources])
+
+
 def verification_cost(name: str = "bf16_target") -> str:
     """r(m) per target dtype and kernel choice: what verifying m tokens costs in decoding steps."""
     result = load(name)
@@ -341,6 +393,7 @@ TABLES = {
     "result": result,
     "headline": headline,
     "scaling_headline": scaling_headline,
+    "recipe_headline": recipe_headline,
     "verification_cost": verification_cost,
     "block": block,
     "by_block": by_block,

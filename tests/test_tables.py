@@ -47,6 +47,28 @@ def test_an_unknown_table_name_is_refused():
         tables.render("<!-- table:nosuch -->\n<!-- /table -->")
 
 
+def test_recipe_headline_puts_each_reports_winner_beside_the_ngram_of_its_own_blocks(tmp_path, monkeypatch):
+    from draftsmith.eval.rows import read_block
+
+    recipe = tables.importlib.import_module("recipe")
+    data = tables.load("recipe_smollm2")
+    best = recipe.winner(data["blocks"], list(data["fits"]))
+    plain, rows = read_block(data["blocks"][f"chat-heldout greedy +{best}"])
+    row, ngram = (next(r for r in rows if r.name == n) for n in (best, "ngram"))
+    line = next(x for x in tables.recipe_headline("recipe_smollm2").splitlines() if f"| chat-heldout | {best} |" in x)
+    assert f"| {row.tau:.2f} | {row.accept_at[0]:.2f} | {row.tokens_per_s / plain.fastest.tokens_per_s:.2f}× |" in line
+    assert f"| {row.tokens_per_s / ngram.tokens_per_s:.2f}× |" in line
+    # the same report with that drafter ten times slower: the headline names the report's new winner instead
+    for block in data["blocks"].values():
+        for d in block["drafters"]:
+            if d["name"] == best:
+                d["tokens_per_s"], d["speedup"] = d["tokens_per_s"] / 10, d["speedup"] / 10
+    (tmp_path / "other.json").write_text(tables.json.dumps(data))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    headline, now = tables.recipe_headline("other"), recipe.winner(data["blocks"], list(data["fits"]))
+    assert f"| {best} |" not in headline and now != best and f"| chat-heldout | {now} |" in headline
+
+
 def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
     scaling = tables.importlib.import_module("scaling")
     data = tables.load("scaling")
