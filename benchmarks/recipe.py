@@ -211,18 +211,26 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def decoded_by(result: dict, name: str) -> dict[tuple[str, str], tuple]:
+    """(set, mode) -> (plain, {drafter: row}) of the first block of that set and mode (the main block before ``--add``'s)
+    that decoded ``name``, in the report's block order."""
+    out = {}
+    for key, block in result["blocks"].items():
+        plain, rows = read_block(block)
+        by = {r.name: r for r in rows}
+        if name in by:
+            out.setdefault(BlockKey.parse(key)[:2], (plain, by))
+    return out
+
+
 def goals(result: dict) -> list[str]:
     """Issue 51's goals for the study's winner (``winner``: one drafter for every greedy K = 4 block, the one the
     sampled blocks score; a per-block pick would crown a drafter for a speed difference within the noise)."""
     best_name = winner(result["blocks"], list(result["fits"]))
-    greedy = {}  # set -> its greedy blocks (plain, {name: row}), the main block first
-    for key, block in result["blocks"].items():
-        if (parsed := BlockKey.parse(key)).mode == "greedy":
-            plain, rows = read_block(block)
-            greedy.setdefault(parsed.set_name, []).append((plain, {r.name: r for r in rows}))
     out = []
-    for set_name, runs in greedy.items():
-        plain, by = next(run for run in runs if best_name in run[1])
+    for (set_name, mode), (plain, by) in decoded_by(result, best_name).items():
+        if mode != "greedy":
+            continue
         best, goal = by[best_name], GOALS[set_name]
         line = f"{set_name}: the winner {best.name}: τ {best.tau:.2f} (goal ≥ {goal['tau']})"
         if "first" in goal:

@@ -226,8 +226,6 @@ def recipe_headline(names: str = "recipe_smollm2") -> str:
     fastest plain decoding and over the n-gram), at ``--k auto``'s K, and sampled at T 0.7 (over plain decoding of the
     same target: sampled blocks decode no reference); "–" where the report has no such block for it."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from draftsmith.eval.rows import read_block
-
     recipe = importlib.import_module("recipe")
     lines = [
         "| CPU | set | drafter | τ (K = 4) | first-token acc. | × fastest plain (K = 4) | × n-gram (K = 4) | "
@@ -240,12 +238,7 @@ def recipe_headline(names: str = "recipe_smollm2") -> str:
         best = recipe.winner(result["blocks"], list(result["fits"]))
         m = result["machine"]
         cpu = f"{m['cpu']} ({', '.join(f for f in m['cpu_flags'] if 'bf16' in f)})"
-        by_mode: dict[tuple[str, str], tuple] = {}  # (set, mode) -> (plain, {name: row}) of the block holding best
-        for key, b in result["blocks"].items():
-            plain, rows = read_block(b)
-            found = {r.name: r for r in rows}
-            if best in found:
-                by_mode[recipe.BlockKey.parse(key)[:2]] = (plain, found)
+        by_mode = recipe.decoded_by(result, best)
         for set_name in recipe.SETS:
             if (set_name, "greedy") not in by_mode:
                 continue
