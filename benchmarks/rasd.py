@@ -179,7 +179,7 @@ def main() -> None:
             f"datastore {store_dir}: {built.rows:,} rows, {built.tokens:,} tokens, built in {built.build_seconds:.2f} s"
         )
     record = json.loads((store_dir / "datastore.json").read_text())
-    store = record | {"bytes": sum(f.stat().st_size for f in store_dir.iterdir())}
+    store = record | {"source": in_repo(record["source"]), "bytes": sum(f.stat().st_size for f in store_dir.iterdir())}
 
     dtype, verified, references = smollm2_targets(args.float32)
     tokenizer = verified.tokenizer
