@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,11 +94,9 @@ def test_the_learning_curve_predicts_tau_for_the_target_it_was_measured_on():
     plan = replace(PLAN, budget=replace(PLAN.budget, epochs=2.0), drafters=("eagle3_31", "eagle1"))
     text = predicted_tau(plan, smollm2, 1_000_000)
     assert text.startswith("τ at K = 4 predicted for 1,000,000 generated tokens and 2 passes over them: ")
-    for family in ("eagle3_31", "eagle1"):  # the recipe study's curve and the data-scaling study's
-        curve = next(c for c in record["curves"] if c["family"] == family and c["epochs"] == 2.0)
-        expected = [f"{c['a'] + c['b'] * math.log(1_000_000):.2f} {s}" for s, c in curve["sets"].items()]
-        assert f"{family} {' / '.join(expected)} (within the measured {curve['tokens'][0]:,}–1,000,000; " in text
-    assert "extrapolated" in predicted_tau(plan, smollm2, 50_000_000)
+    # the recipe study's curve (250k-1M) and the data-scaling study's (22k-1M), each named with its measured range
+    assert "eagle3_31 " in text and "(within the measured 250,000–1,000,000; " in text
+    assert "eagle1 " in text and "(within the measured 22,000–1,000,000; " in text
     assert "medusa1" not in text  # only the families the run trains
     # passes no curve measured: said so per family, not predicted from another number of passes
     five = predicted_tau(replace(plan, budget=replace(plan.budget, epochs=5.0)), smollm2, 1_000_000)
@@ -108,6 +107,48 @@ def test_the_learning_curve_predicts_tau_for_the_target_it_was_measured_on():
     assert predicted_tau(plan, other, 1_000_000).startswith("no learning curve measured for this target")
     assert predicted_tau(replace(plan, recipes=""), smollm2, 1_000_000).startswith("no learning curve measured")
     assert predicted_tau(replace(plan, drafters=("medusa1",)), smollm2, 1_000_000).startswith("no learning curve")
+
+
+def curve_set(tmp_path: Path, sets: dict[str, dict]) -> Plan:
+    """A plan on a recipe set of ``tmp_path`` whose learning curve (SmolLM2's, K = 4) is EAGLE-1's ``sets`` at 2
+    passes, measured from 1,000 to 1,000,000 generated tokens."""
+    curve = {"family": "eagle1", "epochs": 2.0, "tokens": [1000, 1_000_000], "source": "a study", "sets": sets}
+    record = {"target": "smollm2:bfloat16", "k": 4, "curves": [curve]}
+    (tmp_path / "learning_curve.json").write_text(json.dumps(record))
+    return replace(PLAN, recipes=str(tmp_path), budget=replace(PLAN.budget, epochs=2.0), drafters=("eagle1",))
+
+
+SMOLLM2 = ResolvedTarget(TargetSpec("smollm2"), Path("unused"), "bfloat16")
+
+
+def test_the_predicted_tau_is_never_below_one_a_round_commits_at_least_its_target_token(tmp_path):
+    plan = curve_set(tmp_path, {"rising": {"a": 0.5, "b": 0.1}, "low": {"a": -1.0, "b": 0.1}})
+    # at e^10 tokens (22,026) the curves read 0.5 + 1.0 = 1.50 and -1 + 1.0 = 0: the latter is impossible
+    text = predicted_tau(plan, SMOLLM2, 22_026)
+    assert "eagle1 1.50 rising / 1.00 low (within the measured 1,000–1,000,000; a study)" in text
+
+
+@pytest.mark.parametrize("tokens", [10, 999, 1_000_001, 50_000_000])
+def test_outside_the_curves_measured_range_the_prediction_is_refused_not_extrapolated(tmp_path, tokens):
+    plan = curve_set(tmp_path, {"rising": {"a": 0.5, "b": 0.1}})
+    text = predicted_tau(plan, SMOLLM2, tokens)
+    assert f"eagle1: no prediction for {tokens:,} tokens, outside the measured 1,000–1,000,000 (a study)" in text
+    assert not re.search(r"\d\.\d\d rising", text)
+
+
+def test_the_shipped_curves_predict_no_tau_below_one_and_none_for_the_default_smollm2_runs_data():
+    """The issue's run: 48 prompts of 256 new tokens printed ``eagle3_31 0.56 mt-bench / 0.18 chat-heldout``."""
+    plan = replace(PLAN, budget=replace(PLAN.budget, epochs=passes(LARGE)), drafters=("eagle3_31",))
+    text = predicted_tau(plan, SMOLLM2, 48 * 256)
+    assert "eagle3_31: no prediction for 12,288 tokens, outside the measured 250,000–1,000,000" in text
+    for passes_ in (2.0, 4.0):
+        plan = replace(PLAN, budget=replace(PLAN.budget, epochs=passes_), drafters=("eagle3_31", "eagle1", "eagle3"))
+        for tokens in (10_000, 22_000, 50_000, 250_000, 400_000, 1_000_000, 3_000_000):
+            taus = [
+                float(t)
+                for t in re.findall(r"(\d+\.\d\d) (?:mt-bench|chat-heldout)", predicted_tau(plan, SMOLLM2, tokens))
+            ]
+            assert all(t >= 1.0 for t in taus), (passes_, tokens, taus)
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--hours", "0"), ("--num-prompts", "0")])

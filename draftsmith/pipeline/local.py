@@ -337,8 +337,9 @@ def sized_once(out: Path, sizing: Sizing, budget: Budget, size) -> Budget:
 def predicted_tau(plan: Plan, target: targets.ResolvedTarget, tokens: int) -> str:
     """What the learning curves measured for this recipe set and target (``configs/SET/learning_curve.json``, written
     by ``benchmarks/tables.py`` from the data-scaling and recipe studies) predict for ``tokens`` generated training
-    tokens, per family the run trains, at the run's passes over the data (``plan.budget.epochs``), in words; or why
-    there is no prediction."""
+    tokens, per family the run trains, at the run's passes over the data (``plan.budget.epochs``), in words: τ at
+    least 1 (a round commits the target's own token), and only within the token range the curve was measured over
+    (outside it, said so instead of a number); or why there is no prediction."""
     path = RECIPES / (plan.recipes or ".") / "learning_curve.json"
     if not path.is_file():
         return f"no learning curve measured for the recipe set {plan.recipes or 'default'}"
@@ -358,9 +359,14 @@ def predicted_tau(plan: Plan, target: targets.ResolvedTarget, tokens: int) -> st
                 parts.append(f"{family}: measured at {passes} passes, not at this run's {epochs:g}")
             continue
         lo, hi = curve["tokens"]
-        where = "within" if lo <= tokens <= hi else "outside (extrapolated)"
-        taus = " / ".join(f"{c['a'] + c['b'] * math.log(tokens):.2f} {s}" for s, c in curve["sets"].items())
-        parts.append(f"{family} {taus} ({where} the measured {lo:,}–{hi:,}; {curve['source']})")
+        if not lo <= tokens <= hi:  # a + b·ln(tokens) beyond its points is a guess (below them it falls below 1)
+            parts.append(
+                f"{family}: no prediction for {tokens:,} tokens, outside the measured {lo:,}–{hi:,} ({curve['source']})"
+            )
+            continue
+        # a round commits at least the target's own token: τ < 1 is impossible, whatever a fitted line says
+        taus = " / ".join(f"{max(1.0, c['a'] + c['b'] * math.log(tokens)):.2f} {s}" for s, c in curve["sets"].items())
+        parts.append(f"{family} {taus} (within the measured {lo:,}–{hi:,}; {curve['source']})")
     if not parts:
         return f"no learning curve measured for {', '.join(plan.drafters) or 'these families'}"
     return (
