@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.pipeline.local import (
@@ -66,25 +67,53 @@ def test_hours_too_short_for_the_smallest_budget_are_refused_in_one_line():
         size_budget(Sizing(0.001, 1000), SPEEDS, PLAN.budget, PLAN, 5, 2)
 
 
-def test_a_sized_budget_is_kept_when_the_run_is_made_again(tmp_path, capsys):
-    searched = []
+def size(out: Path, budget: Budget, plan: Plan = PLAN, speeds: Speeds = SPEEDS) -> Budget:
+    """The budget a run into ``out`` sizes for an hour of ``plan`` (its budget ``budget``) at ``speeds``."""
+    return sized_once(out, Sizing(1.0, 100_000), speeds, budget, replace(plan, budget=budget), 5, 2)
 
-    def search(n):
-        def size():
-            searched.append(n)
-            return replace(PLAN.budget, train_prompts=n, epochs=EPOCHS, fit_steps=0)
 
-        return size
-
-    first = sized_once(tmp_path, Sizing(1.0, 500), PLAN.budget, search(321))
-    assert first.train_prompts == 321 and "321 training prompts" in capsys.readouterr().out
-    # the speed measured again would differ a little: the data made for the first choice stays the run's, unsearched
-    again = sized_once(tmp_path, Sizing(1.0, 500), PLAN.budget, search(330))
-    assert again == first and "as chosen before" in capsys.readouterr().out and searched == [321]
-    # other hours: chosen anew
-    other = sized_once(tmp_path, Sizing(2.0, 500), PLAN.budget, search(480))
-    assert other.train_prompts == 480 and json.loads((tmp_path / "sizing.json").read_text())["train_prompts"] == 480
-    assert searched == [321, 480]
+def test_a_sized_budget_is_kept_only_while_every_input_of_its_estimate_is_the_same(tmp_path, capsys):
+    first = size(tmp_path / "run", PLAN.budget)
+    assert "by this machine's measured speed" in capsys.readouterr().out
+    # the same run made again: the speed measured anew is a little slower, the data made for the first choice stays
+    slower = Speeds(SPEEDS.step_s * 1.03, SPEEDS.batch_step_s * 1.03, SPEEDS.forward_tokens_s / 1.03)
+    assert size_budget(Sizing(1.0, 100_000), slower, PLAN.budget, PLAN, 5, 2).train_prompts < first.train_prompts
+    assert size(tmp_path / "run", PLAN.budget, speeds=slower) == first and "as chosen before" in capsys.readouterr().out
+    # any other input of the estimate sizes anew (the issue: a run sized at 48 new tokens, made again at 512, kept its
+    # prompts and would have taken ~10x its hour)
+    changed = {
+        "256 new tokens": (replace(PLAN.budget, new_tokens=256), PLAN, SPEEDS),
+        "one family fewer": (PLAN.budget, replace(PLAN, drafters=("eagle3",)), SPEEDS),
+        "no draft LM": (PLAN.budget, replace(PLAN, draft_lm=False), SPEEDS),
+        "batch 16": (replace(PLAN.budget, batch_size=16), PLAN, SPEEDS),
+        "4 passes": (replace(PLAN.budget, epochs=4.0), PLAN, SPEEDS),
+        "no feature cache": (PLAN.budget, replace(PLAN, features=False), SPEEDS),
+        "a machine 1.5x slower": (PLAN.budget, PLAN, Speeds(0.075, 0.3, 2000.0 / 1.5)),
+    }
+    for why, (budget, plan, speeds) in changed.items():
+        out = tmp_path / why
+        size(out, PLAN.budget)
+        capsys.readouterr()
+        again = size(out, budget, plan, speeds)
+        assert "as chosen before" not in capsys.readouterr().out, why
+        fresh = size_budget(Sizing(1.0, 100_000), speeds, budget, replace(plan, budget=budget), 5, 2)
+        assert again == fresh and again.train_prompts != first.train_prompts, why
+        assert json.loads((out / "sizing.json").read_text())["train_prompts"] == again.train_prompts, why
+    long = size(tmp_path / "256 new tokens", replace(PLAN.budget, new_tokens=256))
+    assert long.train_prompts < first.train_prompts / 4
+    # the user's own recipe set: a family's recipe given more steps than the passes make sizes anew
+    mine = tmp_path / "recipes"
+    mine.mkdir()
+    for name in PLAN.drafters:
+        (mine / f"{name}.yaml").write_text((RECIPES / "smollm2" / f"{name}.yaml").read_text())
+    plan = replace(PLAN, recipes=str(mine))
+    before = size(tmp_path / "own", PLAN.budget, plan)
+    recipe = load_recipe(mine / "eagle3.yaml")
+    recipe["trainer"]["max_steps"] = 1500
+    (mine / "eagle3.yaml").write_text(yaml.safe_dump(recipe))
+    capsys.readouterr()
+    after = size(tmp_path / "own", PLAN.budget, plan)
+    assert "as chosen before" not in capsys.readouterr().out and after.train_prompts < before.train_prompts
 
 
 def test_the_learning_curve_predicts_tau_for_the_target_it_was_measured_on():

@@ -295,36 +295,51 @@ def size_budget(sizing: Sizing, speeds: Speeds, budget: Budget, plan: Plan, n_sp
     """``budget`` with the most training prompts (at least ``SMALLEST``, at most ``sizing.available``) whose
     estimated stages (``_estimates``) fit ``sizing.hours``, each family fitting the budget's passes over them (its
     recipe's steps the floor). Refused in one line when even the smallest does not fit."""
-
-    def seconds(n: int) -> float:
-        b = sized(budget, n)
-        return sum(_estimates(speeds, b, replace(plan, budget=b), n_specs, n_blocks).values())
-
     limit, smallest = sizing.hours * 3600, min(SMALLEST, sizing.available)
-    if seconds(smallest) > limit:
+    if _seconds(smallest, speeds, budget, plan, n_specs, n_blocks) > limit:
+        need = _duration(_seconds(smallest, speeds, budget, plan, n_specs, n_blocks))
         raise DraftsmithError(
-            f"--hours {sizing.hours:g}: even {smallest} training prompts need {_duration(seconds(smallest))} on this "
+            f"--hours {sizing.hours:g}: even {smallest} training prompts need {need} on this "
             "machine (its measured speed); give more --hours, or --num-prompts to size the data yourself"
         )
     lo, hi = smallest, sizing.available  # the largest n with seconds(n) <= limit: seconds grows with n
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if seconds(mid) <= limit else (lo, mid - 1)
+        lo, hi = (mid, hi) if _seconds(mid, speeds, budget, plan, n_specs, n_blocks) <= limit else (lo, mid - 1)
     return sized(budget, lo)
 
 
-def sized_once(out: Path, sizing: Sizing, budget: Budget, size) -> Budget:
-    """The budget ``size()`` chooses, recorded in ``out/sizing.json`` and taken from there (``budget`` sized to the
-    saved training prompts, without searching again) when the run is made again with the same hours and prompts
-    (the measured speed varies a little from run to run; the data made for the first choice stays current)."""
+def _seconds(n: int, speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_blocks: int) -> float:
+    """The estimated seconds of every stage with ``n`` training prompts (``sized``)."""
+    b = sized(budget, n)
+    return sum(_estimates(speeds, b, replace(plan, budget=b), n_specs, n_blocks).values())
+
+
+DRIFT = 0.1
+"""A saved sizing is kept while its prompts' estimate, by the speed measured again, exceeds the hours by at most this
+share (the measured speed varies by a few percent from run to run; another machine is sized anew)."""
+
+
+def sized_once(
+    out: Path, sizing: Sizing, speeds: Speeds, budget: Budget, plan: Plan, n_specs: int, n_blocks: int
+) -> Budget:
+    """The budget ``size_budget`` chooses, recorded in ``out/sizing.json`` with every input of its estimate but the
+    measured speed (``sizing_inputs``). A run made again with all of them the same keeps the saved training prompts
+    (the data made for them stays current though the speed measured again differs a little) while they still fit
+    the hours by this run's speed (within ``DRIFT``); any other input (``--max-new-tokens``, ``--families``, the
+    batch size, the recipes, the passes, ...) sizes anew."""
     path = out / "sizing.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    if saved.get("hours") == sizing.hours and saved.get("available") == sizing.available:
-        budget, how = sized(budget, saved["train_prompts"]), f"as chosen before ({path})"
+    inputs = sizing_inputs(sizing, budget, plan, n_specs, n_blocks)
+    n = saved.get("train_prompts") if saved.get("inputs") == inputs else None
+    fits = n is not None and _seconds(n, speeds, budget, plan, n_specs, n_blocks) <= sizing.hours * 3600 * (1 + DRIFT)
+    if fits:
+        budget, how = sized(budget, n), f"as chosen before ({path})"
     else:
-        budget = size()
+        budget = size_budget(sizing, speeds, budget, plan, n_specs, n_blocks)
         out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(sizing) | {"train_prompts": budget.train_prompts}, indent=2))
+        record = {"inputs": inputs, "speeds": asdict(speeds), "train_prompts": budget.train_prompts}
+        path.write_text(json.dumps(record, indent=2))
         how = "by this machine's measured speed"
     every = " (all of them)" if budget.train_prompts == sizing.available else ""
     print(
@@ -332,6 +347,16 @@ def sized_once(out: Path, sizing: Sizing, budget: Budget, size) -> Budget:
         f"most that fit --hours {sizing.hours:g}, {how}"
     )
     return budget
+
+
+def sizing_inputs(sizing: Sizing, budget: Budget, plan: Plan, n_specs: int, n_blocks: int) -> dict:
+    """Every input of ``size_budget``'s estimate but the measured speed, as JSON reads it back: the hours and the
+    prompts available, the budget (new tokens, batch size, passes, ...), the plan besides its budget (families,
+    recipes, feature cache, draft LM, ...), each family's recipe steps, and the drafters and blocks scored."""
+    steps = {name: load_recipe(plan.recipe(name))["trainer"]["max_steps"] for name in plan.drafters}
+    rest = {key: value for key, value in asdict(plan).items() if key != "budget"}
+    inputs = asdict(sizing) | {"budget": asdict(budget), "plan": rest, "recipe_steps": steps}
+    return json.loads(json.dumps(inputs | {"specs": n_specs, "blocks": n_blocks}))
 
 
 def predicted_tau(plan: Plan, target: targets.ResolvedTarget, tokens: int) -> str:
@@ -455,7 +480,7 @@ def _run_stages(
     ks = sorted({*plan.ks, k})
     n_specs, n_blocks = len(plan.drafters) + 3 + plan.acceptance_head, len(ks) + 1  # + rasd; + --k auto
     if sizing is not None:
-        budget = sized_once(out, sizing, budget, lambda: size_budget(sizing, speeds, budget, plan, n_specs, n_blocks))
+        budget = sized_once(out, sizing, speeds, budget, plan, n_specs, n_blocks)
         plan = replace(plan, budget=budget)
     if plan.drafters:
         print(f"  {predicted_tau(plan, target, budget.train_prompts * budget.new_tokens)}")
