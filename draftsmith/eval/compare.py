@@ -38,8 +38,13 @@ def _serving(e: dict) -> list[str]:
     engine serves it, the servable ones' commands fastest first, then the trained drafter exported."""
     lines, commands = [], [o for o in e.get("options", []) if o["command"]]
     if e.get("options"):
+        scores = e["scores"]  # a run's blocks (each drafter at its fastest of them), or one block (older runs)
+        blocks = [scores] if isinstance(scores, str) else scores
+        where = ("at its K in " if isinstance(scores, str) else "at its fastest K of ") + ", ".join(
+            f"`{b}`" for b in blocks
+        )
         lines += [
-            f"Every drafter of `{e['scores']}` by measured speed, each at its K, the target in {e['dtype']}:",
+            f"Every drafter by measured speed, each {where}, the target in {e['dtype']}:",
             "",
             "| | drafter | speedup | τ | K | served |",
             "|---|---|---|---|---|---|",

@@ -504,8 +504,8 @@ def _run_stages(
         specs.insert(1, Named("sibling", DraftModel(str(target_dir / "sibling"))))
     if (out / "drafters" / "draft_lm_init").is_dir():
         specs.append(Named("draft_lm_undistilled", DraftModel(str(out / "drafters" / "draft_lm_init"))))
-    for kk in [*ks, AUTO_K]:
-        path = out / "score" / (f"k{kk}" if kk != AUTO_K else AUTO_K)
+    blocks = [out / "score" / (f"k{kk}" if kk != AUTO_K else AUTO_K) for kk in [*ks, AUTO_K]]
+    for kk, path in zip([*ks, AUTO_K], blocks, strict=True):
         if kk == AUTO_K:  # RASD over the trained tree drafter fastest at the main K, its shape chosen with the rest
             rows = read_rows(json.loads((out / "score" / f"k{k}" / "report.json").read_text())["drafters"])
             fused = fused_spec(rows, specs, store)
@@ -520,7 +520,7 @@ def _run_stages(
             score_specs(target, specs, config, path, stage)
     progress.start("export")
     if any(isinstance(s.spec, Trained) for s in specs):
-        export_best(out, specs, target_dir, dtype)
+        export_best(out, specs, target_dir, dtype, [path / "report.json" for path in blocks])  # this run's blocks
     else:
         print("  nothing trained to export")
     progress.start("report")
@@ -610,7 +610,8 @@ def pipeline(
         features: cache the target's hidden states once and train from them (default: on for targets of 12+ layers).
         draft_lm_layers: the draft LM starts as the target's first N layers (default: a fifteenth of them, at least
             1; 0: the target's ``sibling/`` directory where it has one).
-        k: the main table's draft length (``--k auto`` is scored too and decides the export).
+        k: the main table's draft length (``--k auto`` is scored too; each drafter is exported and ranked at its
+            fastest measured K).
         fast: tiny budgets everywhere (smoke runs and tests).
     """
     spec = targets.parse_target(target, dtype)

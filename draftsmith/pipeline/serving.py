@@ -1,10 +1,13 @@
 """The pipeline's serving advice, as measured: every drafter the verifier scored, ranked by its measured speedup, each
 with how an engine serves it or why none does, and the command of the fastest servable one first.
 
-Each option is set as it was measured: at the K ``--k auto`` chose for it (else the block's K) and with the target
-in the dtype it was scored in (``export.serve``). The untrained options count too: prompt lookup (vLLM's ``ngram``)
-and a draft-model directory (vLLM's ``draft_model``). RASD's fused drafter and an acceptance head's adaptive drafter
-are ranked but not servable: no engine runs them (an engine user gets their model drafter, ranked on its own).
+Each drafter is taken at its best measured shape: the row of the run's score blocks (each fixed K and ``--k auto``)
+it ran fastest in, and set as it was measured there: at that block's K (``--k auto``'s choice for it in that block)
+and with the target in the dtype it was scored in (``export.serve``). Two speedups closer than the noise of one run
+(how much plain decoding of the same prompts varied between the run's blocks) are said to be within it. The
+untrained options count too: prompt lookup (vLLM's ``ngram``) and a draft-model directory (vLLM's
+``draft_model``). RASD's fused drafter and an acceptance head's adaptive drafter are ranked but not servable: no
+engine runs them (an engine user gets their model drafter, ranked on its own).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.rows import ScoreRow, read_rows
+from draftsmith.eval.rows import PlainRow, ScoreRow, read_block
 from draftsmith.export.registry import WHY_NOT, serving_format, write_export
 from draftsmith.export.serve import draft_model_config, ngram_config, vllm_command
 from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Rasd, Trained
@@ -36,6 +39,8 @@ class Option:
     servable: bool
     command: str | None = None
     """The command that serves it; only for a servable option faster than plain decoding."""
+    scores: str | None = None
+    """The score block it was measured in (its fastest of the run's)."""
 
 
 @dataclass(frozen=True)
@@ -55,11 +60,35 @@ def row_k(row: ScoreRow) -> int:
     return row.auto_k.k if row.auto_k else row.k
 
 
+def best_measured(blocks: dict[str, list[ScoreRow]]) -> tuple[list[ScoreRow], dict[str, str]]:
+    """Each drafter's fastest row over the run's score ``blocks`` (block -> rows; ties: τ, then the first block), and
+    per drafter the block it came from."""
+    best: dict[str, tuple[ScoreRow, str]] = {}
+    for block, rows in blocks.items():
+        for row in rows:
+            if row.name not in best or (row.speedup, row.tau) > (best[row.name][0].speedup, best[row.name][0].tau):
+                best[row.name] = (row, block)
+    return [r for r, _ in best.values()], {name: block for name, (_, block) in best.items()}
+
+
+def run_noise(plains: list[PlainRow]) -> float | None:
+    """The noise of one run's speedups: how much plain decoding of the same tokens varied between its score blocks
+    (fastest / slowest - 1); None with fewer than two blocks of the same tokens."""
+    same = [p.tokens_per_s for p in plains if p.tokens == plains[0].tokens]
+    return max(same) / min(same) - 1 if len(same) >= 2 else None
+
+
 def serving_options(
-    rows: list[ScoreRow], specs: list[Named], target_dir: Path, dtype: str, exported: dict[str, Exported]
+    rows: list[ScoreRow],
+    specs: list[Named],
+    target_dir: Path,
+    dtype: str,
+    exported: dict[str, Exported],
+    measured_in: dict[str, str] | None = None,
 ) -> list[Option]:
     """Every row as an ``Option``, fastest first (ties: τ). ``exported``: the trained drafters exported for serving
-    (a trained drafter not in it is not served: slower than plain decoding)."""
+    (a trained drafter not in it is not served: slower than plain decoding); ``measured_in``: per drafter, the score
+    block its row comes from."""
     by_name = {s.name: s.spec for s in specs}
     names = {s.spec.path: s.name for s in specs if isinstance(s.spec, Trained)}
     options = []
@@ -85,7 +114,8 @@ def serving_options(
             case Adaptive():
                 served = "not servable: no engine stops drafts by an acceptance head; its drafter is served alone"
         command = command if row.speedup > 1.0 else None  # a slowdown is never offered as the thing to serve
-        options.append(Option(row.name, row.speedup, row.tau, k, served, servable, command))
+        block = (measured_in or {}).get(row.name)
+        options.append(Option(row.name, row.speedup, row.tau, k, served, servable, command, block))
     return options
 
 
@@ -103,17 +133,18 @@ def _trained(path: str, exported: Exported | None) -> tuple[str, str | None, boo
     return how, exported.command, True
 
 
-def export_best(out: Path, specs: list[Named], target_dir: Path, dtype: str) -> dict:
-    """Rank every drafter of the ``--k auto`` block (else the largest K's) by measured speed (``serving_options``),
-    export the fastest trained drafter, and every other trained one faster than plain decoding, in its serving
-    format to ``out/export/<name>``, record it all in ``out/export/best.json`` (returned; its top level names the
-    fastest trained drafter, ``options`` the ranking, ``serve`` the fastest servable option), print the fastest
-    servable option's command first, and say plainly when no trained drafter beats plain decoding. Exporting takes a
-    second, so it is redone every run and can never be stale."""
-    block = out / "score" / "auto" / "report.json"
-    if not block.is_file():
-        block = max(out.glob("score/k*/report.json"), key=lambda p: int(p.parent.name[1:]))
-    rows = read_rows(json.loads(block.read_text())["drafters"])
+def export_best(out: Path, specs: list[Named], target_dir: Path, dtype: str, blocks: list[Path] | None = None) -> dict:
+    """Rank every drafter at its best measured shape over the run's score ``blocks`` (their ``report.json``; default:
+    every ``out/score/*/report.json``) by measured speed (``best_measured``, ``serving_options``), export the fastest
+    trained drafter, and every other trained one faster than plain decoding, in its serving format at the K it ran
+    fastest at to ``out/export/<name>``, record it all in ``out/export/best.json`` (returned; its top level names the
+    fastest trained drafter, ``options`` the ranking, ``serve`` the fastest servable option, ``noise`` the noise of
+    one run, ``run_noise``), print the fastest servable option's command first, and say plainly when no trained
+    drafter beats plain decoding. Exporting takes a second, so it is redone every run and can never be stale."""
+    paths = blocks if blocks is not None else sorted(out.glob("score/*/report.json"), key=_block_order)
+    saved = {str(p.relative_to(out)): read_block(json.loads(p.read_text())) for p in paths}
+    rows, measured_in = best_measured({block: rows for block, (_, rows) in saved.items()})
+    noise = run_noise([plain for plain, _ in saved.values()])
     trained = {s.name: Path(s.spec.path) for s in specs if isinstance(s.spec, Trained)}
     best = max((r for r in rows if r.name in trained), key=lambda r: (r.speedup, r.tau))
     shutil.rmtree(out / "export", ignore_errors=True)
@@ -122,12 +153,13 @@ def export_best(out: Path, specs: list[Named], target_dir: Path, dtype: str) -> 
         for r in rows
         if r.name in trained and (r is best or r.speedup > 1.0)
     }
-    options = serving_options(rows, specs, target_dir, dtype, exported)
+    options = serving_options(rows, specs, target_dir, dtype, exported, measured_in)
     serve = next((o for o in options if o.command), None)
     mine = exported[best.name]
     record = {
         "name": best.name,
-        "scores": str(block.relative_to(out)),
+        "scores": list(saved),
+        "noise": None if noise is None else round(noise, 4),
         "format": mine.format,
         "dir": str((out / "export" / best.name).absolute()),
         "k": row_k(best),
@@ -152,13 +184,26 @@ def export_best(out: Path, specs: list[Named], target_dir: Path, dtype: str) -> 
         )
     record["verdict"] = verdict(record)
     (out / "export" / "best.json").write_text(json.dumps(record, indent=2))
-    _print(record, options, serve, block.relative_to(out))
+    _print(record, options, serve)
     return record
+
+
+def _block_order(path: Path) -> tuple[int, int]:
+    """Score blocks in the order the pipeline makes them: each fixed K by K, then ``--k auto``."""
+    name = path.parent.name
+    return (0, int(name[1:])) if name[1:].isdigit() else (1, 0)
 
 
 def verdict(record: dict) -> str:
     """The one sentence a newcomer acts on (the report's lead): what to serve, how much faster it made the target,
-    and how that compares with the free n-gram baseline (prompt lookup, which needs no training)."""
+    and how that compares with the free n-gram baseline (prompt lookup, which needs no training); each at its best
+    measured shape, and when the two compared are within the noise of one run (``record["noise"]``), said so."""
+    noise, blocks = record.get("noise"), len(record.get("scores") or [])
+    why = f"plain decoding of the same prompts varied {noise or 0:.0%} between its {blocks} blocks"
+
+    def close(a: float, b: float) -> bool:
+        return noise is not None and abs(a - b) < noise * max(a, b)
+
     ngram = next((o for o in record["options"] if o["name"] == "ngram"), None)
     serve, trained = record["serve"], f"{record['name']} ({record['speedup']:.2f}× at K = {record['k']})"
     free = f"{ngram['speedup']:.2f}× for the free n-gram baseline (prompt lookup, no training)" if ngram else ""
@@ -172,8 +217,15 @@ def verdict(record: dict) -> str:
         f"(K = {serve['k']}, τ {serve['tau']:.2f})"
     )
     if serve["name"] == "ngram":
+        if close(serve["speedup"], record["speedup"]):
+            within = f"is within the noise of one run of it ({why})"
+            return f"{head} without any training; the best trained drafter, {trained}, {within}."
         return f"{head} without any training; the best trained drafter, {trained}, did not beat it."
-    return f"{head}, against {free}." if free else f"{head}."
+    if not free:
+        return f"{head}."
+    if close(serve["speedup"], ngram["speedup"]):
+        return f"{head}, against {free}: the two are within the noise of one run ({why})."
+    return f"{head}, against {free}."
 
 
 def _export(src: Path, dest: Path, k: int) -> Exported:
@@ -185,11 +237,13 @@ def _export(src: Path, dest: Path, k: int) -> Exported:
         return Exported("native", write_export(src, "native", dest, overwrite=True), f"--to {fmt}: {e}")
 
 
-def _print(record: dict, options: list[Option], serve: Option | None, block: Path) -> None:
+def _print(record: dict, options: list[Option], serve: Option | None) -> None:
     print(f"  {record['verdict']}")
-    print(f"  by measured speed ({block}; each at its K, the target in {record['dtype']}):")
+    print(
+        f"  by measured speed (each at its fastest of {', '.join(record['scores'])}; the target in {record['dtype']}):"
+    )
     for i, o in enumerate(options, 1):
-        print(f"    {i}. {o.name}: {o.speedup:.2f}x at K={o.k} (τ {o.tau:.2f}): {o.served}")
+        print(f"    {i}. {o.name}: {o.speedup:.2f}x at K={o.k} (τ {o.tau:.2f}; {o.scores}): {o.served}")
     if serve:
         print(f"  serve {serve.name} (the fastest servable, {serve.speedup:.2f}x at K={serve.k}):\n  {serve.command}")
     if "refused" in record:
