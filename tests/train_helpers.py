@@ -1,4 +1,4 @@
-"""Callbacks the training tests inject into real ``draftsmith fit`` subprocesses."""
+"""Callbacks and modules the training tests inject into real fits (``draftsmith fit`` subprocesses, ``fit()``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import os
 import signal
 
 import lightning as L
+import torch
+
+from draftsmith.families.eagle.module import EagleModule
 
 
 class KillAtStep(L.Callback):
@@ -32,3 +35,23 @@ class RecordBatches(L.Callback):
         ]
         with open(os.path.join(self.out, f"rank{trainer.global_rank}.jsonl"), "a") as f:
             f.write(json.dumps(rows) + "\n")
+
+
+class Poisoned(EagleModule):
+    """The real EAGLE module, poisoned from optimizer step ``from_step`` (0-based ``global_step``): its loss times
+    NaN, or, with ``grad_of``, only that parameter's gradient (a hook on it; the loss stays finite)."""
+
+    def __init__(self, *args, from_step: int = 0, grad_of: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.from_step, self.grad_of = from_step, grad_of
+        if grad_of is not None:
+            self.get_parameter(grad_of).register_hook(self._poison_grad)
+
+    def _poison_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad * float("nan") if self.global_step >= self.from_step else grad
+
+    def losses(self, batch: dict, out) -> dict[str, torch.Tensor]:
+        losses = super().losses(batch, out)
+        if self.training and self.grad_of is None and self.global_step >= self.from_step:
+            losses["loss"] = losses["loss"] * float("nan")
+        return losses

@@ -64,7 +64,14 @@ def build_network(method: str, config: dict, where: str = "drafter") -> torch.nn
 
 
 def build(info: dict, state: dict[str, torch.Tensor], where: str) -> torch.nn.Module:
-    """Rebuild a drafter network from ``core.native.describe()``'s record and its weights."""
+    """Rebuild a drafter network from ``core.native.describe()``'s record and its weights; weights holding a
+    non-finite value are refused (what a fit that diverged left: it drafts nothing, whatever its ``val/tau_est``)."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise DraftsmithError(
+            f"{where}: {len(bad)} of {len(state)} weight tensors hold non-finite values (first: {bad[0]}), the "
+            f"drafter of a fit that diverged: nothing to draft with"
+        )
     model = build_network(info.get("method"), info["config"], where)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -69,3 +69,24 @@ def tau_from_rounds(rounds: list[list[tuple[int, int]]]) -> tuple[int, int]:
     """(tokens, rounds) summed over rows: τ = tokens / rounds (each round adds its accepted + 1)."""
     flat = [n for row in rounds for _, n in row]
     return sum(flat) + len(flat), len(flat)
+
+
+LEARNED_TAU = 1.05
+"""The ``val/tau_est`` a drafter that learned anything exceeds: an untrained one scores about 1.0-1.03 (its top
+choice matches the target's now and then by chance), and so does a drafter whose weights turned NaN (the argmax of
+NaN logits is still a token)."""
+
+
+def did_not_learn(taus: list[tuple[int, float]], ended: bool = False) -> str | None:
+    """Why a fit's ``val/tau_est`` curve, (step, τ) per validation, says its drafter did not learn, else None: from
+    its second validation on (or at its end, ``ended``, whatever their number) the latest τ is at most
+    ``LEARNED_TAU``, never having risen above it or having fallen back."""
+    if not taus or (len(taus) < 2 and not ended):
+        return None
+    step, last = taus[-1]
+    if last > LEARNED_TAU:
+        return None
+    best_step, best = max(taus, key=lambda t: t[1])
+    if best <= LEARNED_TAU:
+        return f"val/tau_est {last:.3f} at step {step} has not risen above {LEARNED_TAU}"
+    return f"val/tau_est fell back to {last:.3f} at step {step} from {best:.3f} at step {best_step}"

@@ -19,6 +19,7 @@ from draftsmith.core.native import describe
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
+from draftsmith.train.guard import FiniteGuard
 
 TOPK = 10
 """Ranks whose held-out accuracy validation records, per depth (for static trees)."""
@@ -175,8 +176,17 @@ class DrafterModule(L.LightningModule):
         computes only those (a reduced-vocabulary drafter's loss never needs the rest)."""
         return None
 
+    step_losses: dict[str, torch.Tensor] | None = None
+    """The last training step's loss terms (detached), which ``FiniteGuard`` names when one turns non-finite."""
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """``FiniteGuard`` (``train/guard.py``) on every fit, unless the trainer has one: a non-finite loss or gradient
+        stops the fit before it is applied, and a drafter that does not learn is said so."""
+        return [] if any(isinstance(c, FiniteGuard) for c in self.trainer.callbacks) else [FiniteGuard()]
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self.losses(batch, self.target_forward(batch, self.loss_vocab()))
+        self.step_losses = {k: v.detach() for k, v in losses.items()}
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"]))
         return losses["loss"]
 

@@ -95,6 +95,9 @@ class FitResult:
     """Its monitored metric."""
     last: Path | None
     """The last checkpoint (for resuming)."""
+    did_not_learn: str | None = None
+    """Why its ``val/tau_est`` says the drafter did not learn (``layers.estimate.did_not_learn``; the fit said so
+    in one line), or None. The native export records it and the pipeline never offers such a drafter for serving."""
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -136,6 +139,7 @@ def configure(recipe: str | Path | dict, run: FitRun = FitRun()) -> dict:
 def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
     """Train the recipe's drafter with ``run`` applied; returns where its checkpoints are."""
     from draftsmith.train.cli import fit_main
+    from draftsmith.train.guard import FiniteGuard
 
     config = configure(recipe, run)
     root = Path(config["trainer"].get("default_root_dir") or ".")
@@ -150,8 +154,13 @@ def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
     if best is None or not best.best_model_path:
         raise DraftsmithError(f"fit {root}: no checkpoint was saved (does the recipe validate before it stops?)")
     score = float(best.best_model_score) if best.best_model_score is not None else None
+    guard = next((c for c in cli.trainer.callbacks if isinstance(c, FiniteGuard)), None)
     return FitResult(
-        root, Path(best.best_model_path), score, Path(best.last_model_path) if best.last_model_path else None
+        root,
+        Path(best.best_model_path),
+        score,
+        Path(best.last_model_path) if best.last_model_path else None,
+        guard.did_not_learn if guard is not None else None,
     )
 
 
@@ -162,13 +171,16 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def export_native(result: FitResult, target: str | Path, out: str | Path, stage: dict | None = None) -> Path:
-    """The fit's best checkpoint as a native drafter dir, recording the checkpoint, its ``val_tau_est`` and the
-    top-k accuracies static trees are built from; ``stage``: the inputs recorded for ``is_current``."""
+    """The fit's best checkpoint as a native drafter dir, recording the checkpoint, its ``val_tau_est``, the
+    top-k accuracies static trees are built from and, if so, why it ``did_not_learn``; ``stage``: the inputs
+    recorded for ``is_current``."""
     target_obj = load_target(target)
     network, info = load_network(result.best, target_obj)
     extra = {"checkpoint": str(result.best), "val_tau_est": result.score}
     if info.get("topk_accuracy"):
         extra["topk_accuracy"] = info["topk_accuracy"]
+    if result.did_not_learn:
+        extra["did_not_learn"] = result.did_not_learn
     save_native(network, target_obj, out, extra)
     write_manifest(out, target=target_obj.fingerprint, stage=stage, checkpoint=str(result.best))
     return Path(out)
