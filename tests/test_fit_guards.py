@@ -1,6 +1,6 @@
 """No silent dead drafter: a fit stops at its first non-finite loss or gradient in one line, keeps its last finite
 checkpoint and writes none after it; resume, ``export`` and ``score`` refuse non-finite tensors; a fit whose
-``val/tau_est`` never rises is said not to have learned, in its log, its result and its export.
+``val/tau_est`` never rises is said not to have learned, in its log, its result, its export and the report.
 
 Every fit here is the real ``fit`` of the shipped ``eagle3`` recipe on the toy target; the faults are injected by
 ``train_helpers.Poisoned``, the real EAGLE module whose loss (or one gradient) turns NaN from a chosen step.
@@ -17,6 +17,7 @@ from test_train import setup  # noqa: F401  (the module's toy target and its gen
 
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval.compare import training_table
 from draftsmith.train.fit import FitRun, export_native, fit, latest_checkpoint, load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -147,3 +148,14 @@ def test_a_drafter_that_cannot_learn_is_flagged_in_one_line_in_its_result_and_it
 def test_a_drafter_that_learns_is_not_flagged(setup, tmp_path, capsys):  # noqa: F811
     result = fit("eagle3", run(setup, tmp_path / "fit"))
     assert result.did_not_learn is None and "did not learn" not in capsys.readouterr().out
+
+
+def test_training_table_calls_a_flat_curve_at_one_did_not_learn_not_stopped_rising():
+    flat = [{"step": s, "val/tau_est": 1.0 + 0.001 * (s % 2)} for s in (19, 39, 59, 79)]
+    fell = [{"step": s, "val/tau_est": v} for s, v in zip((19, 39, 59, 79), (1.4, 1.6, 1.3, 1.01), strict=True)]
+    plateau = [{"step": s, "val/tau_est": v} for s, v in zip((19, 39, 59, 79), (1.4, 1.6, 1.6, 1.6), strict=True)]
+    rows = {r.split("|")[1].strip(): r for r in training_table({"flat": flat, "fell": fell, "plateau": plateau})
+            .splitlines()[2:]}  # fmt: skip
+    assert "did not learn" in rows["flat"] and "stopped rising" not in rows["flat"]
+    assert "did not learn" in rows["fell"] and "stopped rising" not in rows["fell"]
+    assert "stopped rising" in rows["plateau"] and "did not learn" not in rows["plateau"]

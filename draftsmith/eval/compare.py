@@ -14,6 +14,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
 from draftsmith.eval.rows import PlainRow, ScoreRow, read_rows, to_dicts
+from draftsmith.layers.estimate import did_not_learn
 
 
 def _scores(run: Path) -> dict[int, dict]:
@@ -72,9 +73,10 @@ RISING = 0.01
 
 
 def training_table(logs: dict[str, list[dict]]) -> str:
-    """Per fit: optimizer steps, ``val/tau_est`` at its first and last validation and its best, and whether it had
-    stopped rising (the last validation no better than an earlier one, within ``RISING``) or was still rising when
-    the budget ran out ("" without validations)."""
+    """Per fit: optimizer steps, ``val/tau_est`` at its first and last validation and its best, and whether it did
+    not learn (its last τ at most ``LEARNED_TAU``: ``layers.estimate.did_not_learn``), had stopped rising (the last
+    validation no better than an earlier one, within ``RISING``) or was still rising when the budget ran out (""
+    without validations)."""
     lines = []
     for name, rows in logs.items():
         val = [(int(r["step"]), r["val/tau_est"]) for r in rows if "val/tau_est" in r]
@@ -86,6 +88,8 @@ def training_table(logs: dict[str, list[dict]]) -> str:
         earlier = max((v for _, v in val[:-1]), default=None)
         rising = earlier is None or val[-1][1] > earlier * (1 + RISING)
         state = "still rising: more steps would raise it" if rising else "stopped rising"
+        if dead := did_not_learn([(step + 1, v) for step, v in val], ended=True):  # a log's step: steps done - 1
+            state = f"did not learn: {dead}"
         best = max(v for _, v in val)
         lines.append(f"| {name} | {steps + 1} | {val[0][1]:.3f} | {val[-1][1]:.3f} | {best:.3f} | {state} |")
     return "\n".join(lines)
