@@ -1,6 +1,7 @@
 """No silent dead drafter: a fit stops at its first non-finite loss or gradient in one line, keeps its last finite
 checkpoint and writes none after it; resume, ``export`` and ``score`` refuse non-finite tensors; a fit whose
-``val/tau_est`` never rises is said not to have learned, in its log, its result, its export and the report.
+``val/tau_est`` never rises is said not to have learned, in its log, its result, its export, the report and
+the serving advice, which never offers it.
 
 Every fit here is the real ``fit`` of the shipped ``eagle3`` recipe on the toy target; the faults are injected by
 ``train_helpers.Poisoned``, the real EAGLE module whose loss (or one gradient) turns NaN from a chosen step.
@@ -9,6 +10,7 @@ Every fit here is the real ``fit`` of the shipped ``eagle3`` recipe on the toy t
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,32 @@ def test_a_drafter_that_cannot_learn_is_flagged_in_one_line_in_its_result_and_it
     assert result.did_not_learn is not None and "1.05" in result.did_not_learn
     native = export_native(result, setup["target"], tmp_path / "dead")
     assert json.loads((native / "config.json").read_text())["did_not_learn"] == result.did_not_learn
+    never_served(native, setup["target"], tmp_path / "run", capsys)
+
+
+def never_served(dead: Path, target: Path, out: Path, capsys) -> None:
+    """The pipeline's serving advice over a drafter that did not learn: ranked, never offered, though it measured
+    faster than plain decoding and than a drafter that learned (the same weights, unmarked)."""
+    from test_serving import row, write_block
+
+    from draftsmith.families.specs import Named, NGram, Trained
+    from draftsmith.pipeline.serving import export_best
+
+    alive = out / "alive"
+    shutil.copytree(dead, alive)
+    record = json.loads((alive / "config.json").read_text())
+    (alive / "config.json").write_text(json.dumps({k: v for k, v in record.items() if k != "did_not_learn"}))
+    specs = [Named("ngram", NGram()), Named("dead", Trained(str(dead))), Named("alive", Trained(str(alive)))]
+    write_block(out, [row("ngram", 1.05, 1.3), row("dead", 1.4, 1.9), row("alive", 1.2, 1.7)], "k4")
+    record = export_best(out, specs, target, "float32")
+    options = {o["name"]: o for o in record["options"]}
+    assert record["name"] == "alive" and record["serve"]["name"] == "alive" and record["beats_plain"]
+    assert options["dead"]["command"] is None and options["dead"]["served"].startswith("not servable: did not learn")
+    assert not (out / "export" / "dead").exists()
+    specs = specs[:2]  # only the drafter that did not learn: it is no trained drafter to serve
+    record = export_best(out, specs, target, "float32", blocks=[out / "score" / "k4" / "report.json"])
+    assert not record["beats_plain"] and record["serve"]["name"] == "ngram" and "did not learn" in record["advice"]
+    assert "Serve ngram" in record["verdict"] and record["advice"] in capsys.readouterr().out
 
 
 def test_a_drafter_that_learns_is_not_flagged(setup, tmp_path, capsys):  # noqa: F811

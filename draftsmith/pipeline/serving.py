@@ -119,9 +119,18 @@ def serving_options(
     return options
 
 
+def did_not_learn(path: str | Path) -> str | None:
+    """Why the fit of a trained drafter's native dir did not learn (its export records it), or None."""
+    return json.loads((Path(path) / "config.json").read_text()).get("did_not_learn")
+
+
 def _trained(path: str, exported: Exported | None) -> tuple[str, str | None, bool]:
-    """(how it is served, the command, whether an engine serves it) for a trained drafter."""
-    method = json.loads((Path(path) / "config.json").read_text())["method"]
+    """(how it is served, the command, whether an engine serves it) for a trained drafter; never one whose fit did
+    not learn (its export records why: ``train.fit.FitResult.did_not_learn``)."""
+    record = json.loads((Path(path) / "config.json").read_text())
+    if record.get("did_not_learn"):
+        return f"not servable: did not learn ({record['did_not_learn']})", None, False
+    method = record["method"]
     fmt = serving_format(method)
     if fmt == "native":
         return f"not servable: {WHY_NOT.get(method, f'no engine loads a {method} drafter')}", None, False
@@ -146,12 +155,13 @@ def export_best(out: Path, specs: list[Named], target_dir: Path, dtype: str, blo
     rows, measured_in = best_measured({block: rows for block, (_, rows) in saved.items()})
     noise = run_noise([plain for plain, _ in saved.values()])
     trained = {s.name: Path(s.spec.path) for s in specs if isinstance(s.spec, Trained)}
-    best = max((r for r in rows if r.name in trained), key=lambda r: (r.speedup, r.tau))
+    dead = {name: why for name, path in trained.items() if (why := did_not_learn(path))}
+    best = max((r for r in rows if r.name in trained), key=lambda r: (r.name not in dead, r.speedup, r.tau))
     shutil.rmtree(out / "export", ignore_errors=True)
     exported = {
         r.name: _export(trained[r.name], out / "export" / r.name, row_k(r))
         for r in rows
-        if r.name in trained and (r is best or r.speedup > 1.0)
+        if r.name in trained and (r is best or (r.speedup > 1.0 and r.name not in dead))
     }
     options = serving_options(rows, specs, target_dir, dtype, exported, measured_in)
     serve = next((o for o in options if o.command), None)
@@ -167,15 +177,18 @@ def export_best(out: Path, specs: list[Named], target_dir: Path, dtype: str, blo
         "speedup": best.speedup,
         "tau": best.tau,
         "command": mine.command,
-        "beats_plain": best.speedup > 1.0,
+        "beats_plain": best.speedup > 1.0 and best.name not in dead,
         **({"refused": mine.refused} if mine.refused else {}),
         "options": [asdict(o) for o in options],
         "serve": asdict(serve) if serve else None,
     }
     if not record["beats_plain"]:
         record["advice"] = (
-            f"no trained drafter beats plain decoding here: the fastest, {best.name}, ran at {best.speedup:.2f}x "
-            f"(exported to {record['dir']} for inspection, not for serving)"
+            f"no trained drafter learned here: the fastest, {best.name}, did not learn ({dead[best.name]}; "
+            f"exported to {record['dir']} for inspection, not for serving)"
+            if best.name in dead
+            else f"no trained drafter beats plain decoding here: the fastest, {best.name}, ran at "
+            f"{best.speedup:.2f}x (exported to {record['dir']} for inspection, not for serving)"
         )
         record["advice"] += (
             f"; {serve.name} ran at {serve.speedup:.2f}x: {serve.command}"
