@@ -20,6 +20,7 @@ from test_train import setup  # noqa: F401  (the module's toy target and its gen
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.compare import training_table
+from draftsmith.train.cli import CALLBACKS
 from draftsmith.train.fit import FitRun, export_native, fit, latest_checkpoint, load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,13 +98,16 @@ def test_a_gpu_style_deferred_check_stops_at_the_next_check_naming_the_faulty_st
     before any checkpoint is written; the faulty step's update is not applied (its gradients are zeroed on the
     device), and the line names that step."""
     config = poisoned(from_step=4)
-    config["trainer"]["callbacks"] = [{"class_path": "draftsmith.train.guard.FiniteGuard", "init_args": {"every": 8}}]
+    guard = {"class_path": "draftsmith.train.guard.FiniteGuard", "init_args": {"every": 8}}
+    config["trainer"]["callbacks"] = [*CALLBACKS, guard]  # the fit's own checkpoints, and the guard as on a GPU
     with pytest.raises(DraftsmithError) as e:
         fit(config, run(setup, tmp_path / "fit"))
     line = str(e.value)
-    assert "stopped at step 5 of 8" in line and "loss nan" in line
+    assert "fit stopped after step 6 of 8 (checked every 8): step 5 had a non-finite loss" in line
+    assert "loss nan" in line and "first non-finite gradient: drafter." in line
+    assert f"kept {latest_checkpoint(tmp_path / 'fit')} (after step 4)" in line
     saved = checkpoints(tmp_path / "fit")  # validation at step 6 found it before writing
-    assert saved and all(finite(c) and c["global_step"] <= 4 for c in saved.values())
+    assert set(saved) == {"best.ckpt", "last.ckpt"} and all(finite(c) and c["global_step"] == 4 for c in saved.values())
 
 
 def poison(path: Path, out: Path) -> Path:

@@ -74,6 +74,7 @@ class FiniteGuard(L.Callback):
         self._terms: dict[str, torch.Tensor] = {}
         self._first: dict | None = None  # deferred checks: the first faulty step, kept on the device
         self._saved_step: int | None = None  # the global step of the last checkpoint written
+        self._params = list(pl_module.named_parameters())  # walked once: a step reads the ones with a gradient
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         ok = torch.isfinite(loss.detach())
@@ -81,7 +82,7 @@ class FiniteGuard(L.Callback):
         self._terms = getattr(pl_module, "step_losses", None) or {"loss": loss.detach()}
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
-        named = [(n, p.grad) for n, p in pl_module.named_parameters() if p.grad is not None] if self._grads else []
+        named = [(n, p.grad) for n, p in self._params if p.grad is not None] if self._grads else []
         device = pl_module.device
         # one fused norm per gradient: non-finite exactly where the gradient holds a non-finite element
         norms = torch._foreach_norm([g for _, g in named], dtype=torch.float32) if named else []
@@ -91,12 +92,11 @@ class FiniteGuard(L.Callback):
             ok = ok & self._loss_ok.to(device)
         self._loss_ok = None
         names, step = ([n for n, _ in named], list(self._terms)), trainer.global_step
-        terms = lambda: torch.stack([v.detach().float().to(device).reshape(()) for v in self._terms.values()])  # noqa: E731
         if self._every == 1:
             if not bool(ok):
-                raise self._stopped(trainer, step, names, terms().tolist(), finite.tolist())
+                raise self._stopped(trainer, step, names, self._term_values(device).tolist(), finite.tolist())
             return
-        terms = terms()
+        terms = self._term_values(device)
         for _, g in named:  # the update of a faulty step is never applied (without a sync: zeroed on the device)
             g.masked_fill_(~ok, 0.0)
         first = self._first
@@ -111,6 +111,10 @@ class FiniteGuard(L.Callback):
         first["terms"] = torch.where(new, terms, first["terms"])
         first["finite"] = torch.where(new, finite, first["finite"])
 
+    def _term_values(self, device: torch.device) -> torch.Tensor:
+        """(L,) the step's loss terms."""
+        return torch.stack([v.detach().float().to(device).reshape(()) for v in self._terms.values()])
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
         if self._every > 1 and trainer.global_step % self._every == 0:
             self._check(trainer)
@@ -120,12 +124,19 @@ class FiniteGuard(L.Callback):
         first = self._first
         if first is None or int(first["step"]) < 0:
             return
-        raise self._stopped(trainer, int(first["step"]), first["names"], first["terms"].tolist(),
-                            first["finite"].tolist())  # fmt: skip
+        step, terms, finite = int(first["step"]), first["terms"].tolist(), first["finite"].tolist()
+        raise self._stopped(trainer, step, first["names"], terms, finite, deferred=True)
 
     def _stopped(
-        self, trainer: L.Trainer, step: int, names: tuple[list[str], list[str]], terms: list, finite: list
+        self,
+        trainer: L.Trainer,
+        step: int,
+        names: tuple[list[str], list[str]],
+        terms: list,
+        finite: list,
+        deferred: bool = False,
     ) -> DraftsmithError:
+        """The one line of a stop at 0-based ``step``, found then or (``deferred``) at a later check."""
         params, term_names = names
         losses = ", ".join(f"{n} {v:.4g}" for n, v in zip(term_names, terms, strict=True))
         bad = [n for n, f in zip(params, finite, strict=True) if not f]
@@ -133,10 +144,14 @@ class FiniteGuard(L.Callback):
         grads = f"first non-finite gradient: {bad[0]} ({len(bad)} of {len(params)} parameters have one)" if bad else (
             "every gradient finite" if params else "gradients not checked (sharded or loss-scaled)"
         )  # fmt: skip
-        return DraftsmithError(
-            f"fit stopped at step {step + 1} of {trainer.max_steps}, before applying it: {what} ({losses}); "
-            f"{grads}; {self._kept(trainer)}"
+        of = f" of {trainer.max_steps}" if trainer.max_steps > 0 else ""
+        head = (
+            f"fit stopped after step {trainer.global_step}{of} (checked every {self._every}): step {step + 1} had a "
+            f"{what}, its update not applied"
+            if deferred
+            else f"fit stopped at step {step + 1}{of}, before applying it: {what}"
         )
+        return DraftsmithError(f"{head} ({losses}); {grads}; {self._kept(trainer)}")
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _kept(self, trainer: L.Trainer) -> str:
