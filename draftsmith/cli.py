@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from draftsmith.errors import user_error
@@ -25,43 +28,65 @@ def target_build(out: Path | None = None, fast: bool = False, force: bool = Fals
     return path
 
 
-def _commands() -> dict:
-    from draftsmith.data.datastore import build_datastore
-    from draftsmith.data.feature_cache import cache_features
-    from draftsmith.data.generate import generate
-    from draftsmith.data.packed import pack_corpus
-    from draftsmith.eval.compare import report
-    from draftsmith.eval.score import score
-    from draftsmith.export.imports import import_drafter
-    from draftsmith.export.registry import export
-    from draftsmith.families.sorted_draft_lm.module import export_subnetwork
-    from draftsmith.pipeline.local import pipeline
-    from draftsmith.pipeline.quickstart import quickstart
-    from draftsmith.pipeline.slurm.status import status as slurm_status
-    from draftsmith.pipeline.slurm.submit import pipeline as slurm_pipeline
-    from draftsmith.pipeline.slurm.submit import submit as slurm_submit
-    from draftsmith.train.crossvocab import xvocab
-    from draftsmith.train.judge import judge
-    from draftsmith.train.tlt import tlt
+COMMANDS: dict = {
+    "target": {"build": "draftsmith.cli:target_build"},
+    "generate": "draftsmith.data.generate:generate",
+    "features": "draftsmith.data.feature_cache:cache_features",
+    "pack": "draftsmith.data.packed:pack_corpus",
+    "datastore": "draftsmith.data.datastore:build_datastore",
+    "score": "draftsmith.eval.score:score",
+    "judge": "draftsmith.train.judge:judge",
+    "xvocab": "draftsmith.train.crossvocab:xvocab",
+    "tlt": "draftsmith.train.tlt:tlt",
+    "report": "draftsmith.eval.compare:report",
+    "export": "draftsmith.export.registry:export",
+    "s2d": {"export": "draftsmith.families.sorted_draft_lm.module:export_subnetwork"},
+    "import": "draftsmith.export.imports:import_drafter",
+    "pipeline": "draftsmith.pipeline.local:pipeline",
+    "quickstart": "draftsmith.pipeline.quickstart:quickstart",
+    "slurm": {
+        "submit": "draftsmith.pipeline.slurm.submit:submit",
+        "pipeline": "draftsmith.pipeline.slurm.submit:pipeline",
+        "status": "draftsmith.pipeline.slurm.status:status",
+    },
+}
+"""Subcommand -> ``module:function`` (or a group of them), imported only when run: importing every command's module
+(torch, transformers, Lightning) took 5-6 s of a 2-core machine before ``--help`` or a refusal could answer."""
 
-    return {
-        "target": {"build": target_build},
-        "generate": generate,
-        "features": cache_features,
-        "pack": pack_corpus,
-        "datastore": build_datastore,
-        "score": score,
-        "judge": judge,
-        "xvocab": xvocab,
-        "tlt": tlt,
-        "report": report,
-        "export": export,
-        "s2d": {"export": export_subnetwork},
-        "import": import_drafter,
-        "pipeline": pipeline,
-        "quickstart": quickstart,
-        "slurm": {"submit": slurm_submit, "pipeline": slurm_pipeline, "status": slurm_status},
-    }
+
+def _load(entry: str | dict) -> Callable | dict:
+    if isinstance(entry, dict):
+        return {name: _load(sub) for name, sub in entry.items()}
+    module, name = entry.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _described(entry: str | dict) -> Callable | dict:
+    """A stand-in for ``entry`` that only carries its docstring, read from the source without importing it: what
+    the subcommand list shows."""
+    if isinstance(entry, dict):
+        return {name: _described(sub) for name, sub in entry.items()}
+    module, name = entry.split(":")
+    source = Path(__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    tree = ast.parse(source.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+    def command() -> None:
+        pass
+
+    command.__doc__ = ast.get_docstring(node)
+    return command
+
+
+def _commands(argv: list[str]) -> dict:
+    """The subcommand table for ``argv``: only the named subcommand's function imported; for ``--help``, no
+    subcommand or an unknown one, every subcommand described (nothing imported); else (``--config FILE``) all."""
+    name = argv[0] if argv else None
+    if name in COMMANDS:
+        return {name: _load(COMMANDS[name])}
+    if name is None or name in ("-h", "--help") or not name.startswith("-"):
+        return _described(COMMANDS)
+    return _load(COMMANDS)
 
 
 LIST_FLAGS = (
@@ -153,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         from jsonargparse import CLI
 
-        CLI(_commands(), args=_normalize(argv), as_positional=False)
+        argv = _normalize(argv)
+        CLI(_commands(argv), args=argv, as_positional=False)
     except KeyboardInterrupt:
         print("draftsmith: interrupted", file=sys.stderr)
         sys.exit(130)
