@@ -251,3 +251,70 @@ def test_a_wrong_path_is_named_before_the_default_target_is_built(tmp_path, monk
     monkeypatch.setattr(default, "build", build)
     err = run_cli(capsys, *[a.format(tmp=tmp_path) for a in args])
     assert err.count("\n") == 1 and str(tmp_path / "no-such") in err
+
+
+# -- a command that replaces an output keeps the old one until the new one is whole ------------------
+@pytest.fixture
+def medusa_dir(target, tmp_path) -> Path:
+    cfg = MedusaConfig(num_heads=2, hidden_size=target.hidden_size, vocab_size=target.vocab_size)
+    return save_native(MedusaModel(cfg), target, tmp_path / "medusa")
+
+
+def files_of(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_refused_export_overwrite_keeps_the_old_export(medusa_dir, tmp_path, capsys):
+    """``--overwrite`` deleted the old export, then refused the format: the user lost a good export."""
+    out = tmp_path / "out"
+    main(["export", str(medusa_dir), "--to", "native", "--out", str(out)])
+    before = files_of(out)
+    err = run_cli(capsys, "export", str(medusa_dir), "--to", "hf", "--out", str(out), "--overwrite")
+    assert err.count("\n") == 1 and "--to hf cannot hold a medusa1 drafter" in err
+    assert files_of(out) == before and not (tmp_path / "out.tmp").exists()
+
+
+def test_an_export_that_fails_midway_keeps_the_old_export_and_leaves_no_tmp(medusa_dir, tmp_path, monkeypatch):
+    from draftsmith.export import native
+    from draftsmith.export.registry import write_export
+
+    out = tmp_path / "out"
+    write_export(medusa_dir, "native", out)
+    before = files_of(out)
+
+    def crash(*_, **__):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(native, "model_card", crash)  # after the weights are written
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_export(medusa_dir, "native", out, overwrite=True)
+    assert files_of(out) == before and not (tmp_path / "out.tmp").exists()
+    monkeypatch.undo()
+    command = write_export(medusa_dir, "native", out, overwrite=True)
+    assert str(out) in command and ".tmp" not in command and ".tmp" not in (out / "manifest.json").read_text()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["import", "{src}", "--target", "default", "--out", "{out}"],
+        ["s2d", "export", "--src", "{src}", "--depth", "1", "--target", "default", "--out", "{out}"],
+    ],
+    ids=["import", "s2d-export"],
+)
+def test_an_existing_out_needs_overwrite_before_the_target_is_built(tmp_path, monkeypatch, capsys, args):
+    """``import`` and ``s2d export`` wrote into an existing ``--out`` (``save_native``) without asking."""
+    from draftsmith.targets import default
+
+    def build(*_, **__):
+        raise AssertionError("the default target was built before --out was checked")
+
+    monkeypatch.setattr(default, "build", build)
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    err = run_cli(capsys, *[a.format(src=src, out=out) for a in args])
+    assert err.count("\n") == 1 and f"--out {out} exists" in err and "--overwrite" in err
+    assert (out / "mine.txt").read_text() == "keep me"

@@ -132,6 +132,37 @@ def test_pack_command_writes_the_file_and_a_wrong_suffix_is_one_line(corpus, tmp
     assert exit_.value.code == 2 and "must end in .tar.xz" in err and "Traceback" not in err
 
 
+def test_pack_over_an_existing_file_needs_overwrite_and_a_failed_pack_leaves_the_old_file_and_no_tmp(
+    corpus, tmp_path, capsys, monkeypatch
+):
+    """``pack`` silently replaced an existing ``--out``; ``--prompts MISSING`` was a traceback after the compression,
+    leaving ``OUT.tar.xz.tmp`` behind."""
+    out = tmp_path / "c.tar.xz"
+    out.write_bytes(b"the user's own file")
+
+    def refused(*args: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main(["pack", str(corpus / "train"), "--out", str(out), *args])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+        assert out.read_bytes() == b"the user's own file" and not (tmp_path / "c.tar.xz.tmp").exists()
+        return err
+
+    assert f"pack: --out {out} exists (pass --overwrite to replace it)" in refused()
+    assert f"pack: --prompts {tmp_path / 'none.jsonl'}: no such file" in refused(
+        "--prompts", str(tmp_path / "none.jsonl"), "--overwrite"
+    )
+    from draftsmith.data import packed
+
+    monkeypatch.setattr(packed, "_npy", lambda array: 1 / 0)  # a crash midway through the file
+    with pytest.raises(ZeroDivisionError):
+        pack(corpus / "train", out, overwrite=True)
+    assert out.read_bytes() == b"the user's own file" and not (tmp_path / "c.tar.xz.tmp").exists()
+    monkeypatch.undo()
+    main(["pack", str(corpus / "train"), "--out", str(out), "--overwrite"])
+    assert unpack(out, tmp_path / "u").is_dir()
+
+
 def test_the_repositorys_smollm2_corpus_is_a_complete_million_token_draw_of_smollm2_in_bf16():
     """``benchmarks/data/smollm2-1m.tar.xz``, the corpus every machine trains the recipe study on (issue 51), and its
     validation data: complete, drawn from SmolLM2-135M-Instruct in bf16, at most ~10 MB."""

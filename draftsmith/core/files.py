@@ -11,6 +11,8 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
+
 
 @contextlib.contextmanager
 def building(out: Path) -> Iterator[None]:
@@ -35,17 +37,44 @@ def write_whole(path: Path, text: str) -> Path:
 
 
 def made_whole(out: Path, make: Callable[[Path], None]) -> Path:
-    """Run ``make(tmp)`` on a fresh ``OUT.tmp`` sibling, then put that directory in ``out``'s place (replacing what
-    was there): ``out`` is never half made."""
+    """Run ``make(tmp)`` on a fresh ``OUT.tmp`` sibling (a directory or a file, as ``make`` writes it), then put it
+    in ``out``'s place (replacing what was there): ``out`` is never half made, and until ``make`` has finished it is
+    what it was. A ``make`` that raises (a refusal, a crash, Ctrl-C) leaves no ``OUT.tmp``."""
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove(tmp)
     out.parent.mkdir(parents=True, exist_ok=True)
-    make(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    try:
+        make(tmp)
+    except BaseException:
+        _remove(tmp)
+        raise
+    if out.is_dir() and not out.is_symlink():  # a directory cannot be renamed onto: set it aside first
+        old = out.with_name(f".{out.name}.old")
+        _remove(old)
+        out.rename(old)
+        tmp.rename(out)
+        _remove(old)
+    else:
+        os.replace(tmp, out)
     return out
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def refuse_existing(out: Path, overwrite: bool, command: str) -> None:
+    """One line refusing an existing ``--out`` (a file, or a directory with anything in it) unless ``overwrite``:
+    checked before any work, so a refusal costs nothing and replaces nothing."""
+    out = Path(out)
+    if overwrite or not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    held = "exists and is not empty" if out.is_dir() else "exists"
+    raise DraftsmithError(f"{command}: --out {out} {held} (pass --overwrite to replace it)")
 
 
 def made_once(out: Path, is_made: Callable[[Path], bool], make: Callable[[Path], None], force: bool = False) -> Path:

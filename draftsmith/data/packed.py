@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from draftsmith.core.files import made_once
+from draftsmith.core.files import made_once, made_whole, refuse_existing
 from draftsmith.core.manifest import file_sha256
 from draftsmith.data.dataset_dir import features, load_dir, quiet_datasets, read_metadata, write_metadata
 from draftsmith.errors import DraftsmithError
@@ -67,17 +66,23 @@ def _npy(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def pack(data: str | Path, out: str | Path, prompts: str | Path | None = None) -> Packed:
+def pack(data: str | Path, out: str | Path, prompts: str | Path | None = None, overwrite: bool = False) -> Packed:
     """Pack the finished generated dir ``data`` into the one file ``out`` (``*.tar.xz``).
 
     Args:
         data: a complete ``draftsmith generate`` output dir (no top-k logprobs: they would not fit a repository).
-        out: the file to write (replaced atomically).
+        out: the file to write (written beside it, then renamed onto it: an existing one stays until it is whole).
         prompts: the prompts file it was generated from, kept in the pack as text (optional).
+        overwrite: replace an existing ``out`` (else refused).
     """
     data, out = Path(data), Path(out)
     if not str(out).endswith(SUFFIX):
         raise DraftsmithError(f"pack: --out {out} must end in {SUFFIX}")
+    if prompts is not None and not Path(prompts).is_file():
+        raise DraftsmithError(f"pack: --prompts {prompts}: no such file")
+    if out.is_dir():
+        raise DraftsmithError(f"pack: --out {out} is a directory; name the {SUFFIX} file to write")
+    refuse_existing(out, overwrite, "pack")
     ds, metadata = load_dir(data)
     if "topk_ids" in ds.column_names:
         raise DraftsmithError(
@@ -97,28 +102,30 @@ def pack(data: str | Path, out: str | Path, prompts: str | Path | None = None) -
         "prompt_index.npy": np.asarray(ds["prompt_index"], dtype=np.int64),
         "sample_index.npy": np.asarray(ds["sample_index"], dtype=np.int32),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tarfile.open(tmp, "w:xz", preset=9) as tar:
-        _member(tar, "format.json", json.dumps({"format": FORMAT, "tokens": str(token_dtype.__name__)}).encode())
-        _member(tar, "draftsmith.json", json.dumps(metadata, indent=1, sort_keys=True).encode())
-        for name, array in arrays.items():
-            _member(tar, name, _npy(array))
-        if prompts is not None:
-            _member(tar, "prompts.jsonl", Path(prompts).read_bytes())
-    os.replace(tmp, out)
+
+    def write(tmp: Path) -> None:
+        with tarfile.open(tmp, "w:xz", preset=9) as tar:
+            _member(tar, "format.json", json.dumps({"format": FORMAT, "tokens": str(token_dtype.__name__)}).encode())
+            _member(tar, "draftsmith.json", json.dumps(metadata, indent=1, sort_keys=True).encode())
+            for name, array in arrays.items():
+                _member(tar, name, _npy(array))
+            if prompts is not None:
+                _member(tar, "prompts.jsonl", Path(prompts).read_bytes())
+
+    made_whole(out, write)
     return Packed(out, file_sha256(out), len(ds), len(flat), int(mask.sum()), out.stat().st_size)
 
 
-def pack_corpus(data: Path, out: Path, prompts: Path | None = None) -> Path:
+def pack_corpus(data: Path, out: Path, prompts: Path | None = None, overwrite: bool = False) -> Path:
     """Pack a finished generated corpus into one compressed file (``draftsmith pack DATA --out FILE.tar.xz``).
 
     Args:
         data: a complete ``draftsmith generate`` output dir.
         out: the file to write, ending in ``.tar.xz``.
         prompts: the prompts file it was generated from, kept in the pack as text.
+        overwrite: replace an existing ``out``.
     """
-    packed = pack(data, out, prompts)
+    packed = pack(data, out, prompts, overwrite)
     print(
         f"{packed.path}: {packed.rows:,} rows, {packed.tokens:,} tokens ({packed.generated_tokens:,} generated) in "
         f"{packed.bytes / 1e6:.1f} MB, sha256 {packed.sha256[:16]}; train on it with --data.init_args.train {packed.path}"

@@ -58,6 +58,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
+from draftsmith.core.files import made_whole, refuse_existing
 from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import dspark
@@ -299,7 +300,7 @@ def write_imported(network, ckpt: Checkpoint, layout: str, target: ImportTarget,
     """The native dir for ``target`` in its dtype, recording where it came from; prints how to score it."""
     fingerprint = target_fingerprint(target.dir, target.dtype)
     record = {"imported_from": {"path": str(ckpt.src), "layout": layout}}
-    save_native(network, SimpleNamespace(fingerprint=fingerprint), out, record)
+    made_whole(out, lambda tmp: save_native(network, SimpleNamespace(fingerprint=fingerprint), tmp, record))
     print(f"import: {ckpt.src} ({layout}, {what}) -> {out}")
     print(f"score it: draftsmith score --target {target.name}:{target.dtype} --drafter imported={out}")
     return out
@@ -377,7 +378,9 @@ def import_medusa(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
     return write_imported(network, ckpt, layout, target, out, f"{heads} heads x {layers} blocks")
 
 
-def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | None = None) -> Path:
+def import_drafter(
+    src: str | Path, target: str, out: str | Path, dtype: str | None = None, overwrite: bool = False
+) -> Path:
     """Convert an EAGLE-3, P-EAGLE, DFlash or Medusa checkpoint trained elsewhere into a native drafter dir that
     ``score`` and ``fit`` take.
 
@@ -395,6 +398,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | N
         out: the native dir to write.
         dtype: the dtype the target computes in (float32, bfloat16, float16 or auto); default: the target's
             ``:DTYPE``, else auto.
+        overwrite: replace an existing ``out`` (the old one stays until the new one is whole).
 
     Returns:
         ``out``.
@@ -402,6 +406,7 @@ def import_drafter(src: str | Path, target: str, out: str | Path, dtype: str | N
     from draftsmith.targets import parse_target, resolve, target_dtype
 
     spec = parse_target(target, dtype)
+    refuse_existing(Path(out), overwrite, "import")
     ckpt, out = read_checkpoint(Path(src)), Path(out)  # the cheap checks first: a built-in target may build for minutes
     found = detect(ckpt)
     path = resolve(spec)

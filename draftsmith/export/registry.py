@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from draftsmith.core.dtypes import canonical_dtype
+from draftsmith.core.files import made_whole, refuse_existing
 from draftsmith.core.manifest import write_manifest
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import hf, native, sglang, speculators, vllm
@@ -67,25 +67,38 @@ def write_export(
     src, _ = model_drafter(src)
     out = Path(out).absolute()
     dtype = canonical_dtype(dtype) if dtype is not None else None
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise DraftsmithError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
-        shutil.rmtree(out)
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"export: --out {out} is a file; name a directory to write the export in")
+    refuse_existing(out, overwrite, "export")
+    # the source is loaded and checked before anything is written, and the export is written beside ``out``
+    # (``made_whole``): a refusal or a crash leaves the old export as it was
     if to == "hf" and hf.is_hf_dir(src):
         from draftsmith.targets import resolve
 
-        command = hf.export_dir(src, out, dtype, resolve(target) if target else None, Serving(k))
+        target_dir = resolve(target) if target else None
         fingerprint = None
+
+        def write(dest: Path) -> str:
+            return hf.export_dir(src, dest, dtype, target_dir, Serving(k))
     else:
         source = load_source(src, target)
         check_supported(to, source.method)
-        if to == "native":
-            command = native.export(source, out, dtype, scores, score_name)
-        else:
-            command = FORMATS[to].export(source, out, dtype, Serving(k, source.info["target"].get("dtype")))
         fingerprint = source.info["target"]
-    write_manifest(out, target=fingerprint, source=str(src), format=to, serve=command)
-    return command
+
+        def write(dest: Path) -> str:
+            if to == "native":
+                return native.export(source, dest, dtype, scores, score_name)
+            return FORMATS[to].export(source, dest, dtype, Serving(k, source.info["target"].get("dtype")))
+
+    commands = []
+
+    def make(tmp: Path) -> None:
+        command = write(tmp).replace(str(tmp), str(out))  # the command names where the export will be
+        write_manifest(tmp, target=fingerprint, source=str(src), format=to, serve=command)
+        commands.append(command)
+
+    made_whole(out, make)
+    return commands[0]
 
 
 def export(

@@ -265,7 +265,7 @@ class SortedDraftLMModule(DrafterModule):
         return torch.stack([shift(accept, j + 1) for j in steps]), valid
 
 
-def export_subnetwork(src: str | Path, depth: int, target: str, out: Path) -> Path:
+def export_subnetwork(src: str | Path, depth: int, target: str, out: Path, overwrite: bool = False) -> Path:
     """Write sub-network ``depth`` of a trained sorted draft LM as an ordinary draft LM for ``target`` (one of the
     targets it was trained with): a native ``draft_lm`` dir (``--drafter OUT``; ``draftsmith export OUT --to hf``)
     and, in ``OUT/hf``, a plain Hugging Face model dir with the target's tokenizer, which ``transformers`` serves as
@@ -276,21 +276,26 @@ def export_subnetwork(src: str | Path, depth: int, target: str, out: Path) -> Pa
         depth: the sub-network's decoder layers (one of the draft's exits).
         target: the target it will draft for: a built-in name or a model dir, optionally ``:DTYPE``.
         out: the directory to write.
+        overwrite: replace an existing ``out`` (the old one stays until the new one is whole).
     """
+    from draftsmith.core.files import made_whole, refuse_existing
     from draftsmith.core.native import save_native
     from draftsmith.families.registry import load_network
 
     if not Path(src).exists():
         raise DraftsmithError(f"--src {src} does not exist")
+    refuse_existing(Path(out), overwrite, "s2d export")
     target_obj = builtin.load_target(target)
     network, info = load_network(src, target_obj)
     if info["method"] != "sorted_draft_lm":
         raise DraftsmithError(f"--src {src} holds a {info['method']} drafter, not a sorted_draft_lm")
     sub = network.subnetwork(depth)
-    out = save_native(
-        sub, target_obj, out, {"s2d": {"source": str(src), "layers": depth, "exits": list(network.exits)}}
-    )
-    sub.model.save_pretrained(out / "hf")
-    target_obj.tokenizer.save_pretrained(out / "hf")
+
+    def write(tmp: Path) -> None:
+        save_native(sub, target_obj, tmp, {"s2d": {"source": str(src), "layers": depth, "exits": list(network.exits)}})
+        sub.model.save_pretrained(tmp / "hf")
+        target_obj.tokenizer.save_pretrained(tmp / "hf")
+
+    out = made_whole(Path(out), write)
     print(f"wrote {out} (native draft_lm) and {out / 'hf'} (Hugging Face draft model): sub-network {depth} of {src}")
     return out
