@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_llama
 from test_architectures import ARCHITECTURES, build, hf_generate, sibling
 from test_tree_drafting import eagle
-from test_verifier import SMALL_V, depth_pvalues
+from test_verifier import SMALL_V, chi_square_pvalue, depth_pvalues
 
 from draftsmith.cli import main
 from draftsmith.core import trees
 from draftsmith.core.draft import Draft
-from draftsmith.core.sampling import Sampling
+from draftsmith.core.sampling import Sampling, sample
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.generate import generate
 from draftsmith.data.shards import load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.metrics import interpolate_ratio
 from draftsmith.eval.rasd import choose_nodes
 from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
@@ -322,7 +322,7 @@ def test_retrieval_budget_is_chosen_from_the_cost_of_verifying_wider_trees(targe
     drafter's chain costs 100 decode steps they do not. A step of 1000 s makes the drafter's own time negligible."""
     prompt = repetitive(0)[0]
     known = SuffixIndex.build([prompt + plain_decode(target, prompt, 12, Sampling()).tokens])
-    drafter = RasdDrafter(DraftLM(make_llama(seed=5, layers=1)), datastore=known)
+    drafter = RasdDrafter(DraftLM(make_llama(seed=5, layers=1)), datastore=known, prune_top_k=0)  # budgets alone
     free, dear = {1: 1.0, 64: 1.0}, {1: 1.0, 5: 1.0, 6: 100.0, 64: 100.0}  # dear: free up to a chain's 5 tokens
     cheap = choose_nodes(target, drafter, prompt, 4, Sampling(), free, 1e3, budgets=(0, 4, 16), max_new_tokens=16)
     assert cheap.nodes > 0 and drafter.nodes == cheap.nodes
@@ -331,8 +331,11 @@ def test_retrieval_budget_is_chosen_from_the_cost_of_verifying_wider_trees(targe
     assert by_nodes[0]["verified"] <= 5 < by_nodes[16]["verified"]  # the drafter alone: at most K = 4 + the root
     costly = choose_nodes(target, drafter, prompt, 4, Sampling(), dear, 1e3, budgets=(0, 4, 16), max_new_tokens=16)
     assert costly.nodes < cheap.nodes
-    for c in costly.candidates:
-        assert c["speedup"] == pytest.approx(c["tau"] / (interpolate_ratio(dear, c["verified"]) + c["cost"]))
+    for choice, ratios in ((cheap, free), (costly, dear)):  # S = τ / (r(m) + C), C ~ 0 against a 1000 s step
+        for c in choice.candidates:
+            r = float(np.interp(c["verified"], sorted(ratios), [ratios[m] for m in sorted(ratios)]))
+            assert 0 <= c["cost"] < 1e-3 and c["speedup"] == pytest.approx(c["tau"] / r, rel=1e-3)
+    assert max(c["speedup"] for c in costly.candidates if c["verified"] > 6) < 0.05  # r = 100 past 6 tokens
 
 
 def test_spectr_refuses_a_round_with_retrieval_siblings_in_one_line(soft_pair):
@@ -370,3 +373,184 @@ def test_pruning_reads_the_drafters_own_first_token_logits(target):
     drafter.propose(state, 4, Sampling(), None)
     ((ids, logits),) = seen
     assert torch.allclose(logits, model(torch.tensor([ids])).logits[0, -1], atol=1e-5)
+
+
+# --- repeated candidates that agree with retrieval (a sampled tree under sampling) ---------------------------------
+# The rows of the issue's counter-example (vocabulary 4): the target after x = 2, and the drafter's row there.
+P_AFTER_X = torch.tensor([0.001, 0.454, 0.545, 0.0])
+Q_AFTER_X = torch.tensor([0.182, 0.054, 0.346, 0.418])
+
+
+def bigram_llama(transitions: torch.Tensor) -> torch.nn.Module:
+    """A real one-layer Llama whose next-token distribution depends only on the last token: ``transitions[a]`` (V,)
+    after token a. Attention and MLP write nothing to the residual stream, the embedding of token a is a one-hot
+    direction, and the LM head reads the transition's logits from it (RMSNorm scales a one-hot row by sqrt(hidden))."""
+    vocab = transitions.shape[0]
+    model = make_llama(seed=0, layers=1, hidden=32, vocab=vocab)
+    logits = transitions.clamp_min(1e-9).log()
+    with torch.no_grad():
+        layer = model.model.layers[0]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.zero_()
+        model.model.embed_tokens.weight[:, :vocab] = torch.eye(vocab)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, :vocab] = logits.T / 32**0.5
+    return model.eval()
+
+
+def repeat_pair() -> tuple[Target, DraftLM, list[int]]:
+    """A target and a drafter (both bigram Llamas over 8 tokens) and a prompt for which retrieval from the context
+    proposes [2, 2] after the first sampled token (mostly 4), while the drafter draws 2 more than once at depth 1: its
+    copies' children, drawn from its row after 2 (``Q_AFTER_X``), miss the target's likely 2 in about half the rounds,
+    so retrieval adds a node beside them."""
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.softmax(torch.randn(2, SMALL_V, SMALL_V, generator=g) * 0.5, -1)
+    p[5] = torch.tensor([0.01, 0.01, 0.01, 0.01, 0.93, 0.01, 0.01, 0.01])  # the prompt's last token: x1 is mostly 4
+    p[4] = torch.tensor([0.05, 0.1, 0.55, 0.1, 0.05, 0.05, 0.05, 0.05])  # then 2 is likely ...
+    q[4] = torch.tensor([0.04, 0.04, 0.7, 0.04, 0.04, 0.04, 0.06, 0.04])  # ... and the drafter draws it repeatedly
+    p[2], q[2] = torch.zeros(2, SMALL_V)
+    p[2, :4], q[2, :4] = P_AFTER_X, Q_AFTER_X
+    p[2] = (p[2] + 1e-3) / (p[2] + 1e-3).sum()
+    q[2] = (q[2] + 1e-3) / (q[2] + 1e-3).sum()
+    return Target(bigram_llama(p)), DraftLM(bigram_llama(q)), [5, 4, 2, 2, 6, 7, 5]
+
+
+def test_a_bigram_llama_samples_from_its_transition_rows():
+    rows = torch.softmax(torch.randn(SMALL_V, SMALL_V), -1)
+    model = bigram_llama(rows)
+    out = torch.softmax(model(torch.tensor([[3, 1, 4, 1, 5]])).logits[0], -1)
+    assert torch.allclose(out, rows[[3, 1, 4, 1, 5]], atol=1e-5)
+
+
+def fused_round_pairs(n: int, copies: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts of (x1, x2) over ``n`` rounds of the project's ``fuse`` and ``trees.verify_tree_sampling`` alone:
+    ``copies`` root candidates drawn i.i.d. from a drafter row q1 that favours 2, each with one child drawn from the
+    drafter's row after its token (after 2: ``Q_AFTER_X``), and the retrieval path [2, 2] fused in. Where the round
+    accepts nothing at depth 2, x2 is drawn from the target's row, as plain decoding's next step would. Returns the
+    counts and plain sampling's probabilities, both (4, 4)."""
+    vocab, g = 4, torch.Generator().manual_seed(seed)
+    p1, q1 = torch.tensor([0.15, 0.15, 0.55, 0.15]), torch.tensor([0.1, 0.1, 0.7, 0.1])
+    p2 = torch.stack([torch.tensor([0.4, 0.2, 0.3, 0.1]), torch.tensor([0.1, 0.1, 0.4, 0.4]), P_AFTER_X])
+    p2 = torch.cat([p2, torch.tensor([[0.25, 0.25, 0.25, 0.25]])])
+    q2 = torch.stack([torch.tensor([0.3, 0.3, 0.2, 0.2]), torch.tensor([0.4, 0.1, 0.1, 0.4]), Q_AFTER_X])
+    q2 = torch.cat([q2, torch.tensor([[0.1, 0.2, 0.3, 0.4]])])
+    counts = torch.zeros(vocab, vocab)
+    for _ in range(n):
+        first = [sample(q1, g) for _ in range(copies)]
+        second = [sample(q2[t], g) for t in first]
+        draft = Draft(
+            torch.tensor(first + second),
+            torch.tensor([-1] * copies + list(range(copies))),
+            torch.stack([q1] * copies + [q2[t] for t in first]),
+        )
+        fused, _ = fuse(draft, [[2, 2]], budget=2)
+        tokens, parents = fused.tokens.tolist(), fused.parents
+        depth = trees.depths(parents).tolist()
+        p = torch.stack(
+            [p1] + [p2[t] if d == 1 else torch.full((vocab,), 0.25) for t, d in zip(tokens, depth, strict=True)]
+        )
+        path, nxt = trees.verify_tree_sampling(p, fused.q, tokens, parents, g)
+        drawn = [tokens[i] for i in path] + [nxt]
+        x1 = drawn[0]
+        x2 = drawn[1] if len(drawn) > 1 else sample(p2[x1], g)
+        counts[x1, x2] += 1
+    return counts, p1[:, None] * p2
+
+
+def fused_pvalues(n: int, copies: int = 3, seed: int = 0) -> tuple[float, float]:
+    counts, expected = fused_round_pairs(n, copies, seed)
+    return chi_square_pvalue(counts.sum(1), expected.sum(1)), chi_square_pvalue(counts.flatten(), expected.flatten())
+
+
+def test_a_fused_sampled_tree_whose_repeated_candidates_agree_with_retrieval_is_lossless():
+    """Root candidates 2, 2, ... drawn i.i.d. and a retrieved child of 2 added only where no copy drew it: the
+    retrieved child is tried after every copy's own children (its presence depends on all their draws), so each
+    copy's child is verified with the row it was really drawn from, at depth 1 and depth 2 alike."""
+    depth1, depth2 = fused_pvalues(6000)
+    assert depth1 > 1e-3 and depth2 > 1e-3, (depth1, depth2)
+
+
+def test_chi_square_catches_a_walk_that_tries_the_retrieved_child_before_later_copies_children(monkeypatch):
+    """The order of the bug: the first copy's children, the retrieved child hung under it, then the later copies'
+    children, whose draws are then conditioned on missing the retrieved token yet verified with their q rows."""
+    monkeypatch.setattr(trees.Walk, "candidates", lambda w: [c for m in w.members for c in w.kids.get(m, [])])
+    _, depth2 = fused_pvalues(6000)
+    assert depth2 < 1e-3, depth2
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_rasd_over_a_sampled_tree_with_repeats_that_agree_with_retrieval_is_lossless(monkeypatch, broken):
+    """End to end: ``SpeculativeDecoder`` with ``RasdDrafter`` over a draft LM's sampled (4, 1) tree, the drafter
+    drawing the context's next token 2 more than once; chi-square at both verified depths (and, with the walk order of
+    the bug, the test sees it)."""
+    if broken:
+        monkeypatch.setattr(trees.Walk, "candidates", lambda w: [c for m in w.members for c in w.kids.get(m, [])])
+    target, inner, prompt = repeat_pair()
+    inner.tree = TreePolicy(TreeKind.SAMPLED, branching=(4, 1))
+    drafter = RasdDrafter(inner, nodes=4, prune_top_k=0)
+    decoder, g = SpeculativeDecoder(target, drafter, 2, Sampling(temperature=1.0)), torch.Generator().manual_seed(7)
+    triples = torch.zeros(SMALL_V, SMALL_V, SMALL_V)
+    for _ in range(3000):
+        x1, x2, x3 = decoder.generate(prompt, 4, g).tokens[:3]
+        triples[x1, x2, x3] += 1
+    assert drafter.stats["retrieved"] > 1000
+    depth1, depth2 = depth_pvalues(target, prompt, Sampling(temperature=1.0), triples)
+    # depth 2 where the repeats and retrieval meet: x3 after (x1, x2) = (4, 2), against the target's row after 2
+    with torch.no_grad():
+        after_x = torch.softmax(target.model(torch.tensor([[2]])).logits[0, -1], -1)
+    where_they_meet = chi_square_pvalue(triples[4, 2], after_x)
+    if broken:
+        assert where_they_meet < 1e-3, where_they_meet
+    else:
+        assert depth1 > 1e-3 and depth2 > 1e-3 and where_they_meet > 1e-3, (depth1, depth2, where_they_meet)
+
+
+def recorded_first(drafter: RasdDrafter, state, k: int = 4) -> torch.Tensor | None:
+    """The first-token logits ``drafter.propose`` hands its pruning (greedy), recorded as the pruning sees them."""
+    seen, prune = [], drafter.prune
+
+    def recording(paths, first):
+        seen.append(first)
+        return prune(paths, first)
+
+    drafter.prune = recording
+    drafter.propose(state, k, Sampling(), None)
+    (first,) = seen
+    return first
+
+
+def test_pruning_ranks_a_draft_lm_chains_first_token_by_its_logits(target):
+    """A draft LM's greedy chain (its default shape) reports no q rows; pruning still reads its first-token logits,
+    the draft model's own forward on the committed tokens (before, it read nothing and kept every path)."""
+    model = make_llama(seed=5, layers=1)
+    drafter = RasdDrafter(DraftLM(model), nodes=8, prune_top_k=8)
+    prompt = repetitive(0)[0]
+    out = target(torch.tensor([prompt]))
+    ids = prompt + [int(out.logits[0, -1].argmax())]
+    first = recorded_first(drafter, drafter.begin(torch.tensor(ids), out.positions(slice(None))))
+    assert first is not None
+    assert torch.allclose(first, model(torch.tensor([ids])).logits[0, -1], atol=1e-5)
+
+
+def test_pruning_ranks_a_dspark_chains_first_token_by_its_logits_not_its_one_hot_q(tokenizer):
+    """DSpark's greedy chain reports one-hot q rows: its first token's ranking is its block's first logits (as the
+    training forward computes them), so the top 8 are the 8 most likely tokens, not the argmax and 7 arbitrary ids."""
+    from test_dspark import CONTEXT
+    from test_dspark import build as build_dspark
+
+    base = make_llama(seed=0)
+    net = build_dspark(base)
+    target = Target(base, tokenizer, net.cfg.feature_layers)
+    ids = torch.tensor([CONTEXT])
+    out = target(ids)
+    logits, _ = (
+        x[0] for x in net.forward_heads(ids, out.features, torch.ones_like(ids), torch.arange(len(CONTEXT) - 1))
+    )
+    anchor = 5
+    drafter = RasdDrafter(net.as_drafter(), nodes=8, prune_top_k=8)
+    state = drafter.begin(torch.tensor(CONTEXT[: anchor + 2]), out.positions(slice(0, anchor + 1)))
+    first = recorded_first(drafter, state)
+    torch.testing.assert_close(first, logits[anchor, 0], atol=1e-5, rtol=1e-4)
+    top8 = set(logits[anchor, 0].topk(8).indices.tolist())
+    assert drafter.prune([[t] for t in range(base.config.vocab_size)], first) == [[t] for t in sorted(top8)]

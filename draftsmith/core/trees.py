@@ -11,6 +11,14 @@ nodes: a class's candidates are the children of all its members, in draw order, 
 (a repeat is another trial of the same token, which K-SEQ needs), and an accepted token leads to
 the class of every candidate carrying it. Lossless: each member's children were drawn given the
 token path alone, so together they are i.i.d. draws given it, whichever trial accepted the token.
+
+The rules try a class's candidates in node order, which must be the order they were drawn in: each candidate is
+verified with the q row it was really drawn from given everything tried before it. A node added after the draws
+and only where they missed its token (RASD's retrieved nodes, point masses) is therefore tried after every drawn
+candidate of its class, whichever member it hangs under: tried earlier, it would make the later members' children
+draws conditioned on missing its token, verified with their unconditioned rows (not lossless). A point mass tried
+after the draws is lossless whatever decided its presence: it is accepted with the residual's mass on its token, and
+rejected leaves the residual without it, which together is a draw from the residual.
 """
 
 from __future__ import annotations
@@ -94,8 +102,9 @@ class Walk:
         return self.members[0] + 1
 
     def candidates(self) -> list[int]:
-        """The class's candidates: every member's children, members in node order, each's in draw order."""
-        return [c for m in self.members for c in self.kids.get(m, [])]
+        """The class's candidates, every member's children, in node order: the order they were drawn in, a node added
+        after the draws (a retrieved one, ``families/rasd``) after all of them (see the module's docstring)."""
+        return sorted(c for m in self.members for c in self.kids.get(m, []))
 
     def accept(self, token: int, below: list[int]) -> None:
         self.members = [c for c in below if self.tokens[c] == token]

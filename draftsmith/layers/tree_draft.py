@@ -145,7 +145,8 @@ class TreeDrafter(Drafter):
 
     @abstractmethod
     def root(self, state: Any) -> tuple[Any, torch.Tensor]:
-        """Begin a round: (scratch for ``grow``, (V,) logits of the first drafted token)."""
+        """Begin a round: (scratch for ``grow``, (V,) logits of the first drafted token). Every ``propose`` that
+        drafts a token reads its first token's logits here, once (RASD's pruning records them)."""
 
     @abstractmethod
     def grow(self, state: Any, scratch: Any, tokens: list[int], parents: list[int], new: list[int]) -> torch.Tensor:

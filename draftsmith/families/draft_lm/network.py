@@ -101,7 +101,7 @@ class DraftLM(TreeDrafter):
             state.cache.batch_select_indices(torch.tensor([0]))  # every row shares the committed prefix
             rollback(state.cache, len(state.cached))
             return draft
-        logits = self._logits(state, state.ids[len(state.cached) :])
+        _, logits = self.root(state)  # the first token's logits through ``root``, as every tree drafter's
         tokens, qs = [], []
         for i in range(k):
             if sampling.greedy:  # deterministic: the verifier needs no q (a point mass on each token)

@@ -182,7 +182,7 @@ class DSparkDrafter(DFlashDrafter):
 
     @torch.no_grad()
     def _chain(self, state: DFlashState, k: int, sampling, generator) -> Draft:
-        scratch = self._round(state)
+        scratch, logits = self.root(state)  # the first token's logits through ``root``, as every tree drafter's
         prev, survival = state.tokens[-1], 1.0
         tokens, qs = [], []
         for i in range(k):
@@ -191,7 +191,7 @@ class DSparkDrafter(DFlashDrafter):
                 survival *= float(torch.sigmoid(self.model.confidence(scratch.hidden[i], emb[0]).float()))
                 if tokens and survival < self.threshold:
                     break
-            q = probs(scratch.base[i] + bias[0].float(), sampling)
+            q = probs(logits if i == 0 else scratch.base[i] + bias[0].float(), sampling)
             prev = int(q.argmax()) if sampling.greedy else sample(q, generator)
             tokens.append(prev)
             qs.append(q)

@@ -10,9 +10,10 @@ deepest matching node, so siblings stay distinct tokens, until ``nodes`` retriev
 
 Exact and lossless: retrieval nodes are deterministic given the context and the drafter's tree, so their q is a
 point mass (a one-hot row beside the drafter's q rows, or ``q=None`` when the drafter's tree is deterministic too),
-and they come after the drafter's siblings at each node; the verifier's multi-candidate rule tries each child
+and the verifier tries them after every drafted candidate of their node (``core.trees``: candidates in node order,
+repeated candidates' children included, retrieved nodes appended last); its multi-candidate rule tries each child
 against the residual left by the ones before, which stays lossless for any candidate drawn from the q it reports
-given everything listed before it. Retrieval time is part of ``propose``, so the verifier counts it in the
+given everything tried before it. Retrieval time is part of ``propose``, so the verifier counts it in the
 drafter's cost c.
 """
 
@@ -201,8 +202,8 @@ class RasdDrafter(TreeDrafter):
         return paths
 
     def prune(self, paths: list[list[int]], first: torch.Tensor | None) -> list[list[int]]:
-        """The paths whose first token is among the ``prune_top_k`` highest of ``first`` (the drafter's logits or
-        q of the first drafted token; None: no pruning)."""
+        """The paths whose first token is among the ``prune_top_k`` highest of ``first`` (the drafter's logits of
+        its first drafted token; None, a round that drafted nothing: no pruning)."""
         if not self.prune_top_k or first is None:
             return paths
         top = set(first.topk(min(self.prune_top_k, first.shape[-1])).indices.tolist())
@@ -212,8 +213,10 @@ class RasdDrafter(TreeDrafter):
     def propose(self, state: RasdState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
         with _recording_root(self.inner) as seen:
             draft = self.inner.propose(state.inner, min(k, self.depth or k), sampling, generator)
+        if len(draft) and not seen:  # every tree drafter's propose reads its first logits from ``root``
+            raise DraftsmithError(f"rasd: {type(self.inner).__name__} drafted without its first-token logits (root)")
         start = time.perf_counter()
-        first = seen[0] if seen else (draft.q[0] if draft.q is not None and len(draft) else None)
+        first = seen[0] if seen else None
         paths = self.prune(self.retrieve(state, min(k, self.length or k)), first)
         fused, retrieved = fuse(draft, paths, self.nodes)
         self.stats["rounds"] += 1
