@@ -203,7 +203,7 @@ def test_confidence_spec_builds_a_draft_lm_that_stops_below_its_threshold(model_
     from draftsmith.families.specs import Confident, load_drafter, parse_spec
 
     assert parse_spec(f"c=confidence:0.25:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]), 0.25)
-    assert parse_spec(f"confidence:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]), 0.4)
+    assert parse_spec(f"confidence:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]))
     drafter = load_drafter(f"confidence:0.25:{model_dirs['drafter']}", target)
     assert isinstance(drafter, DraftLM) and drafter.stop_below == 0.25
 

@@ -141,6 +141,7 @@ def test_confidence_threshold_is_set_from_the_command_line_and_marks_the_drafter
     path = save_native(net, target, tmp_path / "native")
     assert load_trained(path, target).threshold == net.cfg.threshold
     assert load_drafter(f"confidence:0.7:{path}", target).threshold == 0.7
+    assert load_drafter(f"confidence:{path}", target).threshold == net.cfg.threshold == 0.3  # recorded, not 0.4
     fixed = load_drafter(f"confidence:0:{path}", target)
     assert not fixed.adaptive and load_drafter(str(path), target).adaptive
 
@@ -296,3 +297,17 @@ def test_dspark_goes_on_from_a_dflash_backbone_or_a_dspark(setup, tmp_path):  # 
     again = DSparkModule(str(setup["target"]), depth=4, markov_rank=99, init=str(tmp_path / "dspark")).drafter
     assert again.cfg.markov_rank == 8  # a DSpark start keeps its heads
     torch.testing.assert_close(again.markov_head.markov_w2.weight, started.markov_head.markov_w2.weight)
+
+
+def test_going_on_from_a_deeper_dflash_or_dspark_keeps_its_depth_unless_one_is_named(setup, tmp_path):  # noqa: F811
+    """An init's depth is kept by both modules (the module's default of 4 replaced a depth-8 start); a named depth
+    still wins, and the checkpoint's hyperparameters record the depth trained."""
+    target = Target.from_pretrained(setup["target"])
+    deep = DFlashModule(str(setup["target"]), [1, 2, 3], depth=8, mask_from_token=True).drafter
+    save_native(deep, target, tmp_path / "dflash8")
+    init = str(tmp_path / "dflash8")
+    for module in (DFlashModule(str(setup["target"]), init=init), DSparkModule(str(setup["target"]), init=init)):
+        assert module.depth == module.drafter.cfg.depth == module.hparams["depth"] == 8
+    named = DSparkModule(str(setup["target"]), depth=6, init=init)
+    assert named.depth == named.drafter.cfg.depth == 6
+    assert DFlashModule(str(setup["target"]), [1, 2, 3]).drafter.cfg.depth == 4  # a fresh network

@@ -64,9 +64,13 @@ class Confident:
     survival threshold (0: the whole block)."""
 
     drafter: str
-    """A Hugging Face draft-model dir, or a trained draft LM (``.ckpt`` or native dir)."""
-    threshold: float = 0.4
-    """HF's starting threshold by default."""
+    """A Hugging Face draft-model dir, a trained draft LM or a DSpark drafter (``.ckpt`` or native dir)."""
+    threshold: float | None = None
+    """None: a draft LM's ``DRAFT_LM_THRESHOLD`` (HF's starting one), a DSpark drafter's recorded threshold."""
+
+
+DRAFT_LM_THRESHOLD = 0.4
+"""``confidence:DRAFT_LM``'s threshold where none is given: HF assisted generation's starting one."""
 
 
 @dataclass(frozen=True)
@@ -252,14 +256,14 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
 
             drafter = build_drafter(_parse(path), target)
             if isinstance(drafter, DSparkDrafter):  # its confidence head's cut, at this survival threshold
-                drafter.threshold = threshold
+                drafter.threshold = drafter.threshold if threshold is None else threshold  # None: its recorded one
                 return drafter
             if not isinstance(drafter, DraftLM):
                 raise DraftsmithError(
                     f"drafter 'confidence:{threshold}:{path}': confidence stopping is for draft LMs, and {path} "
                     f"drafts with a {type(drafter).__name__} (DSpark drafters take it too: their head's cut)"
                 )
-            drafter.stop_below = threshold
+            drafter.stop_below = DRAFT_LM_THRESHOLD if threshold is None else threshold
             return drafter
         case Trained(path):
             if not Path(path).exists():

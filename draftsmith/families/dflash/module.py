@@ -19,6 +19,8 @@ from draftsmith.layers.parallel import DepthLogits, ParallelModule
 
 EVAL_CHUNK = 64
 """Anchors per forward in validation (each adds a block of depth + 1 queries)."""
+DEFAULT_DEPTH = 4
+"""Masks per block of a fresh network (``depth``'s default without an ``init``)."""
 
 
 class DFlashModule(ParallelModule):
@@ -27,15 +29,15 @@ class DFlashModule(ParallelModule):
     Args:
         target: local HF model directory of the target.
         feature_layers: target hidden_states indices fused into the context; default EAGLE-3's low, middle, high.
-        depth: masks per block, the tokens one forward drafts (K).
+        depth: masks per block, the tokens one forward drafts (K); None: the init's, else ``DEFAULT_DEPTH``.
         num_layers: drafter layers.
         anchors: blocks per training row (random anchors; fewer rows are cheaper).
         mask_token_id: the id engines mark masks with; None: the rarest token of the training data.
         mask_from_token: the masks' embedding is the target's embedding of ``mask_token_id`` (frozen) instead of a
             learned one: what speculators' DFlash computes, so required to export there (``export --to speculators``).
         init: a DFlash drafter (checkpoint or native dir, e.g. one ``draftsmith import`` made of a speculators or
-            z-lab checkpoint) to go on from: its weights, layers, feature layers and masks (its mask token unless
-            ``mask_token_id`` names another); None: a fresh network.
+            z-lab checkpoint) to go on from: its weights, layers, feature layers and masks (its depth unless ``depth``
+            names another, its mask token unless ``mask_token_id`` does); None: a fresh network.
         step_decay: weight of mask d's loss is step_decay**d.
         optim: optimizer and schedule.
         estimate: the ``val/tau_est`` estimate.
@@ -48,7 +50,7 @@ class DFlashModule(ParallelModule):
         self,
         target: str,
         feature_layers: list[int] | None = None,
-        depth: int = 4,
+        depth: int | None = None,
         num_layers: int = 1,
         anchors: int = 64,
         mask_token_id: int | None = None,
@@ -69,6 +71,13 @@ class DFlashModule(ParallelModule):
             self.mask_from_token = start["mask_from_token"]
             if mask_token_id is None:
                 self.mask_token_id = start["mask_token_id"]
+            if depth is None:
+                depth = start["depth"]  # rebound before save_hyperparameters: a checkpoint records the depth it has
+        if depth is None:
+            depth = DEFAULT_DEPTH
+        if depth < 1 or num_layers < 1:
+            raise DraftsmithError(f"dflash: depth and num_layers must be at least 1, got {depth} and {num_layers}")
+        self.depth = depth
         super().__init__(target, optim, estimate)
         self.save_hyperparameters()
         self.anchors, self.step_decay = anchors, step_decay

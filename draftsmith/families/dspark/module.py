@@ -44,7 +44,7 @@ class DSparkModule(DFlashModule):
     Args:
         target: local HF model directory of the target.
         feature_layers: target hidden_states indices fused into the context; default EAGLE-3's low, middle, high.
-        depth: masks per block, the most tokens one forward drafts (K).
+        depth: masks per block, the most tokens one forward drafts (K); None: the init's, else 4.
         num_layers: drafter layers.
         anchors: blocks per training row.
         mask_token_id: the id engines mark masks with; None: the rarest token of the training data.
@@ -67,7 +67,7 @@ class DSparkModule(DFlashModule):
         self,
         target: str,
         feature_layers: list[int] | None = None,
-        depth: int = 4,
+        depth: int | None = None,
         num_layers: int = 1,
         anchors: int = 64,
         mask_token_id: int | None = None,
@@ -88,6 +88,8 @@ class DSparkModule(DFlashModule):
             start = read_init(init, *self.init_methods)[0]
             if start["method"] == "dspark":
                 heads |= {k: start["config"][k] for k in ("markov_rank", "confidence_with_markov")}
+            if depth is None:
+                depth = start["config"]["depth"]  # the init's depth, as DFlashModule keeps it (and records it)
         check_heads(DSparkConfig(**heads))  # before the target loads
         self.heads = heads
         self.confidence_weight = confidence_weight
