@@ -509,3 +509,28 @@ def test_score_with_k_auto_chooses_a_k_per_drafter_and_stays_exact(bf16_target):
     # the target drafting for itself is always accepted: its predicted τ(K) is K + 1
     self_auto = by_name["self"].auto_k
     assert self_auto.predicted_tau == pytest.approx(self_auto.k + 1)
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU's oneDNN has no bf16 kernels to pre-pack for"
+)
+def test_a_new_weight_at_the_address_of_the_old_one_is_packed_again():
+    """A weight replaced by a new tensor of the same shape that the allocator puts where the freed old one lay, its
+    version counter 0 like the old one's: the key (address, version, shape) alone matched and the old packed weight
+    was used. Each replacement must compute with its own weight."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 128, bias=False).to(torch.bfloat16)
+    make_batch_invariant(linear)
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    reused = 0
+    with torch.no_grad():
+        for _ in range(20):
+            address = linear.weight.data_ptr()
+            linear(x)  # packs the current weight
+            linear.weight = None  # the old weight freed, then a new one allocated
+            linear.weight = torch.nn.Parameter(
+                torch.empty(128, 256, dtype=torch.bfloat16).normal_(), requires_grad=False
+            )
+            reused += linear.weight.data_ptr() == address
+            assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight))
+    assert reused, "the allocator never reused the old weight's address: nothing was checked"

@@ -65,14 +65,15 @@ def _onednn_bf16() -> bool:
 
 def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
     """``module.weight`` reordered once into oneDNN's blocked layout (what inductor's freezing does), packed again
-    only when the weight changed (a new tensor, or written in place: its version counter moved)."""
+    only when the weight changed: another tensor (even one the allocator put at the freed old one's address, with
+    the same version count: the tensor itself is compared), new storage, or written in place (its version moved)."""
     weight = module.weight
     key = (weight.data_ptr(), weight._version, tuple(weight.shape))
     kept = _PACKED.get(module)
-    if kept is None or kept[0] != key:
-        kept = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+    if kept is None or kept[0]() is not weight or kept[1] != key:
+        kept = (weakref.ref(weight), key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
         _PACKED[module] = kept
-    return kept[1]
+    return kept[2]
 
 
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
