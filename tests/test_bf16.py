@@ -534,3 +534,23 @@ def test_a_new_weight_at_the_address_of_the_old_one_is_packed_again():
             reused += linear.weight.data_ptr() == address
             assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight))
     assert reused, "the allocator never reused the old weight's address: nothing was checked"
+
+
+def test_a_tlt_lora_adapter_on_a_bf16_target_keeps_its_rows_batch_invariant():
+    """TLT's LoRA adapter (peft Linears added to every projection) on a batch-invariant bf16 target, trained away from
+    zero: a verification block's logits still equal the one-token steps' bit for bit, so bf16 TLT rollouts stay
+    exactly greedy (the adapter's own Linears ran the fast kernels, outside the target's batch invariance)."""
+    from draftsmith.train.tlt_policy import Policy, PolicyConfig
+
+    target = Target(wide_bf16_llama(seed=1), name="wide-bf16-lora")
+    policy = Policy(target, PolicyConfig())
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # an adapter that moved the target
+    assert target.batch_invariant
+    ids = torch.randint(0, WIDE_V, (1, 160), generator=torch.Generator().manual_seed(0))
+    for past in (7, 140):
+        steps, block = step_and_block_logits(target, ids, past, 8)
+        assert torch.equal(steps, block), past

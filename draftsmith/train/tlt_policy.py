@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
+from draftsmith.core.numerics import make_batch_invariant
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers.lora import Lora
@@ -72,6 +73,8 @@ class Policy:
             self.peft = get_peft_model(target.model, LoraConfig(**cfg.lora.peft_kwargs()))
         except ValueError as e:  # peft: "Target modules {...} not found in the base model"
             raise DraftsmithError(f"policy.lora.target_modules: {str(e).splitlines()[0]}") from None
+        if target.batch_invariant:  # the adapter's own Linears too, or bf16 rollouts leave plain greedy decoding
+            make_batch_invariant(target.model)
         target.model.eval()  # no dropout: the rollouts and the updates see one function
         self.params = [p for p in self.peft.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
