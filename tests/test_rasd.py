@@ -179,12 +179,14 @@ def soft_pair():
     return target, make_llama(seed=12, layers=1, hidden=32, vocab=SMALL_V)
 
 
-def rasd_triples(soft_pair, kind: str, n: int = 600) -> torch.Tensor:
+def rasd_triples(soft_pair, kind: str, n: int = 600, rule: VerifyRule = VerifyRule.SPECINFER) -> torch.Tensor:
     target, draft = soft_pair
     inner = DraftLM(draft)
-    inner.tree = TreePolicy(TreeKind.parse(kind), size=4, top_k=2, branching=(2, 1))
+    policy = dict(size=4, top_k=2, branching=(2, 1), replacement=rule.replacement, beam_width=3)
+    inner.tree = TreePolicy(TreeKind.parse(kind), **policy)
     drafter = RasdDrafter(inner, nodes=4, prune_top_k=0)
-    decoder, g = SpeculativeDecoder(target, drafter, 2, Sampling(temperature=1.0)), torch.Generator().manual_seed(5)
+    decoder = SpeculativeDecoder(target, drafter, 2, Sampling(temperature=1.0), rule)
+    g = torch.Generator().manual_seed(5)
     counts = torch.zeros(SMALL_V, SMALL_V, SMALL_V)  # (x1, x2, x3): x1 from the prefill, x2 and x3 one depth-2 round
     for _ in range(n):
         x1, x2, x3 = decoder.generate(SOFT_PROMPT, 4, g).tokens[:3]
@@ -198,6 +200,15 @@ def test_rasd_sampling_is_distributed_as_the_target(soft_pair, kind):
     """Model nodes with their q rows (chain, sampled tree) or deterministic (dynamic tree), retrieval nodes as point
     masses, in one tree: the first two verified depths are distributed as plain sampling."""
     triples = rasd_triples(soft_pair, kind)
+    depth1, depth2 = depth_pvalues(soft_pair[0], SOFT_PROMPT, Sampling(temperature=1.0), triples)
+    assert depth1 > 1e-3 and depth2 > 1e-3, (depth1, depth2)
+
+
+@pytest.mark.parametrize("kind", ["sampled", "beam"])
+def test_rasd_over_rsd_trees_is_distributed_as_the_target(soft_pair, kind):
+    """Retrieval fused into trees drawn without replacement (RSD-C) and into stochastic beams (RSD-S), verified by
+    RSD: the retrieved point masses come after the drawn siblings, each of whose rows removes the ones before it."""
+    triples = rasd_triples(soft_pair, kind, rule=VerifyRule.RSD)
     depth1, depth2 = depth_pvalues(soft_pair[0], SOFT_PROMPT, Sampling(temperature=1.0), triples)
     assert depth1 > 1e-3 and depth2 > 1e-3, (depth1, depth2)
 
