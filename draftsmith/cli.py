@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,37 @@ def _normalize(argv: list[str]) -> list[str]:
     return out
 
 
+def _one_line(prog: str, message: str) -> str:
+    """jsonargparse's parse error (usage text, then ``Parser key "hours":\\n  Expected a <class 'float'>. Got value:
+    abc``) as one line naming the subcommand and the flag: ``pipeline --hours: expected a float, got 'abc'``."""
+    command = prog.replace(" [options]", "").partition(" ")[2]  # the subcommand, without the program's name
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    text = re.sub(r"Expected a <class '(\w+)'>\. Got value: (\S+)", r"expected a \1, got '\2'", text)
+    text = re.sub(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (\S+)", r"expected one of \1, got '\2'", text)
+    text = text.replace("expected a int,", "expected an int,")
+    key = re.match(r'Parser key "([^"]+)": (.*)', text)
+    where = f"{command} --{key.group(1)}" if key else command
+    text = key.group(2) if key else text
+    return f"{where}: {text}" if where else text
+
+
+def _parser_class():
+    """jsonargparse's ``ArgumentParser`` whose errors are one line (with where ``--help`` is), not 17-29 lines of
+    usage before the one that says what is wrong."""
+    from jsonargparse import ArgumentParser
+
+    class OneLineErrors(ArgumentParser):
+        def error(self, message: str, ex: Exception | None = None):
+            if not self.exit_on_error:  # jsonargparse tries alternatives and catches these
+                return super().error(message, ex)
+            parser = getattr(ex, "subcommand_parser", None) or self
+            prog = parser.prog.replace(" [options]", "")
+            print(f"draftsmith: error: {_one_line(prog, message)} (see {prog} --help)", file=sys.stderr)
+            sys.exit(2)
+
+    return OneLineErrors
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -179,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         from jsonargparse import CLI
 
         argv = _normalize(argv)
-        CLI(_commands(argv), args=argv, as_positional=False)
+        CLI(_commands(argv), args=argv, as_positional=False, parser_class=_parser_class())
     except KeyboardInterrupt:
         print("draftsmith: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -318,3 +318,114 @@ def test_an_existing_out_needs_overwrite_before_the_target_is_built(tmp_path, mo
     err = run_cli(capsys, *[a.format(src=src, out=out) for a in args])
     assert err.count("\n") == 1 and f"--out {out} exists" in err and "--overwrite" in err
     assert (out / "mine.txt").read_text() == "keep me"
+
+
+# -- the bad inputs of issue 88: each one line, before any target is built ----------------------------
+@pytest.fixture
+def no_default_build(monkeypatch):
+    """Building the default target takes minutes on 2 cores: a refusal must come before it."""
+    from draftsmith.targets import default
+
+    def build(*_, **__):
+        raise AssertionError("the default target was built before the bad input was named")
+
+    monkeypatch.setattr(default, "build", build)
+
+
+def a_datastore(tmp_path: Path, name: str = "store") -> Path:
+    from draftsmith.layers.retrieval import SuffixIndex
+
+    out = tmp_path / name
+    SuffixIndex.build([[1, 2, 3, 4, 5, 6]]).save(out, {"format": 1, "fingerprint": {"name": "x"}})
+    return out
+
+
+@pytest.mark.parametrize(
+    "case", ["no-tokens", "garbage-json", "empty-rasd", "empty-confidence", "empty-rasd-options", "rasd-nodes-bad"]
+)
+def test_a_bad_drafter_spec_or_datastore_is_one_line_before_the_target_is_built(
+    tmp_path, capsys, no_default_build, case
+):
+    """A datastore missing ``tokens.npy`` or with a garbage ``datastore.json`` passed the path check and ended in a
+    traceback; an empty ``rasd:`` / ``confidence:`` spec passed it too (``Path("")`` is the current dir)."""
+    store = a_datastore(tmp_path)
+    if case == "no-tokens":
+        (store / "tokens.npy").unlink()
+    if case == "garbage-json":
+        (store / "datastore.json").write_text("{not json")
+    drafter, expected = {
+        "no-tokens": (f"rasd:datastore={store}:ngram", f"{store / 'tokens.npy'}"),
+        "garbage-json": (f"rasd:datastore={store}:ngram", f"{store / 'datastore.json'} is not valid JSON"),
+        "empty-rasd": ("rasd:", "names no drafter"),
+        "empty-confidence": ("confidence:", "names no drafter"),
+        "empty-rasd-options": ("rasd:nodes=4:", "names no drafter"),
+        "rasd-nodes-bad": ("rasd:nodes=-1:ngram", "nodes and prune (>= 0"),
+    }[case]
+    err = run_cli(capsys, "score", "--target", "default", "--drafter", drafter, "--prompts", "builtin:heldout")
+    assert err.count("\n") == 1 and expected in err, err
+
+
+def test_rasd_nodes_0_means_the_model_drafter_alone_and_is_accepted():
+    from draftsmith.families.specs import Rasd, parse_spec
+
+    assert parse_spec("rasd:nodes=0:ngram").spec == Rasd("ngram", nodes=0)
+
+
+def test_datastore_out_that_is_a_file_or_a_users_dir_is_one_line(tmp_path, capsys):
+    """``datastore DATA --out EXISTING_FILE`` was a FileExistsError traceback."""
+    data = tmp_path / "data"  # checked after --out: any path will do
+    mine = tmp_path / "mine.txt"
+    mine.write_text("keep me")
+    err = run_cli(capsys, "datastore", str(data), "--out", str(mine))
+    assert err.count("\n") == 1 and f"--out {mine} is a file" in err and mine.read_text() == "keep me"
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "notes.txt").write_text("keep me")
+    err = run_cli(capsys, "datastore", str(data), "--out", str(tmp_path / "dir"))
+    assert err.count("\n") == 1 and "holds other files than a datastore" in err
+
+
+def test_export_out_that_is_a_file_is_one_line(medusa_dir, tmp_path, capsys):
+    """``export C --to vllm --out A_FILE`` was a NotADirectoryError traceback."""
+    mine = tmp_path / "a_file"
+    mine.write_text("keep me")
+    err = run_cli(capsys, "export", str(medusa_dir), "--to", "vllm", "--out", str(mine), "--overwrite")
+    assert err.count("\n") == 1 and f"--out {mine} is a file" in err and mine.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["tlt", "--drafter.init", "{tmp}/none"], "drafter.init: {tmp}/none does not exist"),
+        (["tlt", "--rollout.temperature", "-1"], "rollout.temperature must be >= 0, got -1"),
+        (["tlt", "--policy.update", "foo"], "tlt --policy.update: expected one of 'sft', 'grpo', got 'foo'"),
+        (["pipeline", "--target", "default", "--hours", "abc"], "pipeline --hours: expected a float, got 'abc'"),
+        (["pipeline", "--target", "default", "--heldout", "0"], "--heldout must be positive, got 0"),
+        (["pipeline", "--target", "default", "--families", "bogus"], "--families bogus: not a family with a recipe"),
+        (
+            ["score", "--target", "default", "--drafter", "ngram", "--num-prompts", "-1"],
+            "--num_prompts must be positive",
+        ),
+        (
+            ["score", "--target", "default", "--drafter", "ngram", "--num-prompts", "0"],
+            "--num_prompts must be positive",
+        ),
+    ],
+    ids=[
+        "tlt-init",
+        "tlt-temperature",
+        "tlt-update",
+        "pipeline-hours",
+        "pipeline-heldout",
+        "pipeline-families",
+        "score-num-prompts-negative",
+        "score-num-prompts-0",
+    ],  # fmt: skip
+)
+def test_a_bad_flag_value_is_one_line_naming_it_before_the_target_is_built(
+    tmp_path, capsys, no_default_build, args, expected
+):
+    """These were a traceback, a misleading line (``--num-prompts -1`` dropped the last prompt, ``0`` scored all),
+    usage text of 17-29 lines, or came after the target was built."""
+    out = ["--out", str(tmp_path / "out")]
+    err = run_cli(capsys, *[a.format(tmp=tmp_path) for a in args], *out)
+    assert err.count("\n") == 1 and expected.format(tmp=tmp_path) in err, err

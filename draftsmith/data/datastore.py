@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.core.files import made_whole
 from draftsmith.data.shards import load_generated
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers.retrieval import SuffixIndex
@@ -59,8 +60,12 @@ def build(data: str | Path, out: str | Path | None = None, order: int = 16) -> D
     """``build_datastore`` without the printout."""
     if order < 1:
         raise DraftsmithError(f"datastore: --order must be positive, got {order}")
-    dataset, metadata = load_generated(data)
     out = Path(out) if out is not None else default_out(data)
+    if out.exists() and not out.is_dir():
+        raise DraftsmithError(f"datastore: --out {out} is a file; name the directory to write the datastore in")
+    if out.is_dir() and any(out.iterdir()) and not (out / "datastore.json").is_file():
+        raise DraftsmithError(f"datastore: --out {out} holds other files than a datastore; name another directory")
+    dataset, metadata = load_generated(data)
     start = time.perf_counter()
     index = SuffixIndex.build(dataset["input_ids"], order)
     seconds = time.perf_counter() - start
@@ -71,6 +76,6 @@ def build(data: str | Path, out: str | Path | None = None, order: int = 16) -> D
         "rows": len(dataset),
         "build_seconds": round(seconds, 4),
     }
-    index.save(out, record)
+    made_whole(out, lambda tmp: index.save(tmp, record))  # an earlier datastore stays until this one is whole
     size = sum(f.stat().st_size for f in out.iterdir())
     return Datastore(out, len(dataset), len(index), size, seconds)

@@ -33,8 +33,10 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
     Args:
         source: where the prompts are.
         field: the text field's name (JSONL records and datasets).
-        limit: keep only the first ``limit`` prompts.
+        limit: keep only the first ``limit`` prompts (None: all).
     """
+    if limit is not None and limit < 1:  # -1 kept all but the last and 0 kept all, without a word
+        raise DraftsmithError(f"--num_prompts must be positive, got {limit}")
     source = str(source)
     if source in BUILTIN:
         prompts = read_jsonl(builtin_path(source), "prompt")
@@ -56,7 +58,7 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
         prompts = _read_dataset(Path(source), field)
     if not prompts:
         raise DraftsmithError(f"prompts: {source} holds no prompts")
-    return prompts[:limit] if limit else prompts
+    return prompts[:limit]
 
 
 def _read_dataset(path: Path, field: str) -> list[Prompt]:

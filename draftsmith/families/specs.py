@@ -141,10 +141,14 @@ def named_paths(spec: DrafterSpec) -> list[str]:
 def check_paths(drafters: list[Named]) -> None:
     """Refuse in one line a drafter whose path does not exist: checked before the target is loaded, which for a
     built-in target may mean building it for minutes."""
+    from draftsmith.layers.retrieval import SuffixIndex
+
     for d in drafters:
         missing = [p for p in named_paths(d.spec) if not Path(p).exists()]
         if missing:
             raise DraftsmithError(f"--drafter {d.name}: {missing[0]} does not exist")
+        if isinstance(d.spec, Rasd) and d.spec.datastore is not None:
+            SuffixIndex.read_record(d.spec.datastore)  # a broken datastore is one line too
 
 
 def parse_spec(text: str) -> Named:
@@ -203,11 +207,12 @@ def _skip(text: str) -> SkipLayers:
 def _rasd(text: str) -> Rasd:
     form = (
         f"drafter {text!r}: expected rasd:DRAFTER or rasd:KEY=VALUE,...:DRAFTER with keys datastore, context (0/1), "
-        "nodes, ngram, depth (positive) and prune (>= 0)"
+        "ngram, depth (positive), nodes and prune (>= 0; nodes=0: the model drafter alone)"
     )
     first, _, rest = text.removeprefix("rasd:").partition(":")
     if "=" not in first or not rest:
-        return Rasd(text.removeprefix("rasd:"))
+        drafter = "" if "=" in first and text.endswith(":") else text.removeprefix("rasd:")  # rasd:nodes=4:
+        return Rasd(_named_drafter(text, drafter, "rasd:DRAFTER or rasd:KEY=VALUE,...:DRAFTER"))
     options: dict = {}
     for item in first.split(","):
         key, _, value = item.partition("=")
@@ -215,11 +220,24 @@ def _rasd(text: str) -> Rasd:
             options[key] = value
         elif key == "context" and value in ("0", "1"):
             options[key] = value == "1"
-        elif key in ("nodes", "ngram", "prune", "depth") and value.isdigit() and (int(value) > 0 or key == "prune"):
+        elif key in ("nodes", "ngram", "prune", "depth") and value.isdigit() and (int(value) > 0 or key in NON_NEG):
             options[key] = int(value)
         else:
             raise DraftsmithError(form)
     return Rasd(rest, **options)
+
+
+NON_NEG = ("nodes", "prune")
+"""``rasd:`` keys that take 0: no retrieval nodes (the model drafter alone, as ``eval.rasd`` measures it), no
+pruning."""
+
+
+def _named_drafter(text: str, drafter: str, form: str) -> str:
+    """``drafter``, the spec nested in ``text``; an empty one (``rasd:``) is refused: ``Path("")`` is the current
+    directory, which passed the path check and named a drafter ``''`` after the target was loaded."""
+    if not drafter:
+        raise DraftsmithError(f"drafter {text!r} names no drafter: expected {form}")
+    return drafter
 
 
 def _thresholded(text: str, form: str) -> tuple[float | None, str]:
@@ -227,7 +245,7 @@ def _thresholded(text: str, form: str) -> tuple[float | None, str]:
     the error for a THRESHOLD that is no number."""
     first, _, rest = text.partition(":")[2].partition(":")
     if not rest:
-        return None, first
+        return None, _named_drafter(text, first, form)
     try:
         return float(first), rest
     except ValueError:

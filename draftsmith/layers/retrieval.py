@@ -201,15 +201,30 @@ class SuffixIndex:
         info = {**record, "order": self.order, "tokens": len(self.tokens)}
         (out / "datastore.json").write_text(json.dumps(info, indent=2) + "\n")
 
+    @staticmethod
+    def read_record(path: str | Path) -> dict:
+        """The record of the datastore dir ``path``, refused in one line unless it is whole (a readable
+        ``datastore.json``, ``tokens.npy`` and ``suffixes.npy``): cheap, so checked before a target is loaded."""
+        path = Path(path)
+        meta = path / "datastore.json"
+        if not meta.is_file():
+            raise DraftsmithError(f"datastore {path}: no datastore.json here; build one with draftsmith datastore")
+        try:
+            info = json.loads(meta.read_text())
+        except json.JSONDecodeError as e:
+            raise DraftsmithError(f"datastore {path}: {meta} is not valid JSON ({e.msg}); rebuild it") from None
+        missing = [name for name in ("tokens.npy", "suffixes.npy") if not (path / name).is_file()]
+        if missing or not isinstance(info, dict) or "fingerprint" not in info or "order" not in info:
+            what = path / missing[0] if missing else f"{meta} (no fingerprint or order)"
+            raise DraftsmithError(f"datastore {path}: {what} is missing; rebuild it with draftsmith datastore")
+        return info
+
     @classmethod
     def load(cls, path: str | Path, fingerprint: dict | None = None) -> tuple[SuffixIndex, dict]:
         """A saved index (memory-mapped) and its record; refused in one line when ``fingerprint`` is not the one it
         was made for."""
         path = Path(path)
-        meta = path / "datastore.json"
-        if not meta.is_file():
-            raise DraftsmithError(f"datastore {path}: no datastore.json here; build one with draftsmith datastore")
-        info = json.loads(meta.read_text())
+        info = cls.read_record(path)
         if fingerprint is not None:
             check_fingerprint(info["fingerprint"], fingerprint, f"datastore {path}")
         start = time.perf_counter()

@@ -619,6 +619,18 @@ def pipeline(
         raise DraftsmithError(f"--num-prompts must be positive, got {num_prompts}")
     if not hours > 0:
         raise DraftsmithError(f"--hours must be positive, got {hours:g}")
+    if heldout < 1:
+        raise DraftsmithError(f"--heldout must be positive, got {heldout} (its prompts validate and score drafters)")
+    if families:  # a name no recipe set holds is refused before the target is inspected (a built-in one is built)
+        sets = ["", LARGE] if recipes in (None, "auto") else [recipes if recipes != "default" else ""]
+        refusals = []
+        for recipe_set in sets:
+            try:
+                _families(families, recipe_set)
+            except DraftsmithError as e:
+                refusals.append(e)
+        if len(refusals) == len(sets):
+            raise refusals[0]
     out = Path(out or f"runs/pipeline-{Path(spec.source).name}")
     if out.exists() and not out.is_dir():
         raise DraftsmithError(f"--out {out} is a file; name a run directory (a new one, or a pipeline run's to reuse)")

@@ -58,8 +58,11 @@ class RolloutConfig:
     """Decode the step's rollouts with the frozen drafter and plainly every this many steps (and the last)."""
 
     def __post_init__(self) -> None:
-        if min(self.problems, self.max_new_tokens, self.k, self.measure_every) < 1 or self.temperature < 0:
-            raise DraftsmithError("rollout: problems, max_new_tokens, k and measure_every must be positive")
+        for name in ("problems", "max_new_tokens", "k", "measure_every"):
+            if getattr(self, name) < 1:
+                raise DraftsmithError(f"rollout.{name} must be positive, got {getattr(self, name)}")
+        if not self.temperature >= 0:
+            raise DraftsmithError(f"rollout.temperature must be >= 0, got {self.temperature:g}")
 
 
 @dataclass(frozen=True)

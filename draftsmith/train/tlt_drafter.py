@@ -25,6 +25,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,6 +69,8 @@ class DrafterConfig:
                 raise DraftsmithError(f"drafter.{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0:
             raise DraftsmithError(f"drafter.lr must be positive, got {self.lr}")
+        if self.init is not None and not Path(self.init).exists():  # checked before the target is loaded
+            raise DraftsmithError(f"drafter.init: {self.init} does not exist")
 
 
 @dataclass
