@@ -204,3 +204,25 @@ def test_report_regenerates_tables_and_plots_from_saved_score_reports(tmp_path):
     md = (out / "report.md").read_text()
     assert "## K chosen per drafter (--k auto)" in md and "| plain decoding |" in md
     assert all((out / png).is_file() for png in ("acceptance.png", "speedup.png", "tau_vs_k.png"))
+
+
+def test_k_auto_profiles_acceptance_on_the_first_held_out_prompts_not_one(target, monkeypatch):
+    """``--k auto``'s acceptance profile (for a drafter without a recorded one) comes from decodes of the first
+    ``CALIBRATION_PROMPTS`` prompts: one prompt whose drafts were all accepted sent the quickstart's draft LM to K = 8
+    (τ 9.00 predicted there, 2.51 measured over ten prompts)."""
+    from draftsmith.eval import score
+    from draftsmith.eval.verifier import SpeculativeDecoder
+
+    calibrated, generate = [], SpeculativeDecoder.generate
+
+    def recording(self, prompt, max_new_tokens, generator=None):
+        if self.k == score.AUTO_MAX_K:
+            calibrated.append(list(prompt))
+        return generate(self, prompt, max_new_tokens, generator)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", recording)
+    prompts = [[3, 4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18]]
+    drafter = DraftLM(make_llama(seed=5, layers=1))
+    _, [row] = score_drafters(target, {"lm": drafter}, prompts, "auto", Sampling(), 8, progress=False)
+    assert calibrated[: score.CALIBRATION_PROMPTS] == prompts[: score.CALIBRATION_PROMPTS] == prompts[:3]
+    assert row.auto_k.source == "calibration"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,7 +74,8 @@ def score_drafters(
     fixed = k if isinstance(k, dict) else dict.fromkeys(drafters, k)
     lengths = range(1, AUTO_MAX_K + 1) if k == AUTO_K else sorted({int(v) for v in fixed.values()})
     s2d.choose_exits(targets, drafters, prompts[0], sampling, seed, lengths, verify_ratios)  # S2D's sub-networks
-    shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed) if k == AUTO_K else {}
+    calibration = prompts[1:CALIBRATION_PROMPTS]
+    shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed, calibration) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(fixed[name]) for name in drafters}
     judges = judges or {}
     decoders = {
@@ -163,15 +165,25 @@ def most_verified(drafter: Drafter, k: int) -> int:
 AUTO_K = "auto"
 AUTO_MAX_K = 8
 """``--k auto`` searches chains of 1..8 tokens (and static trees of up to 64 nodes)."""
+CALIBRATION_PROMPTS = 3
+"""Prompts ``--k auto`` profiles a drafter's acceptance on where it has no recorded validation profile: one prompt
+whose every draft was accepted (τ 9.00 at K = 8 on the quickstart's first prompt, 2.51 over its ten) sent the
+draft LM, the n-gram and the sibling to K = 8."""
 
 
 def choose_shapes(
-    targets: dict[str, Target], drafters: dict[str, Drafter], prompt: list[int], sampling: Sampling, seed: int
+    targets: dict[str, Target],
+    drafters: dict[str, Drafter],
+    prompt: list[int],
+    sampling: Sampling,
+    seed: int,
+    more: Sequence[list[int]] = (),
 ) -> dict[str, auto_k.Shape]:
     """Each drafter's K (and static tree size) of highest predicted speed τ(K) / (r(K+1) + K·c) on this machine.
 
-    One untimed decode of ``prompt`` per drafter at K = 8 measures its cost c (and, for a drafter with no
-    recorded validation profile, its per-position acceptance); r(m) is measured on the same prompt. The choice
+    Untimed decodes at K = 8 of ``prompt`` and the ``more`` prompts (``score`` passes the next held-out ones, up to
+    ``CALIBRATION_PROMPTS`` in all) measure each drafter's cost c and, for a drafter with no recorded validation
+    profile, its per-position acceptance; r(m) is measured on ``prompt``. The choice
     itself is ``eval.auto_k``'s. A RASD drafter is shaped so with no retrieval nodes (its lookups still timed), then
     its fused tree's retrieval budget chosen (``fused_nodes``).
     """
@@ -186,15 +198,16 @@ def choose_shapes(
         if tree is not None:  # calibrate as a chain: one drafter forward per drafted token
             drafter.set_tree(replace(tree, kind=TreeKind.CHAIN), AUTO_MAX_K)
         decoder = SpeculativeDecoder(target, drafter, AUTO_MAX_K, sampling)
-        result = decoder.generate(prompt, 64, torch.Generator().manual_seed(seed))
-        plain = plain_decode(target, prompt, 16, sampling, torch.Generator().manual_seed(seed))
-        cost = result.draft_seconds / max(1, sum(result.drafted)) / (plain.seconds / plain.target_calls)
+        runs = [decoder.generate(p, 64, torch.Generator().manual_seed(seed)) for p in [prompt, *more]]
+        plains = [plain_decode(target, p, 16, sampling, torch.Generator().manual_seed(seed)) for p in [prompt, *more]]
+        step = sum(p.seconds for p in plains) / sum(p.target_calls for p in plains)
+        cost = sum(r.draft_seconds for r in runs) / max(1, sum(sum(r.drafted) for r in runs)) / step
         # an adaptive drafter (one that cuts its own drafts) is profiled as it drafts, as K is only its cap
         accuracy = None if getattr(drafter, "adaptive", False) else getattr(drafter, "topk_accuracy", None)
         if accuracy:
             accept, source = [row[0] for row in accuracy], "validation"
         else:
-            metrics = drafter_metrics(name, AUTO_MAX_K, [result], [plain], sampling.greedy)
+            metrics = drafter_metrics(name, AUTO_MAX_K, runs, plains, sampling.greedy)
             accept, source = metrics.accept_given_reached, "calibration"
         if tree is not None and tree.kind is TreeKind.STATIC and accuracy:
             choice = auto_k.choose_tree(accuracy, ratios, cost, max_depth=AUTO_MAX_K)
