@@ -13,7 +13,6 @@ Three sources, interleaved so that the first N prompts of a set mix all three:
 from __future__ import annotations
 
 import hashlib
-import json
 import textwrap
 from importlib import resources
 from itertools import zip_longest
@@ -77,8 +76,3 @@ def chat_prompts(split: str) -> list[Prompt]:
     """The ``split`` set, the three sources interleaved (code, docs, magpie, code, ...)."""
     sources = (code_prompts(split), doc_prompts(split), magpie_prompts(split))
     return [p for group in zip_longest(*sources) for p in group if p is not None]
-
-
-def write_jsonl(prompts: list[Prompt], path: Path) -> None:
-    """Save a prompt set as chat JSONL (for other tools, or to pin a set)."""
-    path.write_text("".join(json.dumps({"messages": list(p.messages), "source": p.source}) + "\n" for p in prompts))

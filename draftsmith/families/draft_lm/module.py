@@ -264,21 +264,3 @@ def load_student(path: Path, target: Target) -> PreTrainedModel:
     if has_tokenizer and tokenizer_hash(AutoTokenizer.from_pretrained(path)) != tokenizer_hash(target.tokenizer):
         raise DraftsmithError(f"model.init: {path} has another tokenizer than the target")
     return model.train()
-
-
-def export_draft_lm(checkpoint: str | Path, out: str | Path, target: str | Path | None = None) -> Path:
-    """Write a trained draft LM (LoRA merged) as a native export (for ``--drafter``) *and* a plain Hugging
-    Face model dir under ``out/hf`` (``save_pretrained`` + the target's tokenizer; any HF engine loads it)."""
-    from draftsmith import targets
-    from draftsmith.core.native import save_native
-    from draftsmith.families.registry import load_network
-
-    info = torch.load(checkpoint, map_location="cpu", weights_only=False).get("draftsmith", {})
-    if info.get("method") != "draft_lm":
-        raise DraftsmithError(f"{checkpoint}: not a draft_lm checkpoint")
-    target_obj = targets.load_target(target or info["target"]["name"], dtype=info["target"].get("dtype", "float32"))
-    network, _ = load_network(checkpoint, target_obj)
-    out = save_native(network, target_obj, out)
-    network.merged().model.save_pretrained(out / "hf")
-    target_obj.tokenizer.save_pretrained(out / "hf")
-    return out
