@@ -12,6 +12,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import write_manifest
 from draftsmith.layers.module import DrafterModule
 
@@ -69,7 +70,8 @@ TEXT_PROGRESS_BAR = "lightning.pytorch.callbacks.TQDMProgressBar"
 class DraftsmithCLI(LightningCLI):
     """LightningCLI with draftsmith's trainer defaults: best-by-``val/tau_est`` and last checkpoints,
     CSV + wandb (offline unless ``WANDB_MODE`` says otherwise) logs under ``default_root_dir``,
-    gradient clipping 1.0."""
+    gradient clipping 1.0; the accelerator, devices and precision the recipe leaves to the device decided by
+    ``core.machine.resolve_trainer``."""
 
     def __init__(self, *args, recipe: str | None = None, **kwargs) -> None:
         self.recipe = recipe
@@ -90,6 +92,9 @@ class DraftsmithCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        chosen = resolve_trainer({k: config.trainer[k] for k in ("accelerator", "devices", "precision")})
+        for key, value in chosen.items():  # the device's choices, made before Lightning sees them
+            config.trainer[key] = value
         root = config.trainer.default_root_dir or "."
         loggers = config.trainer.logger
         for logger in loggers if isinstance(loggers, list) else []:

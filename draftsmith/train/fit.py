@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
@@ -117,7 +118,8 @@ def _init_args(section: dict) -> dict:
 
 
 def configure(recipe: str | Path | dict, run: FitRun = FitRun()) -> dict:
-    """The recipe's config with ``run`` applied (what ``fit`` hands to Lightning)."""
+    """The recipe's config with ``run`` applied and the device's choices made (``accelerator: auto``, ``devices:
+    auto``, ``precision`` unset: ``core.machine.resolve_trainer``): what ``fit`` hands to Lightning."""
     config = copy.deepcopy(recipe) if isinstance(recipe, dict) else load_recipe(recipe)
     model = _init_args(config["model"])
     data = _init_args(config.setdefault("data", {}))
@@ -133,6 +135,7 @@ def configure(recipe: str | Path | dict, run: FitRun = FitRun()) -> dict:
     trainer.update(_merge(trainer, _given(set_trainer) | run.trainer))
     if run.steps is not None:  # validate by steps, not epochs (None is the value here)
         trainer["check_val_every_n_epoch"] = None
+    trainer.update(resolve_trainer(trainer))
     return config
 
 

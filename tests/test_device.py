@@ -1,0 +1,92 @@
+"""The device follows the machine: one function (``core.machine.choose_device``) decides a fit's accelerator, devices
+and precision from the machine's facts; every shipped recipe leaves them to it; on this machine (no GPU) a fit runs
+as every recipe said before (cpu, 1 device, 32-true); ``--device cpu`` forces the CPU.
+
+The GPU choices are checked on the pure function given a GPU machine's facts; the fits here are real fits of the
+shipped ``eagle3`` recipe on the toy target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_train import fit_args, setup  # noqa: F401  (the module's toy target and its generated data)
+
+from draftsmith.cli import main
+from draftsmith.core.machine import CPU_PRECISION, choose_device, local_device, resolve_trainer
+from draftsmith.errors import DraftsmithError
+from draftsmith.train.fit import RECIPES, FitRun, configure, fit
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SHIPPED = sorted(p for p in RECIPES.rglob("*.yaml") if p.parent.name != "strategy")
+"""Every shipped drafter recipe (a strategy file only layers onto one)."""
+CPU = {"accelerator": "cpu", "devices": 1, "precision": "32-true"}
+"""What every shipped recipe said before the device decided: this machine's fit must stay exactly that."""
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA GPU")
+
+
+@no_gpu
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_this_machine_without_a_gpu_fits_on_one_cpu_in_float32(device):
+    chosen = local_device(device)
+    assert chosen.trainer() == CPU and chosen.torch == "cpu"
+    assert CPU_PRECISION == "32-true"
+
+
+def test_a_gpu_machine_fits_on_every_gpu_in_bf16_mixed_where_the_gpu_has_bf16():
+    h100 = choose_device(8, bf16=True, name="NVIDIA H100")
+    assert h100.trainer() == {"accelerator": "gpu", "devices": 8, "precision": "bf16-mixed"}
+    assert h100.torch == "cuda" and "NVIDIA H100" in h100.describe() and "× 8" in h100.describe()
+    t4 = choose_device(1, bf16=False, name="Tesla T4")  # no bf16: float16 autocast, fp32 master weights
+    assert t4.trainer() == {"accelerator": "gpu", "devices": 1, "precision": "16-mixed"}
+    assert choose_device(0, bf16=True).trainer() == CPU  # no GPU: the CPU's choice whatever else is said
+
+
+@no_gpu
+def test_cuda_is_refused_in_one_line_where_there_is_no_gpu():
+    for device, words in [("cuda", "no CUDA GPU"), ("tpu", "expected one of auto, cpu, cuda")]:
+        with pytest.raises(DraftsmithError, match=words) as e:
+            local_device(device)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_every_shipped_recipe_leaves_accelerator_devices_and_precision_to_the_device(recipe):
+    trainer = yaml.safe_load(recipe.read_text())["trainer"]
+    assert trainer["accelerator"] == "auto" and trainer["devices"] == "auto"
+    assert "precision" in trainer and trainer["precision"] is None  # null: the device's (choose_device)
+
+
+@no_gpu
+@pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_every_shipped_recipe_resolves_on_this_machine_to_what_it_said_before(recipe):
+    resolved = configure(recipe)["trainer"]
+    assert {k: resolved[k] for k in CPU} == CPU
+
+
+def test_a_value_given_is_kept_and_an_explicit_cpu_is_the_cpus_choice():
+    ddp_on_cpu = {"accelerator": "cpu", "devices": 2, "precision": None}  # the DDP-on-CPU test's setting
+    assert resolve_trainer(ddp_on_cpu) == ddp_on_cpu | {"precision": "32-true"}
+    given = {"accelerator": "gpu", "devices": -1, "precision": "bf16-mixed"}  # configs/strategy/fsdp.yaml
+    assert resolve_trainer(given) == given
+
+
+@no_gpu
+def test_a_fit_and_a_cli_fit_of_a_shipped_recipe_run_on_the_device_chosen(setup, tmp_path):  # noqa: F811
+    """Through ``fit()`` and through ``draftsmith fit --config``: the config the run records (what Lightning was
+    given) says cpu, 1 device, 32-true, and the trainer ran so."""
+    run = FitRun(
+        target=str(setup["target"]), train=str(setup["data-train"]), val=str(setup["data-val"]),
+        out=tmp_path / "fit", steps=2, batch_size=4, model={"draft_vocab_size": 48},
+        trainer={"enable_progress_bar": False},
+    )  # fmt: skip
+    fit("eagle3", run)
+    main([*fit_args(setup, tmp_path / "cli"), "--trainer.max_steps=2", "--trainer.val_check_interval=2"])
+    for root in (tmp_path / "fit", tmp_path / "cli"):
+        (saved,) = Path(root).glob("**/config.yaml")
+        trainer = yaml.safe_load(saved.read_text())["trainer"]
+        assert {k: trainer[k] for k in CPU} == CPU, root
