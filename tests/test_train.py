@@ -460,3 +460,43 @@ def test_training_on_cuda_turns_cudnn_attention_off_and_nowhere_else():
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+class InterruptAtStep(L.Callback):
+    """Ctrl-C at training step ``step`` (a KeyboardInterrupt, as Lightning receives one)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            raise KeyboardInterrupt
+
+
+def test_ckpt_path_last_ckpt_as_the_docs_write_it_resumes_and_a_wrong_one_leaves_the_manifest(
+    setup, tmp_path, monkeypatch, capsys
+):
+    """``fit ... --ckpt_path last.ckpt`` (docs/usage.md) was a traceback ("Checkpoint file not found") after the
+    run's manifest.json had been rewritten with the failed command."""
+    args = ["eagle1", "--trainer.val_check_interval=2"]
+    main(fit_args(setup, tmp_path, *args, "--trainer.max_steps=2"))
+    manifest, _ = (tmp_path / "manifest.json").read_text(), capsys.readouterr()
+    monkeypatch.chdir(tmp_path / "csv")  # no last.ckpt here: the run dir's is the one meant
+    with pytest.raises(SystemExit) as exit_:
+        main(fit_args(setup, tmp_path, *args, "--trainer.max_steps=4", "--ckpt_path=nope.ckpt"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--ckpt_path nope.ckpt: no such file" in err
+    assert (tmp_path / "manifest.json").read_text() == manifest
+    main(fit_args(setup, tmp_path, *args, "--trainer.max_steps=4", "--ckpt_path", "last.ckpt"))
+    assert "resuming from" in capsys.readouterr().err
+    resumed = tmp_path / "csv" / "version_1" / "checkpoints" / "last.ckpt"
+    assert torch.load(resumed, map_location="cpu", weights_only=False)["global_step"] == 4
+
+
+def test_an_interrupted_fit_prints_the_command_that_resumes_it(setup, tmp_path, capsys):
+    args = fit_args(setup, tmp_path, "eagle1", "--trainer.max_steps=8", "--trainer.val_check_interval=2")
+    with pytest.raises(SystemExit):
+        main([*args, "--trainer.callbacks+=test_train.InterruptAtStep", "--trainer.callbacks.step=3"])
+    err = capsys.readouterr().err
+    assert "resume with: draftsmith fit --config=" in err and "--ckpt_path last.ckpt" in err
+    assert "InterruptAtStep" in err  # the command as it was given, less its --ckpt_path

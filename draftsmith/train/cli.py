@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from datetime import timedelta
+from pathlib import Path
 
 import lightning as L
 from jsonargparse import Namespace
@@ -14,6 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import write_manifest
+from draftsmith.errors import DraftsmithError
 from draftsmith.layers.module import DrafterModule
 
 ROOT = "${trainer.default_root_dir}"
@@ -39,6 +42,35 @@ class TimedLastCheckpoint(ResumableModelCheckpoint):
         super().__init__(
             train_time_interval=timedelta(minutes=minutes), save_top_k=0, save_last=True, enable_version_counter=False
         )
+
+
+def newest(root: str | Path, name: str) -> Path | None:
+    """The newest file called ``name`` under the run dir ``root`` (each resumed fit logs into a new
+    ``csv/version_N/checkpoints``)."""
+    found = sorted(Path(root).glob(f"**/{name}"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+class ResumeHint(L.Callback):
+    """Says, when a fit is interrupted (Ctrl-C), the command that resumes it: Lightning said only "attempting
+    graceful shutdown"."""
+
+    def __init__(self, command: str | None) -> None:
+        self.command = command
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, KeyboardInterrupt) or not trainer.is_global_zero:
+            return
+        print(resume_hint(trainer.default_root_dir, self.command), file=sys.stderr)
+
+
+def resume_hint(root: str | Path, command: str | None) -> str:
+    """What resumes the fit in run dir ``root`` that ``command`` started (None: a fit from Python)."""
+    last = newest(root, "last.ckpt")
+    if last is None:
+        return f"draftsmith fit: interrupted before its first last.ckpt in {root}: nothing to resume from"
+    again = f"{command} --ckpt_path last.ckpt" if command else "FitRun(resume=True) (train.fit.fit)"
+    return f"draftsmith fit: interrupted; its newest checkpoint is {last}; resume with: {again}"
 
 
 CALLBACKS = [
@@ -73,8 +105,8 @@ class DraftsmithCLI(LightningCLI):
     gradient clipping 1.0; the accelerator, devices and precision the recipe leaves to the device decided by
     ``core.machine.resolve_trainer``."""
 
-    def __init__(self, *args, recipe: str | None = None, **kwargs) -> None:
-        self.recipe = recipe
+    def __init__(self, *args, recipe: str | None = None, command: str | None = None, **kwargs) -> None:
+        self.recipe, self.command = recipe, command
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -101,6 +133,7 @@ class DraftsmithCLI(LightningCLI):
             args = getattr(logger, "init_args", None)
             if args is not None and getattr(args, "save_dir", None) == ROOT:
                 args.save_dir = root
+        config.ckpt_path = checkpoint_in_run(config.get("ckpt_path"), root)
         if root != ".":
             os.makedirs(root, exist_ok=True)
         callbacks = config.trainer.callbacks
@@ -118,6 +151,7 @@ class DraftsmithCLI(LightningCLI):
 
         if isinstance(self.datamodule, ResumesMidEpoch):  # Lightning warns that the epoch's order restarts: not ours
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        self.trainer.callbacks.append(ResumeHint(self.command))
         if self.trainer.is_global_zero:
             config = self.config[self.subcommand] if self.subcommand else self.config
             write_manifest(
@@ -126,6 +160,33 @@ class DraftsmithCLI(LightningCLI):
                 seed=config.get("seed_everything"),
                 recipe=self.recipe,
             )
+
+
+def checkpoint_in_run(ckpt: str | None, root: str | Path) -> str | None:
+    """``--ckpt_path`` as a file: a bare name that is no file here (``last.ckpt``, as docs/usage.md writes it) is
+    the newest one of that name in the run dir ``root``. Checked before the target is loaded and the manifest
+    written: ``last.ckpt`` was "Checkpoint file not found" after both, the manifest rewritten with the failed
+    command."""
+    if ckpt is None or ckpt in ("last", "best", "hpc", "registry") or Path(ckpt).exists():
+        return ckpt
+    found = newest(root, ckpt) if Path(ckpt).name == ckpt else None
+    if found is None:
+        raise DraftsmithError(
+            f"--ckpt_path {ckpt}: no such file here nor under the run dir {root} (--trainer.default_root_dir)"
+        )
+    print(f"draftsmith fit: resuming from {found}", file=sys.stderr)
+    return str(found)
+
+
+def _command(args: list[str]) -> str:
+    """The ``draftsmith fit`` command line of ``args`` without its ``--ckpt_path``."""
+    kept, skip = [], False
+    for arg in args:
+        if skip or arg.startswith("--ckpt_path"):
+            skip = arg == "--ckpt_path"  # its value is the next argument
+            continue
+        kept.append(arg)
+    return shlex.join(["draftsmith", "fit", *kept])
 
 
 def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI:
@@ -150,6 +211,7 @@ def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI
             save_config_kwargs={"overwrite": True},
             args=["fit", *args] if isinstance(args, list) else {"subcommand": "fit", "fit": args},
             recipe=recipe,
+            command=_command(args) if isinstance(args, list) else None,
         )
         failed = False
         return cli
