@@ -429,3 +429,17 @@ def test_a_bad_flag_value_is_one_line_naming_it_before_the_target_is_built(
     out = ["--out", str(tmp_path / "out")]
     err = run_cli(capsys, *[a.format(tmp=tmp_path) for a in args], *out)
     assert err.count("\n") == 1 and expected.format(tmp=tmp_path) in err, err
+
+
+def test_score_refuses_a_prompt_beyond_the_targets_context_as_generate_does(model_dirs, tmp_path, capsys):
+    """A 9,007-token prompt on a 2,048-token target was scored without a word (and a 4.4 MB one-line file printed
+    nothing for 300 s); ``generate`` refused it: one check, shared."""
+    import json
+
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": " ".join(f"w{i % 90}" for i in range(600))}) + "\n")
+    args = ["--target", str(model_dirs["target"]), "--prompts", str(prompts)]
+    err = run_cli(capsys, "score", *args, "--drafter", "ngram", "--out", str(tmp_path / "score"))
+    assert f"prompt 1 of {prompts} has 600 tokens, the target's context is 512" in err.splitlines()[-1]
+    err = run_cli(capsys, "generate", *args, "--out", str(tmp_path / "data"))
+    assert "reach the target's 512-token context" in err.splitlines()[-1]  # after transformers' loading bar

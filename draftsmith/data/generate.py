@@ -27,7 +27,7 @@ from draftsmith.data import shards
 from draftsmith.data.datastore import build_datastore
 from draftsmith.data.decode import Decoded, row_seed
 from draftsmith.data.engines import HFEngine, Request, VLLMEngine, check_engine, vllm_python
-from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.data.prompts import continuable, encode, load_prompts
 from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import Targetlike, load_target, resolve, resolve_target
@@ -285,14 +285,8 @@ def generate_data(target: Targetlike, out: Path, settings: GenerateSettings, run
         raise DraftsmithError(f"--store-topk {settings.store_topk} exceeds the target's vocabulary size {t.vocab_size}")
     encoded = [encode(p, t.tokenizer, settings.chat_template) for p in loaded]
     context = getattr(t.config, "max_position_embeddings", None)
-    too_long = [i for i, ids in enumerate(encoded) if context is not None and len(ids) >= context]
-    empty = [i for i, ids in enumerate(encoded) if not ids]
-    keep = sorted(set(range(len(encoded))) - set(too_long) - set(empty))
-    if not keep:
-        raise DraftsmithError(
-            f"prompts: none of the {len(encoded)} prompts of {settings.prompts} can be continued "
-            f"({len(too_long)} reach the target's {context}-token context, {len(empty)} are empty)"
-        )
+    usable = continuable(encoded, context, settings.prompts)  # score's check too
+    keep, too_long, empty = usable.keep, usable.too_long, usable.empty
     metadata = {
         "format": FORMAT,
         "status": "running",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -59,6 +60,33 @@ def load_prompts(source: str | Path, field: str = "prompt", limit: int | None = 
     if not prompts:
         raise DraftsmithError(f"prompts: {source} holds no prompts")
     return prompts[:limit]
+
+
+@dataclass(frozen=True)
+class Continuable:
+    """Which encoded prompts a target can continue (indices into them)."""
+
+    keep: list[int]
+    too_long: list[int]
+    """Those that reach the target's context."""
+    empty: list[int]
+
+
+def continuable(encoded: list[list[int]], context: int | None, source: str, every: bool = False) -> Continuable:
+    """The prompts of ``source`` (``encoded``) that a target of ``context`` positions can continue, refused in one
+    line where none can (``generate`` skips the others) or, with ``every`` (``score``: a score of a cut set would
+    mislead), where any cannot."""
+    too_long = [i for i, ids in enumerate(encoded) if context is not None and len(ids) >= context]
+    empty = [i for i, ids in enumerate(encoded) if not ids]
+    keep = sorted(set(range(len(encoded))) - set(too_long) - set(empty))
+    counts = f"{len(too_long)} reach the target's {context}-token context, {len(empty)} are empty"
+    if every and (too_long or empty):
+        i = (too_long or empty)[0]
+        what = f"has {len(encoded[i]):,} tokens, the target's context is {context:,}" if too_long else "is empty"
+        raise DraftsmithError(f"prompts: prompt {i + 1} of {source} {what} ({counts})")
+    if not keep:
+        raise DraftsmithError(f"prompts: none of the {len(encoded)} prompts of {source} can be continued ({counts})")
+    return Continuable(keep, too_long, empty)
 
 
 def _read_dataset(path: Path, field: str) -> list[Prompt]:

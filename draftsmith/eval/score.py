@@ -18,7 +18,7 @@ from draftsmith.core.manifest import write_manifest
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, rollback
 from draftsmith.core.trees import TreeKind, VerifyRule
-from draftsmith.data.prompts import encode, load_prompts
+from draftsmith.data.prompts import continuable, encode, load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import auto_k, rasd, s2d
 from draftsmith.eval.metrics import by_category, drafter_metrics, plain_metrics
@@ -451,6 +451,8 @@ def score_specs(
     check_paths(drafters)  # the cheap inputs first: a built-in target may build for minutes
     loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
     t = load_target(target, batch_invariant=cfg.batch_invariant, device=cfg.device)
+    ids = [encode(p, t.tokenizer) for p in loaded_prompts]
+    continuable(ids, getattr(t.config, "max_position_embeddings", None), str(cfg.prompts), every=True)
     loaded = {d.name: build_drafter(d.spec, t) for d in drafters}
     checks = [p.check for p in loaded_prompts]
     checks = checks if any(c is not None for c in checks) else None
@@ -476,7 +478,6 @@ def score_specs(
     if cfg.compile:
         for compiled in [t, *loaded.values()]:
             compiled.compile()
-    ids = [encode(p, t.tokenizer) for p in loaded_prompts]
     categories = [p.category for p in loaded_prompts]
     categories = categories if any(c is not None for c in categories) else None
     plain, rows = score_drafters(

@@ -32,7 +32,6 @@ from draftsmith.families.eagle.network import borrowed_shape
 from draftsmith.families.hydra.network import HydraConfig, HydraDrafter, PrefixLayer
 from draftsmith.families.medusa.network import ResidualBlock
 from draftsmith.families.registry import register
-from draftsmith.layers.module import shift
 from draftsmith.layers.tree_draft import FeatureState
 
 
@@ -161,6 +160,8 @@ class CloverModel(DrafterNetwork):
 
         Anchor t's depth i reads x_{t+1+i} and attends over h'_0..h'_t (every anchor of a depth in one call).
         """
+        from draftsmith.layers.module import shift  # training's: drafting imports no Lightning
+
         b, t, _ = features.shape
         device = features.device
         causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T): key <= anchor
