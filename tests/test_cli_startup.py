@@ -33,3 +33,19 @@ def test_help_lists_each_subcommand_with_its_docstring():
     _, printed = imported_by("--help")
     assert "Score drafters against a target by real speculative" in printed
     assert "Pack a finished generated corpus into one compressed" in printed
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["score", "--target", "{tmp}/none", "--drafter", "ngram"],
+        ["export", "{tmp}/none", "--to", "hf", "--out", "{tmp}/out"],
+        ["import", "{tmp}/none", "--target", "default", "--out", "{tmp}/out"],
+        ["generate", "--target", "{tmp}/none", "--prompts", "builtin:heldout", "--out", "{tmp}/out"],
+    ],
+    ids=["score", "export", "import", "generate"],
+)
+def test_a_refused_command_that_trains_nothing_imports_no_lightning(args, tmp_path):
+    """Drafting and exporting need no Lightning (2-3 s of imports): only training does."""
+    heavy, printed = imported_by(*[a.format(tmp=tmp_path) for a in args])
+    assert "draftsmith: error:" in printed and "lightning" not in heavy
