@@ -18,6 +18,7 @@ from test_train import fit_args, setup  # noqa: F401  (the module's toy target a
 from draftsmith.cli import main
 from draftsmith.core.machine import CPU_PRECISION, choose_device, local_device, resolve_trainer
 from draftsmith.errors import DraftsmithError
+from draftsmith.pipeline.local import stage_devices
 from draftsmith.train.fit import RECIPES, FitRun, configure, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -75,18 +76,65 @@ def test_a_value_given_is_kept_and_an_explicit_cpu_is_the_cpus_choice():
     assert resolve_trainer(given) == given
 
 
+def toy_run(setup, out: Path, **trainer) -> FitRun:  # noqa: F811
+    """Two steps of the shipped ``eagle3`` recipe on the toy target."""
+    return FitRun(
+        target=str(setup["target"]), train=str(setup["data-train"]), val=str(setup["data-val"]), out=out, steps=2,
+        batch_size=4, model={"draft_vocab_size": 48}, trainer={"enable_progress_bar": False, **trainer},
+    )  # fmt: skip
+
+
 @no_gpu
 def test_a_fit_and_a_cli_fit_of_a_shipped_recipe_run_on_the_device_chosen(setup, tmp_path):  # noqa: F811
     """Through ``fit()`` and through ``draftsmith fit --config``: the config the run records (what Lightning was
     given) says cpu, 1 device, 32-true, and the trainer ran so."""
-    run = FitRun(
-        target=str(setup["target"]), train=str(setup["data-train"]), val=str(setup["data-val"]),
-        out=tmp_path / "fit", steps=2, batch_size=4, model={"draft_vocab_size": 48},
-        trainer={"enable_progress_bar": False},
-    )  # fmt: skip
-    fit("eagle3", run)
+    fit("eagle3", toy_run(setup, tmp_path / "fit"))
     main([*fit_args(setup, tmp_path / "cli"), "--trainer.max_steps=2", "--trainer.val_check_interval=2"])
     for root in (tmp_path / "fit", tmp_path / "cli"):
         (saved,) = Path(root).glob("**/config.yaml")
         trainer = yaml.safe_load(saved.read_text())["trainer"]
         assert {k: trainer[k] for k in CPU} == CPU, root
+
+
+def test_a_fit_from_python_on_several_devices_runs_as_its_own_command(setup, tmp_path):  # noqa: F811
+    """What the pipeline's fits do on a machine of several GPUs, here on two CPU processes (DDP over gloo): ``fit``
+    runs the fit as its own command, whose Lightning launches the second process (in this process, Lightning would
+    launch this process's command, pytest, again), and returns its checkpoints as an in-process fit does."""
+    result = fit("eagle3", toy_run(setup, tmp_path / "fit", accelerator="cpu", devices=2, strategy="ddp"))
+    assert result.best.is_file() and result.last.is_file() and result.score is not None
+    (saved,) = (tmp_path / "fit").glob("**/config.yaml")
+    assert yaml.safe_load(saved.read_text())["trainer"]["devices"] == 2
+
+
+def test_the_pipeline_says_where_each_stage_runs():
+    gpus = stage_devices(choose_device(2, bf16=True, name="NVIDIA H100"))
+    assert "fits on cuda × 2 (NVIDIA H100) in bf16-mixed" in gpus and "DDP" in gpus
+    assert "generation on cuda" in gpus and "feature cache on cuda" in gpus and "verifier on cuda" in gpus
+    cpu = stage_devices(choose_device(0, bf16=False, cpu="a CPU"))
+    assert "fits on cpu in 32-true" in cpu and "generation on cpu" in cpu and "cuda" not in cpu
+
+
+@no_gpu
+def test_device_cuda_is_refused_before_any_work_and_cpu_is_accepted(tmp_path, capsys):
+    """``draftsmith pipeline --device``: a value this machine cannot give is one line before a target is built or
+    a prompt read; ``quickstart`` takes the same flag."""
+    for command in (["pipeline", "--target", str(tmp_path / "none")], ["quickstart"]):
+        with pytest.raises(SystemExit) as e:
+            main([*command, "--device", "cuda", "--out", str(tmp_path / "out")])
+        assert e.value.code != 0
+        err = capsys.readouterr().err.strip()
+        assert "--device cuda" in err and "no CUDA GPU" in err and "\n" not in err
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_slurm_pipeline_scores_on_the_jobs_gpu_and_leaves_the_fits_precision_to_the_device(tmp_path, capsys):
+    """The SLURM jobs take the same decision: the fit job names the accelerator and devices of its allocation and
+    leaves the precision to ``choose_device`` on its node (the recipe's null); the score step runs on its GPU."""
+    recipe = RECIPES / "eagle3.yaml"
+    base = ["slurm", "pipeline", "--target", "/models/x", "--run-dir", str(tmp_path / "run"), "--config", str(recipe)]
+    for gpus, device in [("1", "--device=cuda"), ("0", None)]:
+        main([*base, "--time", "02:00:00", "--gpus-per-node", gpus, "--stages", "fit", "score", "--dry-run"])
+        scripts = capsys.readouterr().out
+        score = scripts[scripts.index("# ---- score.sbatch ----") :]
+        assert (device in score) if device else "--device" not in score
+        assert "--trainer.precision" not in scripts

@@ -58,6 +58,7 @@ def cache_features(
     shard_rows: int = 64,
     overwrite: bool = False,
     rows: int | None = None,
+    device: str = "cpu",
 ) -> Path:
     """Cache the target's hidden states ``layers`` (HF ``hidden_states`` indices; the final normed state is always
     added) over every row of the generated dataset ``data`` (or its first ``rows``); resumes an unfinished cache at
@@ -79,6 +80,7 @@ def cache_features(
         rows: cache the first ``rows`` rows only, rounded up to whole shards (fits on the first rows of a corpus,
             ``data.train_rows``, read no others); None: every row. A cache that already holds at least as many rows
             of the same data and settings is kept as it is.
+        device: where the target runs: ``cpu``, ``cuda``, ``cuda:N`` (the cache is stored on the CPU either way).
     """
     from draftsmith.data.shards import check_dataset_target, generated_dir, load_generated
 
@@ -86,7 +88,7 @@ def cache_features(
     ds, metadata = load_generated(data)
     spec = parse_target(target)  # no dtype given: the one the data was generated in
     compute = metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None
-    t = load_target(spec, dtype=compute, batch_invariant=False)  # whole sequences: the fastest kernels
+    t = load_target(spec, dtype=compute, device=device, batch_invariant=False)  # whole sequences: the fastest kernels
     dtype = dtype or (t.dtype if t.dtype in DTYPES else "bfloat16")
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})
@@ -158,7 +160,7 @@ def cache_features(
                         "range; cache in bfloat16"
                     )
                 for j, i in enumerate(index):
-                    hidden[layer][i] = f[j, : len(rows[i])].to(store)
+                    hidden[layer][i] = f[j, : len(rows[i])].to("cpu", store)
         tensors = {f"hidden_{layer}": torch.cat(hs).contiguous() for layer, hs in hidden.items()}
         tensors["lengths"] = torch.tensor([len(r) for r in rows])
         tmp = path.with_name(path.name + ".tmp")

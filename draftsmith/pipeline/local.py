@@ -31,6 +31,7 @@ from pathlib import Path
 
 from draftsmith import targets
 from draftsmith.core.hf_cache import cache_arg, output_cache
+from draftsmith.core.machine import Device, local_device
 from draftsmith.core.manifest import FILE as MANIFEST
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.target import check_fingerprint
@@ -218,10 +219,10 @@ class Speeds:
 
 
 def measure_speeds(t) -> Speeds:
-    """The speeds of a loaded ``Target`` (a few seconds)."""
+    """The speeds of a loaded ``Target`` on its device (a few seconds)."""
     import torch
 
-    ids = torch.randint(0, t.vocab_size, (16, 65))
+    ids = torch.randint(0, t.vocab_size, (16, 65)).to(t.device)
 
     def timed(fn, repeats: int = 3) -> float:
         fn()
@@ -229,6 +230,8 @@ def measure_speeds(t) -> Speeds:
         for _ in range(repeats):
             at = time.perf_counter()
             fn()
+            if t.device.type == "cuda":  # the GPU's work done, not only queued
+                torch.cuda.synchronize(t.device)
             times.append(time.perf_counter() - at)
         return statistics.median(times)
 
@@ -236,7 +239,7 @@ def measure_speeds(t) -> Speeds:
         _, step = verify_ratios(t, ids[0, :64].tolist(), [1], 5)
         many = output_cache(t.model(ids[:, :64], use_cache=True))
         batch = timed(lambda: t.model(ids[:, 64:], **cache_arg(t.model, copy.deepcopy(many)), use_cache=True))
-        long = torch.randint(0, t.vocab_size, (4, 128))
+        long = torch.randint(0, t.vocab_size, (4, 128)).to(t.device)
         forward = timed(lambda: t.model(long), 2)
     return Speeds(step, batch, long.numel() / forward)
 
@@ -400,6 +403,25 @@ def predicted_tau(plan: Plan, target: targets.ResolvedTarget, tokens: int) -> st
     )
 
 
+def stage_devices(device: Device) -> str:
+    """Where each stage runs and the fits' precision, in one line (the pipeline's and the quickstart's first lines):
+    generation (batched HF generation), the feature cache and the verifier on ``device``'s torch device; the fits on
+    all of its devices (DDP over more than one GPU; the acceptance head on one)."""
+    where = device.torch
+    fits = f"{where} × {device.devices} ({device.name})" if device.accelerator == "gpu" else where
+    ddp = f" (DDP over {device.devices} GPUs; the acceptance head on one)" if device.devices > 1 else ""
+    return (
+        f"generation on {where} (batched HF generation), feature cache on {where}, fits on {fits} in "
+        f"{device.precision}{ddp}, verifier on {where}"
+    )
+
+
+def device_choice(device: Device) -> None:
+    """Print the device chosen and where each stage runs (``stage_devices``)."""
+    print(f"  device {device.describe()} (--device)")
+    print(f"  stages: {stage_devices(device)}")
+
+
 def _check_out(out: Path, fingerprint: dict) -> None:
     """Refuse an output directory that holds another target's run (its ``manifest.json``)."""
     path = out / MANIFEST
@@ -419,14 +441,16 @@ def run_pipeline(
     runs: dict[str, FitRun] | None = None,
     record: dict | None = None,
     sizing: Sizing | None = None,
+    device: Device | None = None,
 ) -> Path:
     """The pipeline's stages on ``target`` (resolved once by the caller, or a model dir resolved here in the plan's
     dtype) as ``plan`` says; every stage takes the resolved target; returns the report's
     path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records;
     ``sizing``: the training prompts chosen by time once the target's speed is measured (``size_budget``) instead
-    of ``budget``'s. The libraries' logging is quieted for the run only (``quiet_libraries``)."""
+    of ``budget``'s; ``device``: where every stage runs (default: this machine's, ``core.machine.local_device``).
+    The libraries' logging is quieted for the run only (``quiet_libraries``)."""
     with quiet_libraries():
-        return _run_stages(target, plan, out, budget, fast, k, runs, record, sizing)
+        return _run_stages(target, plan, out, budget, fast, k, runs, record, sizing, device or local_device())
 
 
 @contextmanager
@@ -459,13 +483,14 @@ def _run_stages(
     k: int,
     runs: dict[str, FitRun] | None,
     record: dict | None,
-    sizing: Sizing | None = None,
+    sizing: Sizing | None,
+    device: Device,
 ) -> Path:
     progress = Progress(list(STAGES))
     progress.start("target")
     target = plan.resolved(target)
     target_dir = target.path
-    loaded = targets.load_target(target, batch_invariant=False)
+    loaded = targets.load_target(target, batch_invariant=False, device=device.torch)
     fingerprint, dtype = loaded.fingerprint, loaded.dtype
     _check_out(out, fingerprint)
     speeds = measure_speeds(loaded)
@@ -474,8 +499,10 @@ def _run_stages(
         check_families(plan, str(target), runs or {})
     print(
         f"  one decoding step {1e3 * speeds.step_s:.1f} ms; 16 sequences {1e3 * speeds.batch_step_s:.1f} ms; "
-        f"forward {speeds.forward_tokens_s:.0f} tokens/s"
+        f"forward {speeds.forward_tokens_s:.0f} tokens/s (on {device.torch})"
     )
+    if device.accelerator == "gpu":  # the estimates' factors (a fit step as 1.5-3 target forwards) are the CPU's
+        print("  sizing: the CPU's cost model over the target's speeds measured on the GPU (not calibrated there)")
     specs = [Named("ngram", NGram())]
     ks = sorted({*plan.ks, k})
     n_specs, n_blocks = len(plan.drafters) + 3 + plan.acceptance_head, len(ks) + 1  # + rasd; + --k auto
@@ -489,13 +516,13 @@ def _run_stages(
     total = sum(guess.values())
     print(f"  estimated: {', '.join(f'{n} {_duration(v)}' for n, v in guess.items())} (total {_duration(total)})")
     progress.start("generate", guess["generate"])
-    data = make_data(target, out, budget, plan)
+    data = make_data(target, out, budget, plan, device)
     store = datastore(data[0])
     progress.start("features", guess["features"] or None)
     if not plan.features:
         print("  skipped: training runs the target in each step (the cache pays on deep targets; --features true)")
     progress.start("fit", guess["fit"])
-    trained = train_all(target, data, out, budget, plan, fast, runs)
+    trained = train_all(target, data, out, budget, plan, fast, runs, device)
     progress.start("score", guess["score"])
     specs += [Named(name, Trained(str(path))) for name, path in trained.items() if not name.endswith("-head")]
     if "eagle1-head" in trained:
@@ -510,7 +537,13 @@ def _run_stages(
             rows = read_rows(json.loads((out / "score" / f"k{k}" / "report.json").read_text())["drafters"])
             fused = fused_spec(rows, specs, store)
             specs += [fused] if fused else []
-        config = ScoreConfig(plan.prompts[1], num_prompts=budget.score_prompts, k=kk, max_new_tokens=budget.new_tokens)
+        config = ScoreConfig(
+            plan.prompts[1],
+            num_prompts=budget.score_prompts,
+            k=kk,
+            max_new_tokens=budget.new_tokens,
+            device=device.torch,
+        )
         stage = {"score": [asdict(s) | {"kind": type(s.spec).__name__} for s in specs], "config": asdict(config)}
         if not is_current(path, stage):
             print(
@@ -581,6 +614,7 @@ def pipeline(
     draft_lm_layers: int | None = None,
     k: int = 4,
     fast: bool = False,
+    device: str = "auto",
 ) -> Path:
     """Train drafters for any causal LM and prove what they buy: on-policy data, the feature cache where it pays,
     each family from a recipe set chosen for the target's size, the verifier at K and ``--k auto``, the export of
@@ -613,7 +647,11 @@ def pipeline(
         k: the main table's draft length (``--k auto`` is scored too; each drafter is exported and ranked at its
             fastest measured K).
         fast: tiny budgets everywhere (smoke runs and tests).
+        device: where every stage runs: ``auto`` (a CUDA GPU when there is one: generation, the feature cache and
+            the verifier on it, the fits on every local GPU in bf16-mixed where it has bf16; else the CPU in
+            float32), ``cpu`` (forced) or ``cuda`` (refused without a GPU); ``core.machine.choose_device``.
     """
+    chosen = local_device(device)  # a device this machine cannot give: one line before any work
     spec = targets.parse_target(target, dtype)
     if num_prompts is not None and num_prompts < 1:
         raise DraftsmithError(f"--num-prompts must be positive, got {num_prompts}")
@@ -639,8 +677,9 @@ def pipeline(
         if source is not None:
             counts[source] = len(load_prompts(source, prompt_field))
     print("[choices] (each can be overridden; see draftsmith pipeline --help)")
+    device_choice(chosen)
     info = inspect_target(spec)
-    resolved = targets.resolve_target(spec, path=info.dir)  # once, for every stage
+    resolved = targets.resolve_target(spec, path=info.dir, device=chosen.torch)  # once, for every stage
     print(
         f"  target {info.dir}: {info.model_type}, {info.layers} layers, hidden {info.hidden}, vocab {info.vocab}, "
         f"{'a' if info.chat_template else 'no'} chat template"
@@ -694,4 +733,5 @@ def pipeline(
         f"  data: training prompts {size}, sampled at T 0.7 / top-p 0.9; {budget.score_prompts} held out greedy; "
         f"{budget.new_tokens} new tokens each (--num-prompts or --hours, --heldout, --max-new-tokens)"
     )
-    return run_pipeline(resolved, plan, out, budget, fast, k, runs, record={"pipeline": "local"}, sizing=sizing)
+    record = {"pipeline": "local"}
+    return run_pipeline(resolved, plan, out, budget, fast, k, runs, record=record, sizing=sizing, device=chosen)

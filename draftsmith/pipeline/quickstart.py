@@ -21,8 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from draftsmith import targets
+from draftsmith.core.machine import local_device
 from draftsmith.errors import DraftsmithError
-from draftsmith.pipeline.local import run_pipeline
+from draftsmith.pipeline.local import device_choice, run_pipeline
 from draftsmith.targets import default as default_target
 from draftsmith.train.suite import FAST, PLANS
 
@@ -49,7 +50,12 @@ def _target_dir(target: str, fast: bool) -> Path:
 
 
 def quickstart(
-    out: Path | None = None, fast: bool = False, k: int = 4, target: str = "demo", dtype: str = "auto"
+    out: Path | None = None,
+    fast: bool = False,
+    k: int = 4,
+    target: str = "demo",
+    dtype: str = "auto",
+    device: str = "auto",
 ) -> Path:
     """Build (or reuse) a built-in target, generate on-policy data, train every drafter family, score them all
     at several draft lengths, and write the comparison report with plots to ``out/report``.
@@ -64,7 +70,10 @@ def quickstart(
             step) or ``smollm2`` (SmolLM2-135M-Instruct, about an hour on 2 CPU cores).
         dtype: the dtype the target computes in everywhere (``auto``: its released one, bf16 for ``smollm2``, in
             bf16 only where this machine multiplies it natively).
+        device: where every stage runs: ``auto`` (a CUDA GPU when there is one, the fits on every local GPU; else
+            the CPU), ``cpu`` (forced) or ``cuda`` (refused without a GPU); ``draftsmith pipeline --help`` says more.
     """
+    chosen = local_device(device)  # a device this machine cannot give: one line before any work
     if target not in PLANS:
         raise DraftsmithError(
             f"quickstart: --target must be one of {', '.join(PLANS)}, got {target!r} "
@@ -74,9 +83,10 @@ def quickstart(
     out = Path(out or ("runs/quickstart" if target == "demo" else f"runs/quickstart-{target}"))
     budget = FAST if fast else plan.budget
     print(f"quickstart: the pipeline on the built-in target {target!r}")
+    device_choice(chosen)
     target_dir = _target_dir(target, fast)
-    resolved = targets.resolve_target(target, dtype, path=target_dir)  # once, for every stage
+    resolved = targets.resolve_target(target, dtype, device=chosen.torch, path=target_dir)  # once, for every stage
     if resolved.dtype != targets.checkpoint_dtype(targets.TargetSpec(str(target_dir)), target_dir):
         plan = replace(plan, dtype=resolved.dtype)
     print(f"  computing in {resolved.dtype}")
-    return run_pipeline(resolved, plan, out, budget, fast, k, record={"quickstart": target})
+    return run_pipeline(resolved, plan, out, budget, fast, k, record={"quickstart": target}, device=chosen)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftsmith.core.files import made_whole
+from draftsmith.core.machine import Device
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.families.draft_lm.module import StudentShape
 from draftsmith.train.fit import FitRun, configure, fit, fit_export
@@ -43,10 +44,16 @@ a minute more when pre-training a fresh student too)."""
 
 
 def pretrain(
-    target: str | Path, val: Path, out: Path, budget: DraftLMBudget = DraftLMBudget(), force: bool = False
+    target: str | Path,
+    val: Path,
+    out: Path,
+    budget: DraftLMBudget = DraftLMBudget(),
+    force: bool = False,
+    device: Device | None = None,
 ) -> Path:
     """Pre-train a fresh student on the corpus of ``target`` (a dir or ``DIR:DTYPE``; next-token cross-entropy);
-    returns its best checkpoint by ``val/tau_est`` on ``val`` (greedy generated data), reused unless ``force``."""
+    returns its best checkpoint by ``val/tau_est`` on ``val`` (greedy generated data), reused unless ``force``;
+    ``device``: where it trains (default: the recipe's ``auto``)."""
     from draftsmith.targets import resolve
 
     root = out / "fit" / "draft_lm_pretrain"
@@ -63,7 +70,7 @@ def pretrain(
             "batch_size": budget.pretrain_batch_size,
             "max_tokens": budget.pretrain_steps * budget.pretrain_batch_size * 128,
         },
-        trainer={"enable_model_summary": False},
+        trainer={"enable_model_summary": False} | (device.trainer() if device else {}),
     )
     stage = {"fit": configure("draft_lm_pretrain", run)}
     if is_current(root, stage) and best.is_file() and not force:
@@ -83,6 +90,7 @@ def distill(
     on_policy: float = 0.0,
     budget: DraftLMBudget = DraftLMBudget(),
     force: bool = False,
+    device: Device | None = None,
 ) -> Path:
     """Distil the student at ``init`` into the target on ``data`` (train, val) with ``loss`` and on-policy
     share λ = ``on_policy`` (``target``: a dir or ``DIR:DTYPE``); exports the best checkpoint to ``out/drafters/<name>`` (reused unless ``force``)."""
@@ -97,7 +105,7 @@ def distill(
             batch_size=budget.batch_size,
             lr=budget.lr / 3,
             model={"init": str(init), "loss": loss, "on_policy": on_policy},
-            trainer={"enable_model_summary": False},
+            trainer={"enable_model_summary": False} | (device.trainer() if device else {}),
         ),
         target,
         out / "drafters" / name,
@@ -131,15 +139,16 @@ def train_distilled_draft_lm(
     on_policy: float = 0.5,
     force: bool = False,
     init: Path | None = None,
+    device: Device | None = None,
 ) -> Path:
     """FastDraft + DistillSpec in one call: pre-train a fresh draft LM on the target's corpus (or start from
     ``init``, an LM already pre-trained on it with the target's tokenizer, e.g. the default target's sibling),
     then distil it on the target's generated ``data`` (train, val); returns the native export
     ``out/drafters/draft_lm`` (``--drafter draft_lm=<it>``). Each stage's artifact under ``out`` is reused
-    unless ``force``."""
+    unless ``force``; ``device``: where both train (default: the recipes' ``auto``)."""
     if init is None:
-        init = pretrain(target, data[1], out, budget, force)
-    return distill(target, data, init, out, "draft_lm", loss, on_policy, budget, force)
+        init = pretrain(target, data[1], out, budget, force, device)
+    return distill(target, data, init, out, "draft_lm", loss, on_policy, budget, force, device)
 
 
 def truncated_target(target_dir: Path, layers: int, out: Path) -> Path:

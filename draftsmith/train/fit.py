@@ -10,8 +10,12 @@ edge), the quickstart, the draft-LM stages, SLURM jobs, benchmarks and tests all
 from __future__ import annotations
 
 import copy
+import json
+import os
 import shutil
-from dataclasses import dataclass, field
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
@@ -139,11 +143,13 @@ def configure(recipe: str | Path | dict, run: FitRun = FitRun()) -> dict:
     return config
 
 
-def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
-    """Train the recipe's drafter with ``run`` applied; returns where its checkpoints are."""
-    from draftsmith.train.cli import fit_main
-    from draftsmith.train.guard import FiniteGuard
+IN_PROCESSES = "DRAFTSMITH_FIT_PROCESSES"
+"""Set in the processes of a fit that ``fit`` runs as its own command (``fit_in_processes``)."""
 
+
+def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
+    """Train the recipe's drafter with ``run`` applied; returns where its checkpoints are. A fit on several devices
+    (every local GPU, ``core.machine.choose_device``) runs as its own command (``fit_in_processes``)."""
     config = configure(recipe, run)
     root = Path(config["trainer"].get("default_root_dir") or ".")
     if not run.resume and root != Path("."):
@@ -152,7 +158,38 @@ def fit(recipe: str | Path | dict, run: FitRun = FitRun()) -> FitResult:
     if last is not None:
         print(f"fit {root}: resuming from {last}")
         config["ckpt_path"] = str(last)
-    cli = fit_main(config, recipe=None if isinstance(recipe, dict) else str(recipe_path(recipe)))
+    name = None if isinstance(recipe, dict) else str(recipe_path(recipe))
+    trainer = config["trainer"]
+    if (trainer.get("devices") not in (1, "1") or trainer.get("num_nodes", 1) != 1) and IN_PROCESSES not in os.environ:
+        return fit_in_processes(config, name, root)
+    return fit_config(config, name)
+
+
+def fit_in_processes(config: dict, recipe: str | None, root: Path) -> FitResult:
+    """``fit_config`` as its own command (``python -m draftsmith.train.fit``), whose Lightning launches one process per
+    device by running that command again: run in this process, Lightning would launch this process's command again
+    (the pipeline's, a benchmark's) on every other device."""
+    root.mkdir(parents=True, exist_ok=True)
+    given, result = root / "fit_config.json", root / "fit_result.json"
+    given.write_text(json.dumps({"config": config, "recipe": recipe}))
+    result.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "draftsmith.train.fit", str(given), str(result)]
+    done = subprocess.run(command, env={**os.environ, IN_PROCESSES: "1"})
+    answer = json.loads(result.read_text()) if result.is_file() else {}
+    if "error" in answer or done.returncode != 0 or not answer:
+        raise DraftsmithError(
+            answer.get("error") or f"fit {root}: its processes failed (exit {done.returncode}; their output is above)"
+        )
+    return FitResult(**{k: Path(v) if k in ("root", "best", "last") and v else v for k, v in answer.items()})
+
+
+def fit_config(config: dict, recipe: str | None = None) -> FitResult:
+    """Train a configured recipe (``configure``'s) in this process; ``recipe``: recorded in the manifest."""
+    from draftsmith.train.cli import fit_main
+    from draftsmith.train.guard import FiniteGuard
+
+    root = Path(config["trainer"].get("default_root_dir") or ".")
+    cli = fit_main(config, recipe=recipe)
     best = cli.trainer.checkpoint_callback
     if best is None or not best.best_model_path:
         raise DraftsmithError(f"fit {root}: no checkpoint was saved (does the recipe validate before it stops?)")
@@ -196,3 +233,17 @@ def fit_export(recipe: str | Path, run: FitRun, target: str | Path, out: str | P
     if not force and is_current(out, stage):
         return Path(out)
     return export_native(fit(recipe, run), target, out, stage)
+
+
+if __name__ == "__main__":  # fit_in_processes's command: CONFIG_JSON RESULT_JSON; every process of the fit runs it
+    from draftsmith.train.cli import fit_main
+
+    given = json.loads(Path(sys.argv[1]).read_text())
+    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+        fit_main(given["config"], recipe=given["recipe"])
+    else:  # rank 0 says how the fit ended, its one-line refusal included
+        try:
+            answer = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(fit_config(**given)).items()}
+        except DraftsmithError as e:
+            answer = {"error": str(e)}
+        Path(sys.argv[2]).write_text(json.dumps(answer))

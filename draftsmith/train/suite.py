@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from draftsmith.core.machine import Device, local_device
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.data import shards
 from draftsmith.data.generate import generate
@@ -114,20 +115,21 @@ PLANS = {"demo": DEMO, "default": Plan(FULL), "smollm2": SMOLLM2}
 """The built-in targets' plans."""
 
 
-def generated_once(target: Path | ResolvedTarget, path: Path, settings: dict) -> Path:
-    """Generate ``path`` with ``settings`` unless it is current (the same settings and target)."""
+def generated_once(target: Path | ResolvedTarget, path: Path, settings: dict, device: str = "auto") -> Path:
+    """Generate ``path`` with ``settings`` unless it is current (the same settings and target); ``device``: where the
+    target generates (``generate``'s; not part of the settings: it does not change what is generated)."""
     if not isinstance(target, ResolvedTarget):
         target = resolve_target(target, settings.get("dtype"), quiet=True)
     stage = {"generate": settings, "target": str(target.path)}
     if not is_current(path, stage):
         if _partial(path):  # an interrupted run: continue from its saved shards if it was made with these settings
             try:
-                generate(target, out=path, resume=True, **settings)
+                generate(target, out=path, resume=True, device=device, **settings)
             except DraftsmithError as e:
                 print(f"  not resuming {path}: {e}")
-                generate(target, out=path, overwrite=True, **settings)
+                generate(target, out=path, overwrite=True, device=device, **settings)
         else:
-            generate(target, out=path, overwrite=True, **settings)
+            generate(target, out=path, overwrite=True, device=device, **settings)
         write_manifest(path, target=shards.read_metadata(path)["target"], stage=stage)
     return path
 
@@ -139,10 +141,15 @@ def _partial(path: Path) -> bool:
 
 
 def make_data(
-    target: Path | ResolvedTarget, out: Path, budget: Budget, plan: Plan = PLANS["default"]
+    target: Path | ResolvedTarget,
+    out: Path,
+    budget: Budget,
+    plan: Plan = PLANS["default"],
+    device: Device | None = None,
 ) -> tuple[Path, Path]:
-    """Sampled training data on built-in prompts, greedy validation data on the held-out scoring prompts."""
-    target = plan.resolved(target)
+    """Sampled training data on built-in prompts, greedy validation data on the held-out scoring prompts, generated
+    on ``device`` (default: this machine's, ``core.machine.local_device``)."""
+    target, device = plan.resolved(target), device or local_device()
     sampled = {"temperature": plan.temperature} | ({"top_p": plan.top_p} if plan.top_p < 1 else {})
     runs = {
         "train": {"prompts": plan.prompts[0], **sampled, "num_prompts": budget.train_prompts},
@@ -150,17 +157,24 @@ def make_data(
     }
     runs = {name: settings | _dtype(plan) for name, settings in runs.items()}
     return tuple(
-        generated_once(target, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens})
+        generated_once(target, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens}, device.torch)
         for name, settings in runs.items()
     )
 
 
-def make_head_data(target: Path | ResolvedTarget, out: Path, budget: Budget, plan: Plan = PLANS["default"]) -> Path:
+def make_head_data(
+    target: Path | ResolvedTarget,
+    out: Path,
+    budget: Budget,
+    plan: Plan = PLANS["default"],
+    device: Device | None = None,
+) -> Path:
     """Greedy continuations of built-in training prompts (``data/head``) for the acceptance head: greedy
     verification runs along the target's greedy text, so that is the text whose acceptances it must predict."""
     settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts} | _dtype(plan)
+    device = (device or local_device()).torch
     return generated_once(
-        plan.resolved(target), out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens}
+        plan.resolved(target), out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens}, device
     )
 
 
@@ -189,11 +203,13 @@ def train_drafter(
     features: Path | None = None,
     run: FitRun | None = None,
     target: str | None = None,
+    device: Device | None = None,
 ) -> Path:
     """Fit ``recipe`` (its steps scaled by ``budget``) on ``data`` (train, val) and export its best checkpoint by
     ``val/tau_est`` to ``out/drafters/<name>`` (default: the recipe's name); an export of the same resolved config is
     reused unless ``force``. ``features``: a feature cache of the training data to train from; ``run``: further settings;
-    ``target``: the target spec to train against (default: ``target_dir`` in its checkpoint's dtype)."""
+    ``target``: the target spec to train against (default: ``target_dir`` in its checkpoint's dtype); ``device``: where
+    it trains (default: the recipe's ``auto``, this machine's)."""
     name, run, target = name or Path(recipe).stem, run or FitRun(), target or str(target_dir)
     steps = run.steps or recipe_steps(recipe, budget)
     return fit_export(
@@ -209,7 +225,7 @@ def train_drafter(
             lr=run.lr,
             model=run.model,
             data=run.data,
-            trainer={"enable_model_summary": False} | run.trainer,
+            trainer={"enable_model_summary": False} | (device.trainer() if device else {}) | run.trainer,
         ),
         target,
         out / "drafters" / name,
@@ -218,7 +234,7 @@ def train_drafter(
 
 
 def train_acceptance_head(
-    target: str | Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget
+    target: str | Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget, device: Device | None = None
 ) -> Path:
     """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``), trained on ``data`` (train,
     val); reused when current.
@@ -233,7 +249,7 @@ def train_acceptance_head(
     stage = {"acceptance_head": str(drafter), "target": str(target), "data": data, "steps": steps}
     if is_current(export, stage):
         return export
-    path, _ = train_head(str(target), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps)
+    path, _ = train_head(str(target), str(drafter), str(data[0]), str(data[1]), export, max_steps=steps, device=device)
     write_manifest(path, stage=stage)
     return path
 
@@ -246,10 +262,12 @@ def train_all(
     plan: Plan,
     fast: bool = False,
     runs: dict[str, FitRun] | None = None,
+    device: Device | None = None,
 ) -> dict[str, Path]:
     """Train every family of ``plan`` (each reused when exported already); returns name -> native dir,
-    the acceptance head as ``eagle1-head``. ``runs``: per family, settings on top of its recipe."""
-    trained, features, runs = {}, None, runs or {}
+    the acceptance head as ``eagle1-head``. ``runs``: per family, settings on top of its recipe; ``device``: where
+    the feature cache and every fit run (default: this machine's, ``core.machine.local_device``)."""
+    trained, features, runs, device = {}, None, runs or {}, device or local_device()
     target = plan.resolved(target)
     if plan.features:
         from draftsmith.data.feature_cache import cache_features
@@ -257,7 +275,8 @@ def train_all(
 
         layers = json.loads((target.path / "config.json").read_text())["num_hidden_layers"]
         print("  the target's hidden states over the training data (feature cache)")
-        features = cache_features(str(target.path), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+        layers = list(default_feature_layers(layers, 3))
+        features = cache_features(str(target.path), data[0], layers, overwrite=True, device=device.torch)
     for name in plan.drafters:
         recipe = plan.recipe(name)
         print(f"  {name} ({recipe_steps(recipe, budget)} steps, recipe {recipe})")
@@ -271,17 +290,20 @@ def train_all(
             features=features,
             run=runs.get(name),
             target=str(target),
+            device=device,
         )
     if plan.draft_lm:
-        trained["draft_lm"] = _draft_lm(target, data, out, plan, fast)
+        trained["draft_lm"] = _draft_lm(target, data, out, plan, fast, device)
     if plan.acceptance_head:
         print("  eagle1 acceptance head (SpecDec++)")
-        head_data = (make_head_data(target, out, budget, plan), data[1])
-        trained["eagle1-head"] = train_acceptance_head(str(target), trained["eagle1"], head_data, out, budget)
+        head_data = (make_head_data(target, out, budget, plan, device), data[1])
+        trained["eagle1-head"] = train_acceptance_head(str(target), trained["eagle1"], head_data, out, budget, device)
     return trained
 
 
-def _draft_lm(target: ResolvedTarget, data: tuple[Path, Path], out: Path, plan: Plan, fast: bool) -> Path:
+def _draft_lm(
+    target: ResolvedTarget, data: tuple[Path, Path], out: Path, plan: Plan, fast: bool, device: Device
+) -> Path:
     """The distilled draft LM of ``plan`` (``drafters/draft_lm``), from the target's first layers, its sibling or a
     student pre-trained on the corpus."""
     target_dir = target.path
@@ -293,4 +315,4 @@ def _draft_lm(target: ResolvedTarget, data: tuple[Path, Path], out: Path, plan: 
         what = "the target's sibling, pre-trained on its corpus" if init else "a student pre-trained on the corpus"
     print(f"  draft_lm (DistillSpec on-policy distillation of {what})")
     lm_budget = draft_lm.FAST if fast else draft_lm.QUICK
-    return draft_lm.train_distilled_draft_lm(str(target), data, out, lm_budget, init=init)
+    return draft_lm.train_distilled_draft_lm(str(target), data, out, lm_budget, init=init, device=device)

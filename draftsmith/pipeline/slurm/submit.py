@@ -284,6 +284,7 @@ def pipeline(
     ]
     # "$CKPT" stays unquoted by shlex: the step script sets it to the fit stage's newest last.ckpt
     score_args = ["score", f"--target={shlex.quote(target)}", '--drafter=drafter="$CKPT"']
+    score_args += ["--device=cuda"] if r.gpus_per_node else []  # the step's GPU (--score-set device=... wins)
     score = command([f"--out={run_dir / 'score'}", *_flags(score_set, "score-set")])
     export_args = [f"--to={export_to}", f"--out={run_dir / 'export' / export_to}", f"--target={target}", "--overwrite"]
     if "score" in stages:  # the model card carries the verifier's scores
