@@ -43,6 +43,7 @@ COMMANDS: dict = {
     "export": "draftsmith.export.registry:export",
     "s2d": {"export": "draftsmith.families.sorted_draft_lm.module:export_subnetwork"},
     "import": "draftsmith.export.imports:import_drafter",
+    "doctor": "draftsmith.pipeline.doctor:doctor",
     "pipeline": "draftsmith.pipeline.local:pipeline",
     "quickstart": "draftsmith.pipeline.quickstart:quickstart",
     "slurm": {
@@ -110,6 +111,7 @@ POSITIONAL = {
     "slurm status": "--run_dir",
     "export": "--src",
     "import": "--src",
+    "doctor": "--src",
 }
 """Subcommands whose leading bare arguments fill a flag: ``draftsmith report RUN_DIR...``."""
 ALIASES = {"slurm": {"--config": "--recipes", "--set": "--fit_set"}}
