@@ -32,6 +32,7 @@ from draftsmith.families.eagle.network import borrowed_shape
 from draftsmith.families.hydra.network import HydraConfig, HydraDrafter, PrefixLayer
 from draftsmith.families.medusa.network import ResidualBlock
 from draftsmith.families.registry import register
+from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.tree_draft import FeatureState
 
 
@@ -165,7 +166,7 @@ class CloverModel(DrafterNetwork):
         b, t, _ = features.shape
         device = features.device
         causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, T, T): key <= anchor
-        mask = causal if valid is None else causal & valid[:, None, None, :].bool()
+        mask = causal if valid is None else sees_itself(causal & valid[:, None, None, :].bool())
         positions = torch.arange(t, device=device).expand(b, t)
         hidden = self.augment(features, positions, None, None, mask)[0]
         keys, values = self.decoder.memory(hidden, positions)

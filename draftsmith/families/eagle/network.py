@@ -43,6 +43,7 @@ from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
+from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
 ROPE_THETA = 10000.0
@@ -351,7 +352,8 @@ def ttt_mask(t: int, step: int, valid: torch.Tensor | None, device) -> torch.Ten
     """Attention mask of TTT step ``step`` over keys of steps 0..step: (B or 1, 1, T, (step+1)T) bool.
 
     Step-0 keys are causal (anchor <= query anchor) and valid; keys of steps >= 1
-    are visible only on the query's own anchor (its own chain of drafts).
+    are visible only on the query's own anchor (its own chain of drafts). A query of a row with no real token sees
+    its own key of this step (``layers.attention.sees_itself``).
     """
     idx = torch.arange(t, device=device)
     causal = idx[None, :] <= idx[:, None]  # (T, T)
@@ -359,7 +361,7 @@ def ttt_mask(t: int, step: int, valid: torch.Tensor | None, device) -> torch.Ten
     mask = torch.cat([causal] + [diag] * step, dim=1)[None, None]  # (1, 1, T, (step+1)T)
     if valid is not None:
         keys_valid = torch.cat([valid] * (step + 1), dim=1)[:, None, None, :].bool()  # (B, 1, 1, (step+1)T)
-        mask = mask & keys_valid
+        mask = sees_itself(mask & keys_valid)
     return mask
 
 

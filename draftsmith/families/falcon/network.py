@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import Eagle1Config, EagleConfig, EagleDrafter, EagleModel
 from draftsmith.families.registry import register
+from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.tree_draft import FeatureState
 
 
@@ -63,15 +64,15 @@ def block_mask(length: int, block: int, alignment: int, step: int, valid: torch.
     """Attention mask of pass ``step`` over the keys of passes 0..step: (B or 1, 1, L, (step+1)L) bool.
 
     Row r is in block (r + alignment) // block. Pass-0 keys are block-causal (a row sees its whole block and
-    every earlier one); keys of passes >= 1 only within the query's own block (its own round's drafted blocks).
-    ``block = 1`` is EAGLE's ``ttt_mask``.
+    every earlier one); keys of passes >= 1 only within the query's own block (its own round's drafted blocks). A row
+    of a sequence with no real token sees its own key of this pass. ``block = 1`` is EAGLE's ``ttt_mask``.
     """
     idx = (torch.arange(length, device=device) + alignment) // block
     causal = idx[None, :] <= idx[:, None]  # (L, L)
     same = idx[None, :] == idx[:, None]
     mask = torch.cat([causal] + [same] * step, dim=1)[None, None]  # (1, 1, L, (step+1)L)
     if valid is not None:
-        mask = mask & torch.cat([valid] * (step + 1), dim=1)[:, None, None, :].bool()
+        mask = sees_itself(mask & torch.cat([valid] * (step + 1), dim=1)[:, None, None, :].bool())
     return mask
 
 

@@ -26,6 +26,7 @@ from draftsmith.core.target import TargetOutput
 from draftsmith.families.eagle.network import EagleAttention, EagleConfig, borrowed_shape
 from draftsmith.families.medusa.network import ResidualBlock
 from draftsmith.families.registry import register
+from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
 
@@ -129,7 +130,7 @@ class HydraModel(DrafterNetwork):
         b, t, _ = features.shape
         mask = torch.ones(t, t, dtype=torch.bool, device=features.device).tril()[None, None]
         if valid is not None:
-            mask = mask & valid[:, None, None, :].bool()
+            mask = sees_itself(mask & valid[:, None, None, :].bool())
         positions = torch.arange(t, device=features.device).expand(b, t)
         return self.prefix(features, positions, None, None, mask)[0]
 
