@@ -71,6 +71,7 @@ PLACEHOLDERS = {
 
 BUDGET = {
     "score": ["--num-prompts", "2", "--max-new-tokens", "16"],
+    "doctor": ["--num-prompts", "2", "--max-new-tokens", "16"],
     "fit": ["--trainer.max_steps=2", "--trainer.val_check_interval=2"],
     "slurm pipeline": ["--dry-run"],
 }
@@ -163,14 +164,14 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason():
 
 
 def test_bring_your_own_drafter_runs_as_written(checkout):
-    """import -> score -> fit from the imported drafter, as the README says; the import records the dtype
+    """import -> score -> fit from the imported drafter -> doctor, as the README says; the import records the dtype
     ``--target smollm2`` computes in, which the score and the fit then use (before the fix: float32 always, and
     the score stopped with 'made with target ... in float32 but is used with it in bfloat16' on a bf16 CPU)."""
     from draftsmith.core.native import read
     from draftsmith.targets import parse_target, target_dtype
 
     commands = section_commands("Bring your own drafter")
-    assert [c.split()[1] for c in commands] == ["import", "score", "fit"]
+    assert [c.split()[1] for c in commands] == ["import", "score", "fit", "doctor"]
     for command in commands:
         run(shlex.split(command), {"SPECULATORS_OR_SGLANG_OR_VLLM_DIR": "their-eagle3"})
     work = checkout["work"]
@@ -183,6 +184,8 @@ def test_bring_your_own_drafter_runs_as_written(checkout):
     assert checkpoints, "fit saved no checkpoint"
     _, fitted = read(checkpoints[-1])
     assert torch.equal(fitted["d2t"], imported["d2t"])  # it went on from the imported drafter's draft vocabulary
+    doctored = json.loads((work / "runs" / "doctor" / "doctor.json").read_text())
+    assert doctored["checks"][0] == {**doctored["checks"][0], "name": "identity", "status": "pass"}
 
 
 FORMAT_DRAFTER = {"hf": "draft_lm"}
