@@ -178,3 +178,16 @@ def test_a_peer_export_is_imported_on_the_fly_and_checked_the_same(case, tmp_pat
     assert report["source"] == "imported from the speculators layout"
     assert checks(report)["feature layers"]["status"] == PASS
     assert "FAIL" not in out and "PASS    feature layers" in out
+
+
+def test_a_peer_checkpoint_the_importer_refuses_for_another_target_fails_identity(case, tmp_path):
+    from draftsmith.export.registry import export
+
+    other = tmp_path / "deeper"
+    make_llama(seed=0, layers=2).save_pretrained(other)
+    make_tokenizer().save_pretrained(other)
+    peer = tmp_path / "speculators"
+    export(case["root"] / "healthy", "speculators", peer, target=str(case["root"] / "target"))
+    found = checks(run(case, peer, target=other))
+    assert found["identity"]["status"] == FAIL and "another target" in found["identity"]["finding"]
+    assert all(c["status"] == NOT_RUN for name, c in found.items() if name != "identity")
