@@ -204,6 +204,7 @@ def _parser_class():
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    argv = argv or ["--help"]  # no subcommand: the table of them (jsonargparse's error listed five, then "...")
     try:
         if argv and argv[0] == "fit":
             from draftsmith.train.cli import fit_main

@@ -98,7 +98,7 @@ def test_a_gpu_style_deferred_check_stops_at_the_next_check_naming_the_faulty_st
     before any checkpoint is written; the faulty step's update is not applied (its gradients are zeroed on the
     device), and the line names that step."""
     config = poisoned(from_step=4)
-    guard = {"class_path": "draftsmith.train.guard.FiniteGuard", "init_args": {"every": 8}}
+    guard = {"class_path": "draftsmith.layers.guard.FiniteGuard", "init_args": {"every": 8}}
     config["trainer"]["callbacks"] = [*CALLBACKS, guard]  # the fit's own checkpoints, and the guard as on a GPU
     with pytest.raises(DraftsmithError) as e:
         fit(config, run(setup, tmp_path / "fit"))

@@ -19,7 +19,7 @@ from draftsmith.core.native import describe
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
-from draftsmith.train.guard import FiniteGuard
+from draftsmith.layers.guard import FiniteGuard
 
 TOPK = 10
 """Ranks whose held-out accuracy validation records, per depth (for static trees)."""
@@ -180,7 +180,7 @@ class DrafterModule(L.LightningModule):
     """The last training step's loss terms (detached), which ``FiniteGuard`` names when one turns non-finite."""
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """``FiniteGuard`` (``train/guard.py``) on every fit, unless the trainer has one: a non-finite loss or gradient
+        """``FiniteGuard`` (``layers/guard.py``) on every fit, unless the trainer has one: a non-finite loss or gradient
         stops the fit before it is applied, and a drafter that does not learn is said so."""
         return [] if any(isinstance(c, FiniteGuard) for c in self.trainer.callbacks) else [FiniteGuard()]
 

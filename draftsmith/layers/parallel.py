@@ -143,13 +143,3 @@ class DepthLogits:
 
     anchors: torch.Tensor
     logits: torch.Tensor
-
-
-def __getattr__(name: str) -> Any:
-    """``ParallelModule``, imported on first use: it is a LightningModule, and importing Lightning (about 2 s) is
-    no business of the networks that import this module to draft."""
-    if name == "ParallelModule":
-        from draftsmith.layers.parallel_module import ParallelModule
-
-        return ParallelModule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -185,8 +185,8 @@ def fit_in_processes(config: dict, recipe: str | None, root: Path) -> FitResult:
 
 def fit_config(config: dict, recipe: str | None = None) -> FitResult:
     """Train a configured recipe (``configure``'s) in this process; ``recipe``: recorded in the manifest."""
+    from draftsmith.layers.guard import FiniteGuard
     from draftsmith.train.cli import fit_main
-    from draftsmith.train.guard import FiniteGuard
 
     root = Path(config["trainer"].get("default_root_dir") or ".")
     cli = fit_main(config, recipe=recipe)

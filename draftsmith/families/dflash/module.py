@@ -15,7 +15,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
 from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.layers.module import EstimateConfig, OptimConfig, read_init
-from draftsmith.layers.parallel import DepthLogits, ParallelModule
+from draftsmith.layers.parallel import DepthLogits
+from draftsmith.layers.parallel_module import ParallelModule
 
 EVAL_CHUNK = 64
 """Anchors per forward in validation (each adds a block of depth + 1 queries)."""

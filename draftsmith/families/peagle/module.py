@@ -13,7 +13,8 @@ from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import EagleConfig
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init
-from draftsmith.layers.parallel import DepthLogits, ParallelModule, parallel_layout, split_depths
+from draftsmith.layers.parallel import DepthLogits, parallel_layout, split_depths
+from draftsmith.layers.parallel_module import ParallelModule
 
 
 class PEagleModule(ParallelModule, EagleModule):
