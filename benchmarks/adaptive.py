@@ -27,8 +27,8 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.metrics import drafter_metrics, plain_metrics
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode.metrics import drafter_metrics, plain_metrics
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.acceptance_head.network import load_adaptive
 from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
 from draftsmith.families.specs import load_drafter

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, compiled_forward
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export.registry import write_export
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter

@@ -35,9 +35,9 @@ from draftsmith.core.files import write_whole
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.metrics import drafter_metrics, plain_metrics
+from draftsmith.decode.metrics import drafter_metrics, plain_metrics
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.eval.score import choose_shapes, divergences, verify_ratios
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.specs import Named, Trained, build_drafter, parse_spec
 from draftsmith.targets import resolve
 

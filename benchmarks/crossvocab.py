@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from draftsmith.core.sampling import Sampling
 from draftsmith.data import shards
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.verifier import SpeculativeDecoder
+from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
 from draftsmith.targets import load_target, resolve
 from draftsmith.train.crossvocab import distill_across_vocab

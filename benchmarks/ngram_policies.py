@@ -23,7 +23,7 @@ from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.verifier import SpeculativeDecoder
+from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.families.ngram.drafter import NGramDrafter, NGramState, continuation
 from draftsmith.targets import resolve
 

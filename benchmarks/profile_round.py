@@ -32,14 +32,14 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.verifier import SpeculativeDecoder
+from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import resolve
 
-VERIFIER = "draftsmith/eval/verifier.py"
+VERIFIER = "draftsmith/decode/verifier.py"
 
 
 def drafters(target: str, target_dir: Path, k: int) -> dict:

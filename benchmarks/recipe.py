@@ -47,7 +47,7 @@ from draftsmith.core.machine import native_bf16
 from draftsmith.core.manifest import file_sha256
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.eval.metrics import tau_gain
+from draftsmith.decode.metrics import tau_gain
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import AUTO_K, score_drafters
 from draftsmith.families.specs import NGram, Trained, build_drafter

@@ -24,7 +24,7 @@ from common import machine, measured_on, write
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.eval.verifier import plain_decode
+from draftsmith.decode.verifier import plain_decode
 from draftsmith.targets import resolve
 
 PARTS = ("attention projections", "attention core", "MLP Linears", "MLP rest", "norms", "LM head", "rest of the step")

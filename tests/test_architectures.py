@@ -17,8 +17,8 @@ from draftsmith.core import trees
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.eagle.network import EagleConfig, EagleModel
 from draftsmith.families.hydra.network import HydraConfig, HydraModel

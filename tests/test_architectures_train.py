@@ -25,8 +25,8 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.data.generate import generate
-from draftsmith.eval.metrics import drafter_metrics
-from draftsmith.eval.verifier import DecodeResult, SpeculativeDecoder
+from draftsmith.decode.metrics import drafter_metrics
+from draftsmith.decode.verifier import DecodeResult, SpeculativeDecoder
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.hydra.module import HydraModule
 from draftsmith.families.medusa.module import MedusaModule

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftsmith.errors import DraftsmithError
-from draftsmith.eval.auto_k import (
+from draftsmith.decode.auto_k import (
     Shape,
     chain_tau,
     choose_chain_k,
@@ -14,6 +13,7 @@ from draftsmith.eval.auto_k import (
     tree_tau,
     unconditional_acceptance,
 )
+from draftsmith.errors import DraftsmithError
 from draftsmith.layers.tree_draft import static_tree
 
 FLAT = {1: 1.0}  # verifying any number of tokens costs one decode step

@@ -14,8 +14,8 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.data.prompts import load_prompts
+from draftsmith.decode.verifier import SpeculativeDecoder, check_compatible
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.ngram.drafter import NGramDrafter

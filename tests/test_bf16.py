@@ -21,11 +21,11 @@ from draftsmith.core.draft import DecodeResult
 from draftsmith.core.numerics import INVARIANT_ATTENTION, invariant_attention, is_batch_invariant, make_batch_invariant
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import ALLOW_DTYPE_MISMATCH, Target, check_fingerprint, rollback
+from draftsmith.decode import auto_k
+from draftsmith.decode import verifier as verifier_module
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import auto_k
-from draftsmith.eval import verifier as verifier_module
 from draftsmith.eval.score import divergences, score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.layers.tree_draft import TreeKind, TreePolicy

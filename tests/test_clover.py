@@ -20,9 +20,9 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.data.generate import generate
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.clover.module import CloverModule
 from draftsmith.families.clover.network import CloverConfig, CloverModel
 from draftsmith.families.registry import load_trained

@@ -16,10 +16,10 @@ from transformers import PreTrainedTokenizerFast
 
 from draftsmith.core.sampling import Sampling, one_hot
 from draftsmith.core.target import Target
+from draftsmith.decode import verifier as verifier_module
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import verifier as verifier_module
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
 from draftsmith.families.specs import load_drafter
 

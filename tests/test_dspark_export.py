@@ -25,8 +25,8 @@ from test_peers import agree as logits_agree
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export import peer_check
 from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import write_export

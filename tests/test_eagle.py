@@ -16,9 +16,9 @@ from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleModel, ttt_mask
 from draftsmith.families.registry import load_network

@@ -17,8 +17,8 @@ from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export.registry import export
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleModel

@@ -21,8 +21,8 @@ from draftsmith.cli import main
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import SpeculativeDecoder
 from draftsmith.export import eagle_layout
 from draftsmith.export.registry import export
 from draftsmith.families.eagle.module import default_feature_layers

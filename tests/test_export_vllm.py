@@ -25,7 +25,7 @@ from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
-from draftsmith.eval.verifier import plain_decode
+from draftsmith.decode.verifier import plain_decode
 from draftsmith.export import vllm_check
 from draftsmith.export.registry import export, write_export
 from draftsmith.families.dflash.module import DFlashModule

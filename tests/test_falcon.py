@@ -19,9 +19,9 @@ from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.eagle.network import EagleConfig, EagleModel, ttt_mask
 from draftsmith.families.falcon.module import FalconModule
 from draftsmith.families.falcon.network import FalconConfig, FalconModel, block_mask

@@ -21,8 +21,8 @@ from draftsmith.data.feature_cache import data_identity
 from draftsmith.data.generate import check_dataset_target, generate, is_greedy, load_generated
 from draftsmith.data.prompts import Prompt, encode
 from draftsmith.data.shards import snapshot
+from draftsmith.decode.verifier import plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import plain_decode
 
 EOS = VOCAB - 2
 CONTEXT = 64

@@ -15,7 +15,7 @@ from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution, s
 from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
 

@@ -12,8 +12,8 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.trees import TreeKind
 from draftsmith.data.checks import passes
 from draftsmith.data.records import Prompt
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.judge import JudgeHead, load_judge, save_judge
 from draftsmith.families.specs import DraftModel, build_drafter
 from draftsmith.train.judge import JudgeConfig, fit_head, make_labels

@@ -13,8 +13,8 @@ from draftsmith.core.draft import Draft
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.kangaroo.module import KangarooModule
 from draftsmith.families.kangaroo.network import KangarooConfig, KangarooModel
 from draftsmith.families.registry import load_trained

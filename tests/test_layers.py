@@ -1,6 +1,6 @@
 """The layer order of DESIGN.md, read from the package's imports (lazy ones inside functions included):
 
-    cli  <-  pipeline  <-  data · train · eval · export  <-  families  <-  layers  <-  targets  <-  core
+    cli  <-  pipeline  <-  data · train · eval · export  <-  families  <-  decode  <-  layers  <-  targets  <-  core
 
 No package imports one of a higher layer, no package cycle, no circle of files, no import of another
 module's private name nor use of one as a module's attribute (``plots._save``); benchmarks use only the public
@@ -22,13 +22,14 @@ RANK = {
     "core": 0,
     "targets": 1,
     "layers": 2,
-    "families": 3,
-    "data": 4,
-    "train": 4,
-    "eval": 4,
-    "export": 4,
-    "pipeline": 5,
-    "cli": 6,
+    "decode": 3,
+    "families": 4,
+    "data": 5,
+    "train": 5,
+    "eval": 5,
+    "export": 5,
+    "pipeline": 6,
+    "cli": 7,
 }
 
 

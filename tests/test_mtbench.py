@@ -11,8 +11,8 @@ import pytest
 from draftsmith.core.draft import DecodeResult
 from draftsmith.data import mtbench
 from draftsmith.data.prompts import load_prompts
+from draftsmith.decode.metrics import by_category
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.metrics import by_category
 
 CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 

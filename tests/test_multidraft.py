@@ -25,9 +25,9 @@ from draftsmith.core import sampling as sampling_module
 from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling, draw_candidates, spectr_rho, verify_kseq
 from draftsmith.core.trees import TreeKind, VerifyRule
+from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder
 from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.layers import tree_draft
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
@@ -333,7 +333,7 @@ def test_draft_lm_multi_draft_sampling_is_distributed_as_the_target(small_pair, 
 
 
 def test_draft_lm_dynamic_trees_keep_greedy_exact(target, tokenizer, prompts):
-    from draftsmith.eval.verifier import plain_decode
+    from draftsmith.decode.verifier import plain_decode
     from draftsmith.families.draft_lm.network import DraftLM
 
     drafter = DraftLM(target.model, tokenizer)  # the target drafting for itself: its argmax is always a root child

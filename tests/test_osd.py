@@ -10,8 +10,8 @@ from conftest import VOCAB, make_llama
 
 from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
+from draftsmith.decode.verifier import DecodeResult
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import DecodeResult
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
 

@@ -19,9 +19,9 @@ from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.dflash.module import DFlashModule
 from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
 from draftsmith.families.eagle.network import EagleConfig

@@ -18,9 +18,9 @@ from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.generate import generate
 from draftsmith.data.shards import load_generated
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.rasd import choose_nodes
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.rasd import drafter as rasd

@@ -15,10 +15,10 @@ from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.shards import load_generated
+from draftsmith.decode.verifier import plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import rasd as eval_rasd
 from draftsmith.eval import score
-from draftsmith.eval.verifier import plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.rasd.drafter import RasdDrafter
 from draftsmith.families.specs import load_drafter

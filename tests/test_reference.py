@@ -14,8 +14,8 @@ from test_architectures import ARCHITECTURES, LLAMA_LIKE, PROMPTS, build, hf_gen
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.decode.verifier import plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.verifier import plain_decode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,12 +18,12 @@ from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
+from draftsmith.decode.auto_k import chain_tau
+from draftsmith.decode.metrics import drafter_metrics
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.auto_k import chain_tau
-from draftsmith.eval.metrics import drafter_metrics
 from draftsmith.eval.s2d import pick_exit
 from draftsmith.eval.score import score_drafters
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.registry import load_trained
 from draftsmith.families.sorted_draft_lm.module import export_subnetwork, pair_losses, sorted_loss
 from draftsmith.families.sorted_draft_lm.network import SortedDraftLM, SortedDraftLMConfig, SortedDraftLMNetwork

@@ -65,7 +65,7 @@ def test_metrics_count_tokens_and_calls_consistently(target, tokenizer, prompts)
 
 
 def test_tau_gain_tells_a_gain_on_every_prompt_from_the_spread_between_prompts():
-    from draftsmith.eval.metrics import tau_gain
+    from draftsmith.decode.metrics import tau_gain
 
     base = [(a, 10) for a in (2, 8, 4, 12, 6, 10, 3, 9)]  # τ 1.2 to 2.2: prompts differ a lot
     lifted = [(a + 2, r) for a, r in base]  # +0.2 τ on every prompt
@@ -111,7 +111,7 @@ def test_ideal_speedup_costs_verification_at_the_measured_ratio(target, tokenize
 
 
 def test_verify_ratio_interpolates_between_measured_token_counts():
-    from draftsmith.eval.metrics import interpolate_ratio
+    from draftsmith.decode.metrics import interpolate_ratio
 
     ratios = {1: 1.0, 5: 2.0, 17: 2.6}
     assert interpolate_ratio(ratios, 3) == pytest.approx(1.5)
@@ -210,8 +210,8 @@ def test_k_auto_profiles_acceptance_on_the_first_held_out_prompts_not_one(target
     """``--k auto``'s acceptance profile (for a drafter without a recorded one) comes from decodes of the first
     ``CALIBRATION_PROMPTS`` prompts: one prompt whose drafts were all accepted sent the quickstart's draft LM to K = 8
     (τ 9.00 predicted there, 2.51 measured over ten prompts)."""
+    from draftsmith.decode.verifier import SpeculativeDecoder
     from draftsmith.eval import score
-    from draftsmith.eval.verifier import SpeculativeDecoder
 
     calibrated, generate = [], SpeculativeDecoder.generate
 

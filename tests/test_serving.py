@@ -18,7 +18,7 @@ from conftest import VOCAB, make_llama, make_tokenizer
 from draftsmith.cli import main
 from draftsmith.core.native import save_native
 from draftsmith.core.target import Target
-from draftsmith.eval.auto_k import Shape
+from draftsmith.decode.auto_k import Shape
 from draftsmith.eval.compare import report
 from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts
 from draftsmith.export.registry import write_export

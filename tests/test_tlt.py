@@ -18,7 +18,7 @@ from draftsmith.cli import main
 from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.eval.verifier import plain_decode
+from draftsmith.decode.verifier import plain_decode
 from draftsmith.families.registry import load_trained
 from draftsmith.train import tlt_drafter
 from draftsmith.train.tlt import RolloutConfig, TLTConfig, roll_out, run_tlt
@@ -247,7 +247,7 @@ def test_tlt_command_logs_every_step_and_saves_a_drafter_for_the_trained_target(
     trained = Target.from_pretrained(out / "target")
     drafter = load_trained(out / "drafter", trained)  # refused for another target: the fingerprint matches
     prompt = char_tokenizer()("12+34=", add_special_tokens=False)["input_ids"]
-    from draftsmith.eval.verifier import SpeculativeDecoder
+    from draftsmith.decode.verifier import SpeculativeDecoder
 
     spec = SpeculativeDecoder(trained, drafter, 3, Sampling()).generate(prompt, 12)
     assert spec.tokens == plain_decode(trained, prompt, 12, Sampling()).tokens

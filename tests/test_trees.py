@@ -11,7 +11,7 @@ from draftsmith.core import trees
 from draftsmith.core.draft import Draft, Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.ngram.drafter import NGramDrafter
 
 PARENTS = torch.tensor([-1, -1, 0, 0, 2])  # two root children; node 0 has two children; node 2 one

@@ -10,8 +10,8 @@ from scipy import stats
 from draftsmith.core.sampling import Sampling, probs, residual, verify_chain_sampling
 from draftsmith.core.target import Target, rollback
 from draftsmith.core.trees import VerifyRule
-from draftsmith.eval import verifier as verifier_module
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode import verifier as verifier_module
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
 

@@ -1,1 +1,1 @@
-"""The verifier: speculative decoding that scores drafters."""
+"""Scoring drafters by real speculative decoding (``decode``) beside plain decoding, and their reports."""

@@ -16,7 +16,7 @@ import torch
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, identity_diff
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.eagle.network import EagleModel
 from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
 

@@ -4,7 +4,7 @@ Unlike a chain's τ(K), which ``auto_k`` predicts from a per-position acceptance
 round depends on the text (what repeats), so it is measured: one calibration decode of a prompt per candidate budget
 n (0: the drafter alone) gives τ(n), the tokens verified per round m(n) and the drafter's time per round, retrieval
 included, as C(n) decode steps. The predicted speedup is S(n) = τ(n) / (r(m(n)) + C(n)), r read from the measured
-verification ratios (``eval.metrics.interpolate_ratio``), and the n of highest S wins (ties: the smaller).
+verification ratios (``decode.metrics.interpolate_ratio``), and the n of highest S wins (ties: the smaller).
 
 Retrieval drafts no deeper than the round's K, so a model drafter that pays alone at a small K may pay fused at a
 larger one: ``choose_fused`` measures the budgets at several depths and keeps the (K, n) of highest S.
@@ -19,9 +19,9 @@ import torch
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.decode.metrics import interpolate_ratio
+from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.metrics import interpolate_ratio
-from draftsmith.eval.verifier import SpeculativeDecoder
 from draftsmith.families.rasd.drafter import RasdDrafter
 
 BUDGETS = (0, 2, 4, 8, 16, 32)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from draftsmith.core.trees import VerifyRule
-from draftsmith.eval.auto_k import Shape
-from draftsmith.eval.metrics import DrafterMetrics, PlainMetrics
+from draftsmith.decode.auto_k import Shape
+from draftsmith.decode.metrics import DrafterMetrics, PlainMetrics
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """S2D's sub-network choice in ``score``: each sorted draft LM drafts with the sub-network of highest predicted speed
-on the target being scored, chosen by the cost model ``--k auto`` picks K with (``eval.auto_k``).
+on the target being scored, chosen by the cost model ``--k auto`` picks K with (``decode.auto_k``).
 
 Sub-network n is a draft LM of its own: its acceptance a_n per position and its cost c_n (its time per drafted token
 / one plain decode step of the target) are measured as ``score.choose_shapes`` measures a drafter without a
@@ -20,9 +20,9 @@ from draftsmith.core.draft import Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
-from draftsmith.eval import auto_k
-from draftsmith.eval.metrics import drafter_metrics
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode import auto_k
+from draftsmith.decode.metrics import drafter_metrics
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.sorted_draft_lm.network import SortedDraftLM
 
 TIE = 1e-9

@@ -19,12 +19,13 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, rollback
 from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.prompts import continuable, encode, load_prompts
+from draftsmith.decode import auto_k
+from draftsmith.decode.metrics import by_category, drafter_metrics, plain_metrics
+from draftsmith.decode.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import auto_k, rasd, s2d
-from draftsmith.eval.metrics import by_category, drafter_metrics, plain_metrics
+from draftsmith.eval import rasd, s2d
 from draftsmith.eval.report import auto_k_table, markdown_table, write_report
 from draftsmith.eval.rows import PlainRow, ScoreRow, to_dicts
-from draftsmith.eval.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
 from draftsmith.families.rasd.drafter import RasdDrafter
 from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
@@ -184,7 +185,7 @@ def choose_shapes(
     Untimed decodes at K = 8 of ``prompt`` and the ``more`` prompts (``score`` passes the next held-out ones, up to
     ``CALIBRATION_PROMPTS`` in all) measure each drafter's cost c and, for a drafter with no recorded validation
     profile, its per-position acceptance; r(m) is measured on ``prompt``. The choice
-    itself is ``eval.auto_k``'s. A RASD drafter is shaped so with no retrieval nodes (its lookups still timed), then
+    itself is ``decode.auto_k``'s. A RASD drafter is shaped so with no retrieval nodes (its lookups still timed), then
     its fused tree's retrieval budget chosen (``fused_nodes``).
     """
     shapes = {}

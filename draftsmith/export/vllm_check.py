@@ -14,7 +14,7 @@ from pathlib import Path
 from draftsmith.core.draft import Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 
 SETUP = Path(__file__).with_name("vllm_venv.sh")
 SERVE = Path(__file__).with_name("vllm_serve.py")

@@ -33,9 +33,9 @@ from draftsmith.core.manifest import provenance, write_manifest
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.decode.metrics import drafter_metrics
+from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.metrics import drafter_metrics
-from draftsmith.eval.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.online.drafter import windows
 from draftsmith.train.tlt_drafter import AdaptiveDrafter, DrafterConfig, Rollout
 from draftsmith.train.tlt_policy import Policy, PolicyConfig

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import prod
 
+from draftsmith.decode.metrics import interpolate_ratio
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.metrics import interpolate_ratio
 from draftsmith.layers.tree_draft import static_tree
 
 TREE_SIZES = (2, 4, 8, 16, 32, 64)

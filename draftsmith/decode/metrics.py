@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from draftsmith.eval.verifier import DecodeResult
+from draftsmith.decode.verifier import DecodeResult
 
 
 @dataclass
