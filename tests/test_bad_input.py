@@ -333,7 +333,7 @@ def no_default_build(monkeypatch):
 
 
 def a_datastore(tmp_path: Path, name: str = "store") -> Path:
-    from draftsmith.layers.retrieval import SuffixIndex
+    from draftsmith.families.rasd.retrieval import SuffixIndex
 
     out = tmp_path / name
     SuffixIndex.build([[1, 2, 3, 4, 5, 6]]).save(out, {"format": 1, "fingerprint": {"name": "x"}})

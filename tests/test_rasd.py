@@ -20,13 +20,13 @@ from draftsmith.data.generate import generate
 from draftsmith.data.shards import load_generated
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.rasd import choose_nodes
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.rasd import drafter as rasd
+from draftsmith.families.rasd.budget import choose_nodes
 from draftsmith.families.rasd.drafter import RasdDrafter, fuse
+from draftsmith.families.rasd.retrieval import SEPARATOR, ContextIndex, SuffixIndex, select
 from draftsmith.families.specs import Named, Rasd, load_drafter, parse_spec
-from draftsmith.layers.retrieval import SEPARATOR, ContextIndex, SuffixIndex, select
 from draftsmith.layers.tree_draft import TreePolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -267,7 +267,8 @@ def test_rasd_specs_parse_and_build_in_one_line(target):
     named = parse_spec("fused=rasd:datastore=/data/store,nodes=8,prune=0,context=0:target")
     assert named == Named("fused", Rasd("target", "/data/store", False, 8, 4, 0))
     assert parse_spec("rasd:depth=2:target").spec == Rasd("target", depth=2)
-    bad_specs = ("rasd:nodes=0:target", "rasd:bogus=1:target", "rasd:context=yes:target", "rasd:datastore=:target")
+    assert parse_spec("rasd:nodes=0:target").spec == Rasd("target", nodes=0)  # the model drafter alone
+    bad_specs = ("rasd:bogus=1:target", "rasd:context=yes:target", "rasd:datastore=:target")
     for bad in (*bad_specs, "rasd:depth=0:target"):
         with pytest.raises(DraftsmithError, match="expected rasd:DRAFTER") as e:
             parse_spec(bad)

@@ -17,12 +17,12 @@ from draftsmith.core.target import Target
 from draftsmith.data.shards import load_generated
 from draftsmith.decode.verifier import plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import rasd as eval_rasd
 from draftsmith.eval import score
 from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.families.rasd import budget as eval_rasd
 from draftsmith.families.rasd.drafter import RasdDrafter
+from draftsmith.families.rasd.retrieval import SuffixIndex
 from draftsmith.families.specs import load_drafter
-from draftsmith.layers.retrieval import SuffixIndex
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

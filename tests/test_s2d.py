@@ -22,9 +22,9 @@ from draftsmith.decode.auto_k import chain_tau
 from draftsmith.decode.metrics import drafter_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.s2d import pick_exit
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.registry import load_trained
+from draftsmith.families.sorted_draft_lm.exits import pick_exit
 from draftsmith.families.sorted_draft_lm.module import export_subnetwork, pair_losses, sorted_loss
 from draftsmith.families.sorted_draft_lm.network import SortedDraftLM, SortedDraftLMConfig, SortedDraftLMNetwork
 from draftsmith.layers.losses import distillation_loss

@@ -4,7 +4,7 @@ datastore), saved beside the corpus with its target's fingerprint.
 ``draftsmith datastore DATA`` indexes every row of a ``draftsmith generate`` dir (or a packed ``.tar.xz`` corpus)
 as one document (its prompt and the target's answer) and writes ``DATA.datastore/`` (``tokens.npy``,
 ``suffixes.npy``, ``datastore.json``: the corpus's target fingerprint, rows, tokens, bytes and build seconds). The
-drafter spec ``rasd:datastore=DIR:DRAFTER`` reads it (``layers.retrieval.SuffixIndex.load``), refusing in one line
+drafter spec ``rasd:datastore=DIR:DRAFTER`` reads it (``families.rasd.retrieval.SuffixIndex.load``), refusing in one line
 a datastore made for another target.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from draftsmith.core.files import made_whole
 from draftsmith.data.shards import load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers.retrieval import SuffixIndex
+from draftsmith.families.rasd.retrieval import SuffixIndex
 
 FORMAT = 1
 """The datastore dir's format version (``datastore.json``)."""

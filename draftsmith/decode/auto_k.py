@@ -57,7 +57,7 @@ class Shape(KChoice):
     """Where the acceptance profile came from: ``validation`` (the drafter's recorded held-out top-1 accuracy per
     depth) or ``calibration`` (an untimed decode of the first prompt at K = 8)."""
     nodes: int | None = None
-    """RASD: retrieval nodes per round chosen for the fused tree (``eval.rasd.choose_fused``), None for other
+    """RASD: retrieval nodes per round chosen for the fused tree (``families.rasd.budget.choose_fused``), None for other
     drafters; ``k``, ``predicted_tau`` and ``predicted_speedup`` are then the fused tree's, measured in calibration,
     and ``candidates`` the model drafter's shapes alone."""
     nodes_candidates: list[dict] | None = None

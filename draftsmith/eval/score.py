@@ -23,10 +23,11 @@ from draftsmith.decode import auto_k
 from draftsmith.decode.metrics import by_category, drafter_metrics, plain_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import rasd, s2d
 from draftsmith.eval.report import auto_k_table, markdown_table, write_report
 from draftsmith.eval.rows import PlainRow, ScoreRow, to_dicts
+from draftsmith.families.rasd import budget as rasd
 from draftsmith.families.rasd.drafter import RasdDrafter
+from draftsmith.families.sorted_draft_lm import exits as s2d
 from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import Targetlike, load_target, parse_target
@@ -227,7 +228,7 @@ def fused_nodes(
     target: Target, drafter: RasdDrafter, prompt: list[int], sampling: Sampling, seed: int, shape: auto_k.Shape
 ) -> auto_k.Shape:
     """``shape`` (the model drafter's) with the fused tree's depth and retrieval budget of highest predicted speed
-    τ / (r(m) + C), C the drafter's time per round with retrieval's (``eval.rasd.choose_fused``), r(m) measured up
+    τ / (r(m) + C), C the drafter's time per round with retrieval's (``families.rasd.budget.choose_fused``), r(m) measured up
     to the widest fused tree; the drafter is left set to them. The model drafts at the K chosen for it alone
     (``RasdDrafter.depth``: as deep as its own drafts pay); retrieval's paths, nearly free per node, may go deeper,
     to the fused K chosen among the model's K, 4 and 8 (the n-gram copies long runs where the text repeats)."""

@@ -141,7 +141,7 @@ def named_paths(spec: DrafterSpec) -> list[str]:
 def check_paths(drafters: list[Named]) -> None:
     """Refuse in one line a drafter whose path does not exist: checked before the target is loaded, which for a
     built-in target may mean building it for minutes."""
-    from draftsmith.layers.retrieval import SuffixIndex
+    from draftsmith.families.rasd.retrieval import SuffixIndex
 
     for d in drafters:
         missing = [p for p in named_paths(d.spec) if not Path(p).exists()]
@@ -228,7 +228,7 @@ def _rasd(text: str) -> Rasd:
 
 
 NON_NEG = ("nodes", "prune")
-"""``rasd:`` keys that take 0: no retrieval nodes (the model drafter alone, as ``eval.rasd`` measures it), no
+"""``rasd:`` keys that take 0: no retrieval nodes (the model drafter alone, as ``families.rasd.budget`` measures it), no
 pruning."""
 
 
@@ -289,7 +289,7 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
             return load_trained(path, target)
         case Rasd():
             from draftsmith.families.rasd.drafter import RasdDrafter
-            from draftsmith.layers.retrieval import SuffixIndex
+            from draftsmith.families.rasd.retrieval import SuffixIndex
 
             store = None if spec.datastore is None else SuffixIndex.load(spec.datastore, target.fingerprint)[0]
             inner = build_drafter(_parse(spec.drafter), target)

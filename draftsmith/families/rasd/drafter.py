@@ -32,7 +32,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.core.trees import representatives
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers.retrieval import ContextIndex, SuffixIndex
+from draftsmith.families.rasd.retrieval import ContextIndex, SuffixIndex
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 
 
@@ -108,7 +108,7 @@ class RasdDrafter(TreeDrafter):
         datastore: a corpus index (``draftsmith datastore``), or None.
         context: whether to retrieve from the prompt and the generated text.
         nodes: retrieval nodes added per round at most (the fused tree holds the drafter's nodes + these; 0: the
-            drafter alone, as ``eval.rasd.choose_nodes`` measures it).
+            drafter alone, as ``families.rasd.budget.choose_nodes`` measures it).
         max_ngram: longest context suffix matched (shorter ones are tried next, down to one token).
         prune_top_k: keep a retrieval path only when its first token is among the drafter's this many most likely
             first tokens (0: keep every path).

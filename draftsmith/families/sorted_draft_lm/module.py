@@ -14,7 +14,7 @@ with L_{n,t} sub-network n's loss on a batch of target t's data: the next-token 
 from target t's distribution (``fkl``, ``rkl``, ``jsd``, ``tvd``, ``tvd++``: DistillSpec's losses, as the draft LM
 family distils). Validation replays the verifier's greedy rounds for every pair (``val/tau_est/L{n}_T{t}``);
 ``val/tau_est`` is their mean. ``score`` then drafts for each target with the sub-network of highest predicted speed
-(``eval.s2d``), and ``export_subnetwork`` writes any sub-network as an ordinary draft LM.
+(``families.sorted_draft_lm.exits``), and ``export_subnetwork`` writes any sub-network as an ordinary draft LM.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ serves several targets of one family with it, each by the sub-network that suits
 target. ``SortedDraftLMNetwork`` is the trainable draft (every sub-network's logits from one forward,
 ``exit_logits``); ``subnetwork(n)`` is sub-network n as an ordinary ``draft_lm`` network (what exports write);
 ``SortedDraftLM`` is the verifier's drafter, drafting with one sub-network at a time (``use``), the one
-``eval.s2d.choose_exits`` picks for the target being scored.
+``families.sorted_draft_lm.exits.choose_exits`` picks for the target being scored.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class SortedDraftLMNetwork(DrafterNetwork):
 
 class SortedDraftLM(DraftLM):
     """A sorted draft LM as the verifier's drafter: an ordinary draft LM over one of its sub-networks at a time
-    (the deepest until ``use`` picks another; ``score`` picks one per target, ``eval.s2d.choose_exits``).
+    (the deepest until ``use`` picks another; ``score`` picks one per target, ``families.sorted_draft_lm.exits.choose_exits``).
 
     Args:
         subnetworks: depth -> the causal LM of the draft's first that many layers.
@@ -157,7 +157,7 @@ class SortedDraftLM(DraftLM):
         self.subnetworks = dict(sorted(subnetworks.items()))
         self.compiled = False
         self.choice: dict | None = None
-        """How ``eval.s2d.choose_exits`` chose the sub-network for the target being scored (the row's ``s2d``)."""
+        """How ``families.sorted_draft_lm.exits.choose_exits`` chose the sub-network for the target being scored (the row's ``s2d``)."""
         super().__init__(self.subnetworks[max(self.subnetworks)], tokenizer, stop_below)
         self.layers = max(self.subnetworks)
         """The depth of the sub-network that drafts."""
