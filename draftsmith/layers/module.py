@@ -187,8 +187,18 @@ class DrafterModule(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self.losses(batch, self.target_forward(batch, self.loss_vocab()))
         self.step_losses = {k: v.detach() for k, v in losses.items()}
-        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"]))
+        if self.logging_step():
+            self.log_dict(
+                {f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["input_ids"])
+            )
         return losses["loss"]
+
+    def logging_step(self) -> bool:
+        """Whether this training step's values reach the loggers (Lightning's rule: every ``log_every_n_steps``).
+        The loss terms are logged in those steps only: in the others Lightning dropped them, after Python work each
+        step and, with a progress bar drawn each step, a host sync on a GPU (benchmarks/fit_loop.py)."""
+        trainer = self._trainer
+        return trainer is None or trainer.fast_dev_run or trainer._logger_connector.should_update_logs
 
     topk_accuracy: list[list[float]] | None = None
     """Per depth, the held-out accuracy of each rank (< ``TOPK``), from the last validation."""

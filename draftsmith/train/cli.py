@@ -143,7 +143,8 @@ class DraftsmithCLI(LightningCLI):
             and isinstance(callbacks, list)
             and not any("ProgressBar" in str(getattr(c, "class_path", "")) for c in callbacks)
         ):
-            callbacks.append(Namespace(class_path=TEXT_PROGRESS_BAR, init_args=Namespace()))
+            every = config.trainer.log_every_n_steps or 1  # drawn when values are logged: no host sync a step
+            callbacks.append(Namespace(class_path=TEXT_PROGRESS_BAR, init_args=Namespace(refresh_rate=every)))
 
     def before_fit(self) -> None:
         """The run's manifest (command, git SHA, versions, target fingerprint, seed) beside its checkpoints."""
