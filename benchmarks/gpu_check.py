@@ -30,6 +30,9 @@ trained EAGLE-3 on SmolLM2 at K = 4, e.g. from ``benchmarks/results/scaling.json
         --numerics invariant --out $OUT --sha SHA                          # there, SmolLM2's weights in DIR
     .venv/bin/python benchmarks/gpu_check.py --quick --device cpu --config DIR --out DIR   # the mechanics, on CPU
 
+- ``--check``: the device check of a GPU fit (``gpu_fit_check.py``: kernels, fit tokens/s online and cached with
+  cuDNN attention on and off, a timed fit with its losses and validations, one table), instead of the above.
+
 It needs only torch, transformers, lightning, safetensors, peft and scipy (the device's image has them; no
 ``datasets``, ``jsonargparse``, ``wandb``). Writes ``OUT/gpu_check.json`` and ``.md``.
 """
@@ -50,6 +53,8 @@ from pathlib import Path
 import lightning as L
 import torch
 from common import machine
+from gpu_fit_check import add_arguments as add_check_arguments
+from gpu_fit_check import run_check, smoke
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
@@ -250,6 +255,21 @@ class TokenCounter(L.Callback):
         return (self.tokens - int(self.first_count)) / (self.last - self.first)
 
 
+def recipe_module(recipe: str, target: str, batch: int, steps: int | None = None) -> L.LightningModule:
+    """The recipe's ``DrafterModule`` for ``target``, seeded as LightningCLI seeds a recipe's fit (without
+    ``jsonargparse``, which the device's image lacks)."""
+    from draftsmith.layers.module import EstimateConfig, OptimConfig
+    from draftsmith.train.fit import FitRun, configure
+
+    config = configure(recipe, FitRun(target=target, steps=steps, batch_size=batch))
+    init = dict(config["model"]["init_args"])
+    init["optim"] = OptimConfig(**{k: tuple(v) if k == "betas" else v for k, v in init.get("optim", {}).items()})
+    init["estimate"] = EstimateConfig(**init.get("estimate", {}))
+    module_name, name = config["model"]["class_path"].rsplit(".", 1)
+    L.seed_everything(0, verbose=False)  # as LightningCLI seeds a recipe's fit, before the drafter's initialisation
+    return getattr(__import__(module_name, fromlist=[name]), name)(**init)
+
+
 def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Path) -> dict:
     """The recipe's drafter (``--recipe``: network, loss, optimizer, schedule, clipping) trained by Lightning in bf16
     on the packed ``--corpus``'s shortest prefix holding ``--tokens`` generated tokens, ``--epochs`` passes, online
@@ -258,8 +278,6 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
     from draftsmith.core.manifest import file_sha256
     from draftsmith.core.native import save_native
     from draftsmith.data.packed import read_columns
-    from draftsmith.layers.module import EstimateConfig, OptimConfig
-    from draftsmith.train.fit import FitRun, configure
 
     started = time.perf_counter()
     meta, columns = read_columns(args.corpus)
@@ -267,14 +285,7 @@ def fit_on_corpus(target: str, device: str, args: argparse.Namespace, export: Pa
     train = {k: columns[k][:rows] for k in ("input_ids", "loss_mask")}
     _, val = read_columns(args.val_corpus)
     steps = max(1, math.ceil(args.epochs * rows / args.fit_batch))  # scaling.fit_one's steps
-    config = configure(args.recipe, FitRun(target=target, steps=steps, batch_size=args.fit_batch))
-    init = dict(config["model"]["init_args"])
-    init["optim"] = OptimConfig(**{k: tuple(v) if k == "betas" else v for k, v in init.get("optim", {}).items()})
-    init["estimate"] = EstimateConfig(**init.get("estimate", {}))
-    cls = config["model"]["class_path"]
-    module_name, name = cls.rsplit(".", 1)
-    L.seed_everything(0, verbose=False)  # as LightningCLI seeds a recipe's fit, before the drafter's initialisation
-    module = getattr(__import__(module_name, fromlist=[name]), name)(**init)
+    module = recipe_module(args.recipe, target, args.fit_batch, steps)
     data = PackedData(train, val, args.fit_batch, args.max_length)
     accelerator = "gpu" if device.startswith("cuda") else "cpu"
     precision = args.precision
@@ -433,14 +444,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     fit.add_argument("--val-corpus", type=Path, default=Path(__file__).parent / "data" / "smollm2-val.tar.xz")
     fit.add_argument("--tokens", type=int, default=1_000_000, help="the corpus prefix holding this many generated")
     fit.add_argument("--epochs", type=float, default=2.0, help="passes over that prefix (scaling.py's --epochs)")
-    fit.add_argument("--recipe", default="smollm2/eagle3", help="the drafter's recipe")
-    fit.add_argument("--fit-batch", type=int, default=8, help="rows a step (scaling.py's BATCH)")
-    fit.add_argument("--max-length", type=int, default=640, help="tokens a row (scaling.py's MAX_LENGTH)")
-    fit.add_argument("--fit-minutes", type=float, default=4.0, help="stop the fit after this long (what it did counts)")
+    fit.add_argument("--recipe", default=None, help="the drafter's recipe (smollm2/eagle3; --check: smollm2/eagle3_31)")
+    fit.add_argument("--fit-batch", type=int, default=None, help="rows a step (8, scaling.py's; --check: the recipe's)")
+    fit.add_argument("--max-length", type=int, default=None, help="tokens a row (640; --check: the recipe's)")
+    fit.add_argument("--fit-minutes", type=float, default=None, help="stop the fit after this long (4; --check: 3)")
     fit.add_argument("--precision", default="bf16-mixed", help="Lightning's precision for the fit")
     fit.add_argument("--log-every", type=int, default=10, help="steps between train/loss records")
     fit.add_argument("--no-throughput", action="store_true", help="skip the training-throughput stage")
+    add_check_arguments(parser)
     args = parser.parse_args(argv)
+    if args.check:
+        args.corpus = args.corpus or Path(__file__).parent / "data" / "smollm2-1m.tar.xz"
+        args.recipe, args.fit_minutes = args.recipe or "smollm2/eagle3_31", args.fit_minutes or 3.0
+        if args.smoke:
+            smoke(args)
+    else:
+        args.recipe, args.fit_minutes = args.recipe or "smollm2/eagle3", args.fit_minutes or 4.0
+        args.fit_batch, args.max_length = args.fit_batch or 8, args.max_length or 640
     if args.quick:
         args.seq, args.batch_sizes, args.steps, args.warmup, args.prompts, args.new_tokens = 64, [2], 2, 1, 2, 8
     if args.prepare is None and args.out is None:
@@ -453,6 +473,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} {path}: no such packed corpus file")
     if args.corpus is not None and args.config is not None:
         parser.error("--corpus trains on real answers: give the target's weights (--target), not --config")
+    if args.smoke and not args.check:
+        parser.error("--smoke is a setting of --check")
     if args.drafter is not None and not args.drafter.exists():
         parser.error(f"--drafter {args.drafter}: no such path")
     if args.prepare is None and args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -481,6 +503,10 @@ def main(argv: list[str] | None = None) -> None:
     m = machine()
     m["git"] = args.sha or m["git"]
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    if args.check:
+        args.out.mkdir(parents=True, exist_ok=True)
+        run_check(target, name, m, args)
+        return
     result = {
         "machine": m, "device": name, "target": str(args.config or args.target), "random_weights": args.config is not None,
         "drafter": str(args.drafter) if args.drafter else "trained here", "args": {k: v for k, v in vars(args).items()

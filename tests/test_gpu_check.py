@@ -234,3 +234,30 @@ def test_smollm2s_weights_travel_in_two_parts_under_the_calls_limit_and_convert_
         json.loads((out / "config.json").read_text())["eos_token_id"]
         == json.loads((target / "config.json").read_text())["eos_token_id"]
     )
+
+
+@pytest.mark.slow
+def test_the_device_check_runs_every_stage_on_the_cpu_with_smoke_settings(packed_corpus, tmp_path):
+    """``gpu_check.py --check --smoke``: the prepared device check's mechanics (env, kernels, the rate fits online and
+    from cached features, the timed fit with its validations and losses), one table, the results named by device."""
+    out = tmp_path / "out"
+    run = gpu_check("--check", "--smoke", "--device", "cpu", "--target", str(packed_corpus / "target"), "--corpus",
+                    str(packed_corpus / "train.tar.xz"), "--val-corpus", str(packed_corpus / "val.tar.xz"),
+                    "--recipe", str(packed_corpus / "recipe.yaml"), "--out", str(out), "--work",
+                    str(tmp_path / "work"), "--sha", "abc1234")  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((out / "gpu_fit_cpu_smoke.json").read_text())
+    assert result["device"] == "cpu" and result["smoke"] and result["machine"]["git"] == "abc1234"
+    assert result["env"]["final_state_logits"] is True
+    assert len(result["kernels"]) == 2 and all(
+        b["target_finite"] and b["math"]["grads_finite"] for b in result["kernels"]
+    )
+    assert set(result["rate"]) == {"online, cuDNN off", "cached, cuDNN off"}  # no cuDNN on a CPU
+    for rate in result["rate"].values():
+        assert rate["nonfinite"] is None and rate["steps"] >= 2 and rate["tokens_per_s"] > 0
+    fit = result["fit"]
+    assert fit["nonfinite"] is None and fit["loss_finite"] and fit["steps"] == 20  # --smoke: 20 steps
+    assert [step for step, _ in fit["train_loss"]] == [10, 20]  # the loss every 10 steps
+    assert [v["step"] for v in fit["val"]] == [10, 20] and all(1.0 <= v["tau"] <= 5.0 for v in fit["val"])
+    md = (out / "gpu_fit_cpu_smoke.md").read_text()
+    assert md.count("\n| fit tokens/s, ") == 2 and "| val τ_est every 10 steps |" in md and "| kernels: 2 padded" in md
