@@ -282,7 +282,7 @@ def test_bad_input_is_one_line_naming_the_problem(target_dir, tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     assert "holds no prompts" in cli_error(capsys, *common, "--prompts", str(empty))
-    assert "--num-prompts must be a positive integer" in cli_error(capsys, *common, "--num-prompts", "0")
+    assert "--num_prompts must be positive, got 0" in cli_error(capsys, *common, "--num-prompts", "0")
     assert "top_p must be in (0, 1]" in cli_error(capsys, *common, "--top-p", "0")
     assert "--greedy-share must be in [0, 1], got 1.5" in cli_error(capsys, *common, "--greedy_share", "1.5")
 

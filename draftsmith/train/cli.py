@@ -133,7 +133,8 @@ class DraftsmithCLI(LightningCLI):
             args = getattr(logger, "init_args", None)
             if args is not None and getattr(args, "save_dir", None) == ROOT:
                 args.save_dir = root
-        config.ckpt_path = checkpoint_in_run(config.get("ckpt_path"), root)
+        if self.subcommand:  # a CLI built to validate or to read a config (run=False) has no --ckpt_path
+            config.ckpt_path = checkpoint_in_run(config.get("ckpt_path"), root)
         if root != ".":
             os.makedirs(root, exist_ok=True)
         callbacks = config.trainer.callbacks
