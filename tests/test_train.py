@@ -264,6 +264,15 @@ def test_bad_config_key_is_an_error_naming_it(setup, tmp_path, capsys):
     assert "ttt_stepz" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("form", ["--config", "--config="])
+def test_a_missing_config_file_is_one_line_naming_it(tmp_path, capsys, form):
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", form, missing] if form == "--config" else ["fit", form + missing])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err == f"draftsmith: error: fit --config {missing}: no such file\n"
+
+
 def test_data_from_another_target_is_refused_naming_both(setup, tmp_path, capsys):
     args = fit_args(setup, tmp_path, "eagle3", "--trainer.max_steps=1")
     args = [a.replace(str(setup["target"]), str(setup["other"])) for a in args]

@@ -191,9 +191,21 @@ def _command(args: list[str]) -> str:
     return shlex.join(["draftsmith", "fit", *kept])
 
 
+def check_configs(args: list[str]) -> None:
+    """Each ``--config FILE`` of a ``fit`` command line exists, or one line naming it (Lightning printed 30 lines of
+    usage before the one that said so)."""
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg == "--config" and i + 1 < len(args) else arg.removeprefix("--config=")
+        inline = path.lstrip().startswith("{") or "\n" in path or ": " in path  # jsonargparse takes YAML text too
+        if (arg == "--config" or arg.startswith("--config=")) and not inline and not Path(path).is_file():
+            raise DraftsmithError(f"fit --config {path}: no such file")
+
+
 def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI:
     """Run ``fit`` through ``DraftsmithCLI`` on command-line ``args`` (the CLI edge) or a config dict
     (``train.fit.fit``); returns it (``.trainer``, ``.model``). ``recipe``: recorded in the manifest."""
+    if isinstance(args, list):
+        check_configs(args)
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
