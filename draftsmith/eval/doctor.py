@@ -404,6 +404,8 @@ FEATURE_CHECKS = (
     ("position offset", lambda network, target, probe_: check_offset(network, probe_)),
     ("training-time test", lambda network, target, probe_: check_ttt(network, probe_)),
 )
+CHECK_NAMES = ("identity", *(name for name, _ in FEATURE_CHECKS), "draft vocabulary", "prediction vs measurement")
+"""Every check, in the order ``run_checks`` reports them."""
 
 
 def guarded(name: str, run) -> Check:
@@ -421,9 +423,9 @@ def run_checks(
     """Every check of ``network`` (with its native record ``info``) against ``target`` on ``prompts``."""
     identity, runnable = check_identity(info, target, network)
     checks = [identity]
-    names = [name for name, _ in FEATURE_CHECKS] + ["draft vocabulary", "prediction vs measurement"]
     if not runnable:
-        return checks + [not_run(name, "the drafter cannot run on this target (identity)") for name in names]
+        why = "the drafter cannot run on this target (identity)"
+        return checks + [not_run(name, why) for name in CHECK_NAMES[1:]]
     network = network.to(target.device).eval()
     probe_ = probe(target, prompts, max_new_tokens)
     for name, check in FEATURE_CHECKS:

@@ -185,9 +185,9 @@ def choose_shapes(
 
     Untimed decodes at K = 8 of ``prompt`` and the ``more`` prompts (``score`` passes the next held-out ones, up to
     ``CALIBRATION_PROMPTS`` in all) measure each drafter's cost c and, for a drafter with no recorded validation
-    profile, its per-position acceptance; r(m) is measured on ``prompt``. The choice
-    itself is ``decode.auto_k``'s. A RASD drafter is shaped so with no retrieval nodes (its lookups still timed), then
-    its fused tree's retrieval budget chosen (``fused_nodes``).
+    profile, its per-position acceptance; r(m) is measured on ``prompt``. The choice itself is ``decode.auto_k``'s.
+    A RASD drafter is shaped so with no retrieval nodes (its lookups still timed), then its fused tree's retrieval
+    budget chosen (``fused_nodes``).
     """
     shapes = {}
     counts = [*range(2, AUTO_MAX_K + 2), *(n + 1 for n in auto_k.TREE_SIZES)]

@@ -16,19 +16,10 @@ from draftsmith.core import native
 from draftsmith.core.files import write_whole
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.doctor import FAIL, NOT_RUN, Check, markdown, run_checks
+from draftsmith.eval.doctor import CHECK_NAMES, FAIL, NOT_RUN, Check, markdown, run_checks
 from draftsmith.export.imports import import_drafter
 from draftsmith.families.registry import build
 from draftsmith.targets import load_target, resolve_target
-
-CHECK_NAMES = (
-    "identity",
-    "feature layers",
-    "position offset",
-    "training-time test",
-    "draft vocabulary",
-    "prediction vs measurement",
-)
 
 
 def read_drafter(path: Path, target: str, workdir: Path) -> tuple[dict, dict, str]:

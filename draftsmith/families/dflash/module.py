@@ -63,7 +63,7 @@ class DFlashModule(ParallelModule):
     ) -> None:
         if anchors < 1:
             raise DraftsmithError(f"model.anchors must be at least 1, got {anchors}")
-        self.requested_layers, self.depth, self.num_layers = feature_layers, depth, num_layers
+        self.requested_layers, self.num_layers = feature_layers, num_layers
         self.mask_token_id, self.mask_from_token, self.init = mask_token_id, mask_from_token, init
         if init is not None:  # its record decides the feature layers before the target loads
             info = read_init(init, *self.init_methods)[0]
