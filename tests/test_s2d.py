@@ -197,6 +197,31 @@ def test_score_drafts_each_target_with_the_sub_network_its_measured_costs_favour
     assert rows[0].greedy_exact == len(prompts)
 
 
+def test_the_sub_network_is_chosen_on_the_first_held_out_prompts_not_one(monkeypatch):
+    """S2D's sub-network choice measures each sub-network on the first ``CALIBRATION_PROMPTS`` prompts (as ``--k
+    auto`` does): one prompt whose drafts were all accepted decided it alone before."""
+    from draftsmith.eval import score
+    from draftsmith.families.sorted_draft_lm import exits
+
+    calibrated, generate = [], SpeculativeDecoder.generate
+
+    def recording(self, prompt, max_new_tokens, generator=None):
+        if max_new_tokens == exits.CALIBRATION_TOKENS:
+            calibrated.append(list(prompt))
+        return generate(self, prompt, max_new_tokens, generator)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", recording)
+    target = Target(make_llama(seed=21, layers=1, hidden=32), make_tokenizer())
+    drafter = SortedDraftLMNetwork(SortedDraftLMConfig(make_llama(seed=22, layers=2, hidden=32).config.to_dict(),
+                                                       (1, 2)), make_llama(seed=22, layers=2, hidden=32)).as_drafter()  # fmt: skip
+    prompts = [[3, 4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18]]
+    _, [row] = score_drafters(target, {"s2d": drafter}, prompts, 4, Sampling(), 8, progress=False)
+    first = prompts[: score.CALIBRATION_PROMPTS]
+    assert score.CALIBRATION_PROMPTS == 3
+    assert calibrated == first * 2  # each of the two sub-networks, on each calibration prompt
+    assert row.extra["s2d"]["layers"] in (1, 2)
+
+
 # -- every sub-network is an exact drafter ------------------------------------------------------------
 def test_greedy_output_of_every_sub_network_equals_plain_greedy(family, prompts):
     drafter = sorted_draft(seed=7).as_drafter()

@@ -75,7 +75,7 @@ def score_drafters(
         raise DraftsmithError(f"score: K given for {sorted(k)}, drafters are {sorted(drafters)}")
     fixed = k if isinstance(k, dict) else dict.fromkeys(drafters, k)
     lengths = range(1, AUTO_MAX_K + 1) if k == AUTO_K else sorted({int(v) for v in fixed.values()})
-    s2d.choose_exits(targets, drafters, prompts[0], sampling, seed, lengths, verify_ratios)  # S2D's sub-networks
+    s2d.choose_exits(targets, drafters, prompts[:CALIBRATION_PROMPTS], sampling, seed, lengths, verify_ratios)
     calibration = prompts[1:CALIBRATION_PROMPTS]
     shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed, calibration) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(fixed[name]) for name in drafters}

@@ -3,8 +3,9 @@ on the target being scored, chosen by the cost model ``--k auto`` picks K with (
 
 Sub-network n is a draft LM of its own: its acceptance a_n per position and its cost c_n (its time per drafted token
 / one plain decode step of the target) are measured as ``score.choose_shapes`` measures a drafter without a
-validation profile, in one untimed decode of the first prompt at K = 8 (after a warm-up); r(m), the target's time to
-verify m tokens / one decode step, once per target. Its predicted speed at K is S(n, K) = τ_n(K) / (r(K + 1) + K·c_n)
+validation profile, in untimed decodes of the first held-out prompts at K = 8 (``score.CALIBRATION_PROMPTS`` of them,
+after a warm-up: one prompt whose drafts were all accepted decided the sub-network alone before); r(m), the target's
+time to verify m tokens / one decode step, once per target. Its predicted speed at K is S(n, K) = τ_n(K) / (r(K + 1) + K·c_n)
 (``auto_k.choose_chain_k``); the chosen sub-network maximises it (at the run's K, or over K = 1..8 with ``--k auto``),
 ties going to the shallower one. The choice, and every sub-network's numbers, go in the drafter's score row (``s2d``).
 """
@@ -93,24 +94,26 @@ def pick_exit(
 
 
 def calibrate(
-    target: Target, drafter: SortedDraftLM, prompt: list[int], sampling: Sampling, k: int, seed: int = 0
+    target: Target, drafter: SortedDraftLM, prompts: Sequence[list[int]], sampling: Sampling, k: int, seed: int = 0
 ) -> dict[int, tuple[list[float], float]]:
-    """Each sub-network's (acceptance per position, cost per drafted token in decode steps), from one decode of
-    ``prompt`` at ``k`` tokens per round, drafted as a chain; the drafter is left drafting with its deepest."""
+    """Each sub-network's (acceptance per position, cost per drafted token in decode steps), pooled over one decode
+    of each of ``prompts`` at ``k`` tokens per round, drafted as a chain; the drafter is left drafting with its
+    deepest."""
     tree = drafter.tree
     if tree.kind is not TreeKind.CHAIN:
         drafter.set_tree(replace(tree, kind=TreeKind.CHAIN), k)
-    plain_decode(target, prompt, 8, sampling, torch.Generator().manual_seed(seed))  # warm-up
-    plain = plain_decode(target, prompt, CALIBRATION_TOKENS // 2, sampling, torch.Generator().manual_seed(seed))
-    step = plain.seconds / max(1, plain.target_calls)
+    seeded = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+    plain_decode(target, prompts[0], 8, sampling, seeded())  # warm-up
+    plains = [plain_decode(target, p, CALIBRATION_TOKENS // 2, sampling, seeded()) for p in prompts]
+    step = sum(p.seconds for p in plains) / max(1, sum(p.target_calls for p in plains))
     profiles = {}
     for layers in drafter.subnetworks:
         drafter.use(layers)
         decoder = SpeculativeDecoder(target, drafter, k, sampling)
-        decoder.generate(prompt, 8, torch.Generator().manual_seed(seed))  # warm-up
-        result = decoder.generate(prompt, CALIBRATION_TOKENS, torch.Generator().manual_seed(seed))
-        cost = result.draft_seconds / max(1, sum(result.drafted)) / step
-        metrics = drafter_metrics(f"L{layers}", k, [result], [plain], sampling.greedy)
+        decoder.generate(prompts[0], 8, seeded())  # warm-up
+        results = [decoder.generate(p, CALIBRATION_TOKENS, seeded()) for p in prompts]
+        cost = sum(r.draft_seconds for r in results) / max(1, sum(sum(r.drafted) for r in results)) / step
+        metrics = drafter_metrics(f"L{layers}", k, results, plains, sampling.greedy)
         profiles[layers] = (metrics.accept_given_reached, cost)
     drafter.use(max(drafter.subnetworks))
     if tree.kind is not TreeKind.CHAIN:
@@ -121,7 +124,7 @@ def calibrate(
 def choose_exits(
     targets: dict[str, Target],
     drafters: dict[str, Drafter],
-    prompt: list[int],
+    prompts: Sequence[list[int]],
     sampling: Sampling,
     seed: int,
     ks: Iterable[int],
@@ -129,15 +132,15 @@ def choose_exits(
 ) -> dict[str, ExitChoice]:
     """For each sorted draft LM of ``drafters``, the sub-network of highest predicted speed on its target
     (``targets[name]``) at the best of draft lengths ``ks`` (the run's K, or 1..8 for ``--k auto``), measured on
-    ``prompt``; each such drafter is left drafting with it, the choice recorded for its row (``SortedDraftLM.choice``).
+    ``prompts`` (the calibration prompts; r(m) on the first); each such drafter is left drafting with it, the choice recorded for its row (``SortedDraftLM.choice``).
     ``verify_ratios``: ``score.verify_ratios``, which measures r(m)."""
     ks = list(ks)
     chosen = {}
     for name, drafter in drafters.items():
         if not isinstance(drafter, SortedDraftLM):
             continue
-        ratios, _ = verify_ratios(targets[name], prompt, [n + 1 for n in ks], 3)
-        profiles = calibrate(targets[name], drafter, prompt, sampling, max(ks), seed)
+        ratios, _ = verify_ratios(targets[name], prompts[0], [n + 1 for n in ks], 3)
+        profiles = calibrate(targets[name], drafter, prompts, sampling, max(ks), seed)
         choice = pick_exit(profiles, ratios, ks)
         drafter.use(choice.layers)
         drafter.choice = choice.to_dict()
