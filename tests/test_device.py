@@ -18,7 +18,7 @@ from test_train import fit_args, setup  # noqa: F401  (the module's toy target a
 from draftsmith.cli import main
 from draftsmith.core.machine import CPU_PRECISION, choose_device, local_device, resolve_trainer
 from draftsmith.errors import DraftsmithError
-from draftsmith.pipeline.local import stage_devices
+from draftsmith.pipeline.choices import stage_devices
 from draftsmith.train.fit import RECIPES, FitRun, configure, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,19 +12,10 @@ import pytest
 import yaml
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.pipeline.local import (
-    EPOCHS,
-    LARGE,
-    Sizing,
-    Speeds,
-    _estimates,
-    _families,
-    passes,
-    pipeline,
-    predicted_tau,
-    size_budget,
-    sized_once,
-)
+from draftsmith.pipeline.choices import LARGE, choose_families
+from draftsmith.pipeline.local import pipeline
+from draftsmith.pipeline.predict import predicted_tau
+from draftsmith.pipeline.sizing import EPOCHS, Sizing, Speeds, estimates, passes, size_budget, sized_once
 from draftsmith.targets import ResolvedTarget, TargetSpec
 from draftsmith.train.fit import RECIPES, load_recipe
 from draftsmith.train.suite import Budget, Plan, recipe_steps
@@ -34,7 +25,7 @@ PLAN = Plan(Budget(), recipes="smollm2", drafters=("eagle3", "eagle1"), features
 
 
 def seconds(budget: Budget) -> float:
-    return sum(_estimates(SPEEDS, budget, replace(PLAN, budget=budget), 5, 2).values())
+    return sum(estimates(SPEEDS, budget, replace(PLAN, budget=budget), 5, 2).values())
 
 
 def test_the_budget_is_the_most_prompts_that_fit_the_hours():
@@ -194,10 +185,10 @@ def test_a_budget_that_is_not_positive_is_one_line_before_any_target_is_built(fl
 
 
 def test_the_large_recipe_sets_default_is_the_recipe_studys_winner_which_differs_from_eagle3_by_its_norms():
-    large, distils = _families(None, LARGE)
+    large, distils = choose_families(None, LARGE)
     assert large[0] == "eagle3_31" and "eagle3" not in large and distils
-    assert _families(None, "")[0][0] == "eagle3"  # the toy target's set: its own EAGLE-3
-    assert _families(["eagle3"], LARGE)[0] == ["eagle3"]  # still there when asked for
+    assert choose_families(None, "")[0][0] == "eagle3"  # the toy target's set: its own EAGLE-3
+    assert choose_families(["eagle3"], LARGE)[0] == ["eagle3"]  # still there when asked for
 
     def without(name: str, *keys: str) -> dict:
         recipe = load_recipe(f"smollm2/{name}")

@@ -1,4 +1,4 @@
-"""The pipeline quiets the libraries' logging for its run only (``pipeline.local.quiet_libraries``)."""
+"""The pipeline quiets the libraries' logging for its run only (``pipeline.runner.quiet_libraries``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import warnings
 import pytest
 import transformers
 
-from draftsmith.pipeline.local import quiet_libraries
+from draftsmith.pipeline.runner import quiet_libraries
 
 
 def test_quiet_libraries_restores_logging_warnings_and_progress_bars_on_exit():

@@ -23,7 +23,8 @@ from pathlib import Path
 from draftsmith import targets
 from draftsmith.core.machine import local_device
 from draftsmith.errors import DraftsmithError
-from draftsmith.pipeline.local import device_choice, run_pipeline
+from draftsmith.pipeline.choices import device_choice
+from draftsmith.pipeline.runner import run_pipeline
 from draftsmith.targets import default as default_target
 from draftsmith.train.suite import FAST, PLANS
 
