@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from draftsmith.train.learning_curve import Curve, LearningCurves, Line, curves_file
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -458,39 +460,47 @@ def recipe_points(names: tuple[str, ...], dtype: str) -> tuple[dict[tuple[str, f
 def learning_curves() -> dict[Path, str]:
     """Per recipe set of ``CURVES``: its measured learning curves (τ = a + b·ln(generated tokens), per family,
     passes over the data and held-out set, greedy at the studies' K), each with what measured it and the budgets it
-    spans, as ``draftsmith pipeline`` reads them."""
+    spans, in the file the package reads them from (``draftsmith.train.learning_curve``: its format and its text)."""
     scaling = importlib.import_module("scaling")
     out = {}
     for recipes, (name, reports) in CURVES.items():
         result = load(name)
         sizes = sorted({r["size"] for r in result["rows"]})
-        study = {"source": f"benchmarks/results/{name}.json",
-                 "measured": f"{result['machine']['git']} {result['machine']['date']}"}  # fmt: skip
+        measured = f"{result['machine']['git']} {result['machine']['date']}"
         by_family = {}
         for key, fit in result["curves"].items():
             set_name, family = key.split("/")
             if fit is not None:
-                by_family.setdefault(family, {})[set_name] = {"a": fit["a"], "b": fit["b"]}
-        curves = [{"family": family, "epochs": result["args"]["epochs"], "tokens": [sizes[0], sizes[-1]]} | study
-                  | {"sets": sets} for family, sets in by_family.items()]  # fmt: skip
-        points, measured = recipe_points(reports, result["target"].split(":")[1])
+                by_family.setdefault(family, {})[set_name] = Line(fit["a"], fit["b"])
+        curves = [
+            Curve(
+                family=family,
+                epochs=result["args"]["epochs"],
+                tokens=(sizes[0], sizes[-1]),
+                source=f"benchmarks/results/{name}.json",
+                measured=measured,
+                sets=sets,
+            )
+            for family, sets in by_family.items()
+        ]
+        points, dates = recipe_points(reports, result["target"].split(":")[1])
         for (family, epochs), sets in points.items():
             budgets = sorted({x for pts in sets.values() for x, _ in pts})
             if len(budgets) < 2:  # one budget: no curve
                 continue
             fits = {s: scaling.fit_curve(sorted(pts)) for s, pts in sets.items()}
-            curves.append({
-                "family": family, "epochs": epochs, "tokens": [budgets[0], budgets[-1]],
-                "source": " and ".join(f"benchmarks/results/{r}.json" for r in reports),
-                "measured": ", ".join(measured),
-                "sets": {s: {"a": f["a"], "b": f["b"]} for s, f in fits.items()},
-            })  # fmt: skip
-        record = {
-            "target": result["target"],
-            "k": scaling.MODES["greedy"][0],  # the greedy blocks' K (the recipe study's too: 4)
-            "curves": curves,
-        }
-        out[ROOT / "draftsmith" / "configs" / recipes / "learning_curve.json"] = json.dumps(record, indent=2) + "\n"
+            curves.append(
+                Curve(
+                    family=family,
+                    epochs=epochs,
+                    tokens=(budgets[0], budgets[-1]),
+                    source=" and ".join(f"benchmarks/results/{r}.json" for r in reports),
+                    measured=", ".join(dates),
+                    sets={s: Line(f["a"], f["b"]) for s, f in fits.items()},
+                )
+            )
+        k = scaling.MODES["greedy"][0]  # the greedy blocks' K (the recipe study's too: 4)
+        out[curves_file(recipes)] = LearningCurves(result["target"], k, curves).text()
     return out
 
 
