@@ -1,6 +1,7 @@
 """``draftsmith doctor``: a healthy EAGLE-3 drafter passes every check; each injected fault is named by its check
-(feature layers recorded one off, another target, a permuted d2t), for a native dir, a ``.ckpt``-less peer export
-imported on the fly, and through the CLI."""
+(feature layers recorded one off, a norm flag flipped in the record, labels shifted by one, no training-time test,
+training data outside the target's chat template, another target, a permuted d2t), for a native dir, a
+``.ckpt``-less peer export imported on the fly, and through the CLI with its exit status."""
 
 from __future__ import annotations
 
@@ -14,43 +15,65 @@ import torch
 from conftest import VOCAB, make_llama, make_tokenizer
 
 from draftsmith.cli import main
+from draftsmith.core.manifest import write_manifest
 from draftsmith.core.native import save_native
 from draftsmith.core.target import Target, TargetOutput
-from draftsmith.eval.doctor import FAIL, INFO, NOT_RUN, PASS, probe, teacher_forced_tau
+from draftsmith.data.generate import generate
+from draftsmith.data.shards import load_generated
+from draftsmith.eval.doctor import FAIL, INFO, NORM_FLAGS, NOT_RUN, PASS, probe, teacher_forced_tau
 from draftsmith.families.eagle.module import eagle_losses
 from draftsmith.families.eagle.network import EagleConfig, EagleModel
-from draftsmith.pipeline.doctor import doctor
+from draftsmith.layers.module import shift
+from draftsmith.pipeline.doctor import diagnose
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LAYERS = (1, 2, 3)
 PROMPT = 6
 NEW = 40
+TEMPLATE = "{% for m in messages %}w80 {{ m['content'] }} w81{% endfor %}"
+"""The tiny target's chat template: a user turn is ``w80 TEXT w81``."""
 
 
 def words(ids: torch.Tensor) -> str:
     return " ".join(f"w{int(i)}" for i in ids)
 
 
-def train_eagle3(target: Target, layers: tuple[int, ...], steps: int = 150) -> EagleModel:
-    """A tiny EAGLE-3 trained with training-time test on the target's own sampled text, by the family's own loss."""
-    base = target.model
+def make_data(root: Path, name: str, chat_template: bool) -> Path:
+    """64 chat prompts of random words continued by the target (sampled), by ``draftsmith generate``: in the
+    target's chat template or (``chat_template`` False) raw."""
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, VOCAB - 2, (64, PROMPT), generator=g)
+    source = root / f"{name}.jsonl"
+    lines = [json.dumps({"messages": [{"role": "user", "content": words(p)}]}) + "\n" for p in prompts]
+    source.write_text("".join(lines))
+    out = root / name
+    generate(str(root / "target"), str(source), out, max_new_tokens=NEW, chat_template=chat_template, device="cpu")
+    return out
+
+
+def train_eagle3(
+    target: Target, data: Path, layers: tuple[int, ...] = LAYERS, steps: int = 150, ttt: int = 3, offset: int = 0
+) -> EagleModel:
+    """A tiny EAGLE-3 trained on a generated data dir by the family's own loss: with training-time test over
+    ``ttt`` steps, against labels ``offset`` places after their own (0: the right ones)."""
+    dataset, _ = load_generated(data)
+    ids = torch.tensor(dataset["input_ids"], dtype=torch.long)
+    loss_mask = torch.tensor(dataset["loss_mask"], dtype=torch.long)
+    rows = len(ids)
     torch.manual_seed(0)
-    ids = base.generate(prompts, max_new_tokens=NEW, do_sample=True, top_k=None, pad_token_id=0)
-    torch.manual_seed(0)
-    network = EagleModel(EagleConfig.from_target(base.config, 3, layers, 80))
-    network.set_draft_vocab(torch.bincount(ids[:, PROMPT:].flatten(), minlength=VOCAB).float())
-    network.init_from_target(base.model.embed_tokens.weight, base.lm_head.weight)
+    network = EagleModel(EagleConfig.from_target(target.config, 3, layers, 80))
+    network.set_draft_vocab(torch.bincount(ids[loss_mask.bool()], minlength=VOCAB).float())
+    network.init_from_target(target.embed_tokens.weight, target.lm_head.weight)
     full = target(ids, feature_layers=layers)
-    loss_mask = torch.cat([torch.zeros(64, PROMPT), torch.ones(64, ids.shape[1] - PROMPT)], 1).long()
+    logits = shift(full.logits, offset) if offset else full.logits  # row t holds the label of row t + offset
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": loss_mask}
     opt = torch.optim.AdamW([p for p in network.parameters() if p.requires_grad], lr=3e-3)
+    g = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        rows = torch.randint(0, 64, (16,), generator=g)
-        out = TargetOutput(full.logits[rows], tuple(f[rows] for f in full.features))
-        loss = eagle_losses(network, {k: v[rows] for k, v in batch.items()}, out, 3)["loss"]
+        pick = torch.randint(0, rows, (16,), generator=g)
+        out = TargetOutput(logits[pick], tuple(f[pick] for f in full.features))
+        loss = eagle_losses(network, {k: v[pick] for k, v in batch.items()}, out, ttt)["loss"]
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -59,46 +82,63 @@ def train_eagle3(target: Target, layers: tuple[int, ...], steps: int = 150) -> E
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory) -> dict:
-    """A saved 4-layer tiny target, prompts for it, and a healthy EAGLE-3 drafter (native, recording the val τ_est a
-    fit records: the teacher-forced replay on held-out greedy text)."""
+    """A saved 4-layer tiny target with a chat template, chat prompts for it, and a healthy EAGLE-3 drafter trained on
+    data generated in that template (native, recording its data as a fit's manifest does and the val τ_est a fit
+    records: the teacher-forced replay on held-out greedy text)."""
     root = tmp_path_factory.mktemp("doctor")
     make_llama(seed=0, layers=4).save_pretrained(root / "target")
-    make_tokenizer().save_pretrained(root / "target")
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(root / "target")
     target = Target.from_pretrained(root / "target")
     g = torch.Generator().manual_seed(7)
-    heldout, val = torch.randint(0, VOCAB - 2, (2, 12, PROMPT), generator=g)
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": words(p)}) + "\n" for p in heldout))
-    network = train_eagle3(target, LAYERS)
-    val_tau = teacher_forced_tau(network, probe(target, val.tolist(), NEW), 4)
-    save_native(network, target, root / "healthy", {"val_tau_est": val_tau})
-    return {"root": root, "target": target, "network": network, "val_tau": val_tau}
+    heldout = torch.randint(0, VOCAB - 2, (12, PROMPT), generator=g)
+    val = torch.randint(0, VOCAB - 2, (32, PROMPT), generator=g)
+    chat = [{"messages": [{"role": "user", "content": words(p)}]} for p in heldout]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in chat))
+    data = make_data(root, "data", chat_template=True)
+    network = train_eagle3(target, data)
+    wrapped = [[80, *p, 81] for p in val.tolist()]
+    val_tau = teacher_forced_tau(network, probe(target, wrapped, NEW), 4)
+    case = {"root": root, "target": target, "network": network, "val_tau": val_tau, "data": data}
+    saved(case, "healthy", network)
+    return case
 
 
 def run(case: dict, drafter: Path, target: Path | None = None, **kwargs) -> dict:
     root = case["root"]
     args = {"prompts": str(root / "prompts.jsonl"), "max_new_tokens": NEW, "out": None} | kwargs
-    return doctor(drafter, str(target or root / "target"), **args)
+    return diagnose(drafter, str(target or root / "target"), **args)
 
 
 def checks(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
-def saved(case: dict, name: str, network: EagleModel) -> Path:
-    save_native(network, case["target"], case["root"] / name, {"val_tau_est": case["val_tau"]})
-    return case["root"] / name
+def saved(case: dict, name: str, network: EagleModel, data: Path | None = None) -> Path:
+    """``network`` as a native dir recording the healthy drafter's val τ_est and, as ``fit_export``'s manifest
+    does, the data it was trained on (``data``, default the healthy drafter's)."""
+    out = save_native(network, case["target"], case["root"] / name, {"val_tau_est": case["val_tau"]})
+    write_manifest(
+        out, target=case["target"].fingerprint, stage={"fit": {"data": {"train": str(data or case["data"])}}}
+    )
+    return out
 
 
 def test_healthy_drafter_passes_every_check_and_writes_its_report(case, tmp_path, capsys):
     report = run(case, case["root"] / "healthy", out=tmp_path)
     found = checks(report)
     assert report["failed"] == [], [c["finding"] for c in report["checks"] if c["status"] != PASS]
-    assert {c["status"] for c in report["checks"]} == {PASS}, report["checks"]
+    # on the tiny target's chat text its features add next to nothing at depth 1: no cliff to measure (INFO), else PASS
+    assert all(c["status"] == PASS for c in report["checks"] if c["name"] != "training-time test"), report["checks"]
+    assert found["training-time test"]["status"] in (PASS, INFO)
     assert list(found) == [
         "identity",
         "feature layers",
+        "norm conventions",
         "position offset",
         "training-time test",
+        "chat template",
         "draft vocabulary",
         "prediction vs measurement",
     ]
@@ -108,7 +148,7 @@ def test_healthy_drafter_passes_every_check_and_writes_its_report(case, tmp_path
     # the teacher-forced replay is the verifier's τ on greedy text, round for round
     assert prediction["tau_teacher_forced"] == pytest.approx(prediction["tau"], abs=1e-9)
     lines = capsys.readouterr().out.splitlines()
-    assert sum(line.startswith("PASS") for line in lines) == 6
+    assert sum(line.startswith(("PASS", "INFO")) for line in lines) == 8
     assert json.loads((tmp_path / "doctor.json").read_text())["checks"] == report["checks"]
     assert "| feature layers | pass |" in (tmp_path / "doctor.md").read_text()
 
@@ -177,6 +217,8 @@ def test_a_peer_export_is_imported_on_the_fly_and_checked_the_same(case, tmp_pat
     report = json.loads((tmp_path / "out" / "doctor.json").read_text())
     assert report["source"] == "imported from the speculators layout"
     assert checks(report)["feature layers"]["status"] == PASS
+    # an import records no training data: the template is measured, with nothing to judge it against
+    assert checks(report)["chat template"]["status"] == INFO
     assert "FAIL" not in out and "PASS    feature layers" in out
 
 
@@ -191,3 +233,51 @@ def test_a_peer_checkpoint_the_importer_refuses_for_another_target_fails_identit
     found = checks(run(case, peer, target=other))
     assert found["identity"]["status"] == FAIL and "another target" in found["identity"]["finding"]
     assert all(c["status"] == NOT_RUN for name, c in found.items() if name != "identity")
+
+
+def recorded_as(case: dict, name: str, **flags) -> Path:
+    """The healthy drafter saved again with ``flags`` changed in its recorded config only (the weights untouched)."""
+    out = saved(case, name, case["network"])
+    info = json.loads((out / "config.json").read_text())
+    info["config"] |= flags
+    (out / "config.json").write_text(json.dumps(info))
+    return out
+
+
+@pytest.mark.parametrize("flag", ["norm_output", "fc_norm"])
+def test_a_norm_flag_flipped_in_the_record_is_named_with_the_value_the_weights_were_trained_with(case, flag):
+    """norm_output (no weights: told by depth-2 acceptance) and fc_norm (weights: the record asks for norms the
+    weights do not hold; an engine would run them with unit weights) recorded true for a drafter trained without."""
+    found = checks(run(case, recorded_as(case, f"flipped-{flag}", **{flag: True})))
+    norms = found["norm conventions"]
+    assert norms["status"] == FAIL, norms
+    assert norms["data"]["wrong"] == {flag: False} and f"set {flag}: false" in norms["fix"]
+    assert f"trained with {flag} false" in norms["finding"]
+    recorded = norms["data"]["acceptance"][", ".join(f"{f} {str(f == flag).lower()}" for f in NORM_FLAGS)]
+    trained = norms["data"]["acceptance"]["fc_norm false, norm_before_fc false, norm_output false"]
+    assert sum(trained) > sum(recorded)  # measured: the weights read better as trained
+    assert found["feature layers"]["status"] == PASS  # the other checks measure the weights as trained
+
+
+def test_training_data_outside_the_targets_chat_template_is_named(case):
+    """A drafter trained on the same chat prompts rendered without the target's template (generate
+    --chat_template false: ``user: ...\\nassistant:``), its data recorded by its manifest."""
+    raw = make_data(case["root"], "raw-data", chat_template=False)
+    network = train_eagle3(case["target"], raw)
+    found = checks(run(case, saved(case, "raw-trained", network, data=raw)))
+    template = found["chat template"]
+    assert template["status"] == FAIL, template
+    assert template["data"]["training_data"]["templated"] == 0 and "0 of the first 64" in template["finding"]
+    assert "outside the target's chat template" in template["cause"] and "--chat_template true" in template["fix"]
+    assert checks(run(case, case["root"] / "healthy"))["chat template"]["data"]["training_data"]["templated"] == 64
+
+
+def test_the_command_exits_1_when_a_check_fails_and_0_when_none_does(case, capsys):
+    args = ["--target", str(case["root"] / "target"), "--prompts", str(case["root"] / "prompts.jsonl")]
+    args += ["--max_new_tokens", str(NEW), "--out", "null"]
+    main(["doctor", str(case["root"] / "healthy"), *args])  # returns: exit status 0
+    with pytest.raises(SystemExit) as exited:
+        main(["doctor", str(recorded_as(case, "exit-fc_norm", fc_norm=True)), *args])
+    assert exited.value.code == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("FAIL    norm conventions") for line in lines) == 1

@@ -9,6 +9,7 @@ measures it in training, and the last check puts them beside the real verifier's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -30,6 +31,25 @@ COVERAGE = 0.9
 """Share of the target's greedy tokens a draft vocabulary should hold."""
 JUDGED = 0.1
 """First-token acceptance a comparison of readings needs somewhere: below it, no reading is told from another."""
+RETAINED = 0.5
+"""Share of what the target's features add to first-token acceptance (over features of other positions) that the
+drafter's own features must keep at depth 2: below it, a cliff after depth 1."""
+FEATURE_GAIN = 0.1
+"""First-token acceptance the target's features must add over features of other positions (and two noise margins)
+for the training-time test check to judge a share of it: on text where they add less, the share is noise."""
+TEMPLATE_COLLAPSE = 0.5
+"""First-token acceptance in the target's chat template below this share of the raw prompts' is named a template
+mismatch when the training data is not found (a smaller gap may be the texts' own difficulty)."""
+NORM_FLAGS = ("fc_norm", "norm_before_fc", "norm_output")
+"""EAGLE-3.1's norm flags (``Eagle3Config``), as speculators' and vLLM's configs name them."""
+WEIGHTED_NORMS = {"fc_norm": "fc_norm.", "norm_before_fc": "input_norm."}
+"""The norm flags that have weights of their own: the flag -> the prefix of its tensors."""
+NORM_SETTINGS = tuple(
+    {"fc_norm": a, "norm_before_fc": b, "norm_output": c}
+    for a, b in ((False, False), (True, False), (False, True))
+    for c in (False, True)
+)
+"""Every setting of the norm flags an EAGLE-3 config can hold (fc_norm and norm_before_fc are exclusive)."""
 
 
 @dataclass
@@ -94,27 +114,44 @@ def reads_features(network) -> bool:
 
 
 @torch.no_grad()
-def predictions(network: EagleModel, probe_: Probe, layers: tuple[int, ...], steps: int) -> list[torch.Tensor]:
+def predictions(
+    network: EagleModel, probe_: Probe, layers: tuple[int, ...], steps: int, shuffled: bool = False
+) -> list[torch.Tensor]:
     """Per sequence, (steps, T) the target id the drafter puts first at anchor i and step j (training-time test
-    unrolled on its own features, as it drafts), reading the target's ``layers``: it predicts x_{i+j+2}."""
+    unrolled on its own features, as it drafts), reading the target's ``layers``: it predicts x_{i+j+2}.
+    ``shuffled``: each anchor reads the features of another position of its sequence (a fixed permutation): real
+    features of the target that say nothing of this place, the baseline of what the features add."""
     out = []
     device = next(network.parameters()).device
     ids = network.draft_ids
+    generator = torch.Generator().manual_seed(0)
     for seq, hidden in zip(probe_.sequences, probe_.hidden, strict=True):
         features = tuple(hidden[layer].to(device) for layer in layers)
+        if shuffled:
+            order = torch.randperm(len(seq), generator=generator).to(device)
+            features = tuple(f[:, order] for f in features)
         steps_out = network(seq[None].to(device), features, steps, None)
         out.append(torch.stack([ids[network.logits(h[0]).argmax(-1)].cpu() for h in steps_out]))
     return out
 
 
-def hit_rate(preds: list[torch.Tensor], probe_: Probe, step: int, offset: int = 0) -> tuple[float, int]:
+def hit_rate(
+    preds: list[torch.Tensor], probe_: Probe, step: int, offset: int = 0, distinct: bool = False
+) -> tuple[float, int]:
     """(share, count) of anchors whose step-``step`` prediction equals x_{i+step+2+offset}, over anchors whose
-    x_{i+step+2} is a generated token (what the verifier would check)."""
+    x_{i+step+2} is a generated token (what the verifier would check); ``distinct``: only the anchors whose labels
+    one before, at and one after their place are three different tokens (on text that repeats a token, a prediction
+    of one would count as a hit of another)."""
     hits = count = 0
     for pred, seq, n in zip(preds, probe_.sequences, probe_.prompt_lens, strict=True):
         t = len(seq)
         labels = torch.arange(t) + step + 2  # label index of each anchor
         keep = (labels >= n) & (labels < t) & (labels + offset >= 0) & (labels + offset < t)
+        if distinct:
+            keep &= (labels >= 1) & (labels + 1 < t)
+            at = seq[labels.clamp(1, t - 2)]
+            before, after = seq[(labels - 1).clamp(0, t - 1)], seq[(labels + 1).clamp(0, t - 1)]
+            keep &= (at != before) & (at != after) & (before != after)
         anchors = torch.arange(t)[keep]
         hits += int((pred[step, anchors] == seq[labels[keep] + offset]).sum())
         count += len(anchors)
@@ -278,13 +315,15 @@ def check_vocab(network, probe_: Probe) -> Check:
 
 
 def check_offset(network: EagleModel, probe_: Probe) -> Check:
-    """Teacher-forced first-token predictions against the labels one before, at and one after their place."""
+    """Teacher-forced first-token predictions against the labels one before, at and one after their place, at the
+    anchors whose three labels differ (text that repeats a token would credit one offset with another's hits)."""
     preds = predictions(network, probe_, tuple(network.cfg.feature_layers), 1)
-    rates = {o: hit_rate(preds, probe_, 0, o) for o in (-1, 0, 1)}
+    rates = {o: hit_rate(preds, probe_, 0, o, distinct=True) for o in (-1, 0, 1)}
     best = max(rates, key=lambda o: rates[o][0])
-    readings = ", ".join(f"{o:+d}: {a:.2f}" for o, (a, _) in rates.items())
-    data = {"first_token": {str(o): a for o, (a, _) in rates.items()}}
     here, n = rates[0]
+    readings = ", ".join(f"{o:+d}: {a:.2f}" for o, (a, _) in rates.items())
+    readings += f" (over the {n} places whose three labels differ)"
+    data = {"first_token": {str(o): a for o, (a, _) in rates.items()}, "anchors": n}
     if rates[best][0] < JUDGED:
         return dead("position offset", f"first-token matches by label offset {readings}", data)
     if best != 0 and rates[best][0] - here > noise(here, n):
@@ -296,22 +335,41 @@ def check_offset(network: EagleModel, probe_: Probe) -> Check:
             f"x(t{2 + best:+d}) at the place of x(t+2)",
             fix="fix the data's shift (anchor i pairs x(i+1) with the target's state at i and predicts x(i+2)) "
             "and retrain",
-            data=data,
+            data=data | {"peak": best},
         )
-    return Check("position offset", PASS, f"first-token matches by label offset {readings}: peak at 0", data=data)
+    return Check(
+        "position offset", PASS, f"first-token matches by label offset {readings}: peak at 0", data=data | {"peak": 0}
+    )
 
 
 def check_ttt(network: EagleModel, probe_: Probe) -> Check:
-    """Acceptance per depth on the drafter's own features against the teacher-forced (target's) ones."""
-    preds = predictions(network, probe_, tuple(network.cfg.feature_layers), TTT_DEPTHS)
-    forced = hit_rate(preds, probe_, 0)[0]  # every depth teacher-forced is step 0 at a later anchor
+    """Acceptance per depth on the drafter's own features against the teacher-forced (target's) ones, each over
+    the baseline of features from other positions: the share of what the target's features add at depth 1 that
+    the drafter's own keep at depth 2."""
+    layers = tuple(network.cfg.feature_layers)
+    preds = predictions(network, probe_, layers, TTT_DEPTHS)
+    forced, n = hit_rate(preds, probe_, 0)  # every depth teacher-forced is step 0 at a later anchor
+    blind = hit_rate(predictions(network, probe_, layers, 1, shuffled=True), probe_, 0)[0]
     own = [hit_rate(preds, probe_, j)[0] for j in range(TTT_DEPTHS)]
     readings = ", ".join(f"{a:.2f}" for a in own)
-    data = {"teacher_forced": forced, "own_features": own}
-    finding = f"acceptance by depth on its own features {readings} vs {forced:.2f} teacher-forced"
+    data = {"teacher_forced": forced, "own_features": own, "other_positions_features": blind, "anchors": n}
+    finding = (
+        f"acceptance by depth on its own features {readings} vs {forced:.2f} teacher-forced and {blind:.2f} on "
+        "features of other positions"
+    )
     if forced < JUDGED:
         return dead("training-time test", finding, data)
-    if own[1] < CLIFF * forced:
+    if forced - blind <= max(FEATURE_GAIN, 2 * noise(forced, n)):
+        return Check(
+            "training-time test",
+            INFO,
+            finding + ": the target's features add nothing measurable at depth 1 on this text, no cliff to see",
+            data=data,
+        )
+    retained = (own[1] - blind) / (forced - blind)
+    data["retained"] = retained
+    finding += f"; its own features keep {retained:.0%} of what the target's add, at depth 2"
+    if retained < RETAINED:
         return Check(
             "training-time test",
             FAIL,
@@ -322,6 +380,164 @@ def check_ttt(network: EagleModel, probe_: Probe) -> Check:
             data=data,
         )
     return Check("training-time test", PASS, finding, data=data)
+
+
+def with_norms(network: EagleModel, flags: dict[str, bool]) -> EagleModel:
+    """``network``'s weights read under other norm flags; a norm whose weights it lacks reads with unit weights (what
+    an engine that builds the norm and loads a checkpoint without it computes)."""
+    if all(getattr(network.cfg, f) == v for f, v in flags.items()):
+        return network
+    param = next(network.parameters())
+    variant = EagleModel(dataclasses.replace(network.cfg, **flags)).to(param.device, param.dtype)
+    variant.load_state_dict(network.state_dict(), strict=False)
+    return variant.eval()
+
+
+def trained_norms(state: dict) -> dict[str, bool]:
+    """The norm flags with weights of their own (``WEIGHTED_NORMS``) that an EAGLE-3's weights were trained with."""
+    return {flag: any(k.startswith(prefix) for k in state) for flag, prefix in WEIGHTED_NORMS.items()}
+
+
+def setting_name(flags: dict[str, bool]) -> str:
+    return ", ".join(f"{f} {str(v).lower()}" for f, v in flags.items())
+
+
+def check_norms(network: EagleModel, info: dict, probe_: Probe) -> Check:
+    """The recorded EAGLE-3.1 norm flags against those the weights were trained with: the weights say which norms
+    with weights of their own they hold, and every setting of the flags is measured (teacher-forced first-token and
+    depth-2 acceptance; ``norm_output`` changes depth 2 only)."""
+    if not network.cfg.own_head:
+        return Check("norm conventions", NOT_RUN, f"{network.method} has no EAGLE-3.1 norm flags")
+    config = info.get("config") or {}
+    recorded = {f: bool(config.get(f, False)) for f in NORM_FLAGS}
+    trained = {f: bool(getattr(network.cfg, f)) for f in NORM_FLAGS}  # the network is built as its weights are
+    layers = tuple(network.cfg.feature_layers)
+    scores, n = {}, 0
+    for flags in NORM_SETTINGS:
+        preds = predictions(with_norms(network, flags), probe_, layers, 2)
+        (first, n), (second, _) = hit_rate(preds, probe_, 0), hit_rate(preds, probe_, 1)
+        scores[setting_name(flags)] = [first, second]
+    data = {"recorded": recorded, "weights": {f: trained[f] for f in WEIGHTED_NORMS}, "acceptance": scores}
+
+    def score(flags: dict) -> float:
+        return sum(scores[setting_name(flags)]) / 2
+
+    def reading(flags: dict) -> str:
+        first, second = scores[setting_name(flags)]
+        return f"{first:.2f} / {second:.2f}"
+
+    def better(a: dict, b: dict) -> bool:
+        """``a`` reads more than ``b`` at one depth beyond the noise, and not less at the other (the same anchors:
+        ``norm_output`` leaves depth 1 as it is)."""
+        diffs = [x - y for x, y in zip(scores[setting_name(a)], scores[setting_name(b)], strict=True)]
+        margins = [noise(y, n) for y in scores[setting_name(b)]]
+        return any(d > m for d, m in zip(diffs, margins, strict=True)) and all(
+            d >= -m for d, m in zip(diffs, margins, strict=True)
+        )
+
+    lacking = [f for f in WEIGHTED_NORMS if recorded[f] != trained[f]]
+    base = trained if lacking else recorded  # the norms with weights as the weights say; measured, the rest
+    improving = [s for s in NORM_SETTINGS if better(s, base)]
+    best = max(improving, key=score) if improving else base
+    others = sorted((s for s in NORM_SETTINGS if s != best), key=score, reverse=True)
+    finding = (
+        f"recorded {setting_name(recorded)}; first-token / depth-2 acceptance as recorded {reading(recorded)}"
+        + (f", with {setting_name(best)} {reading(best)}" if best != recorded else "")
+        + f", next best ({setting_name(others[0])}) {reading(others[0])}"
+    )
+    data["best"] = best
+    if score(best) < JUDGED:
+        return dead("norm conventions", finding, data)
+    wrong = {f: v for f, v in best.items() if recorded[f] != v}
+    if wrong:
+        why = [f"the weights {'hold' if trained[f] else 'hold no'} {WEIGHTED_NORMS[f]}* tensors" for f in lacking] + [
+            f"{f} {str(v).lower()} accepts more" for f, v in wrong.items() if f not in lacking
+        ]
+        flags = ", ".join(f"{f} {str(v).lower()}" for f, v in wrong.items())
+        return Check(
+            "norm conventions",
+            FAIL,
+            f"{finding}: trained with {flags}, not as recorded ({'; '.join(why)})",
+            cause="the config's norm flags are not the ones the weights were trained with (a conversion or an "
+            "engine config that dropped or set them): served so, the drafter reads its inputs otherwise than it "
+            "learned",
+            fix=f"set {', '.join(f'{f}: {str(v).lower()}' for f, v in wrong.items())} in the drafter's config "
+            "(and in the export's speculators / vLLM config)",
+            data=data | {"wrong": wrong},
+        )
+    return Check("norm conventions", PASS, finding + ": the recorded setting reads best", data=data)
+
+
+def template_rates(network: EagleModel, probe_: Probe, k: int) -> tuple[float, float, int]:
+    """(teacher-forced first-token acceptance, τ estimate at ``k``, anchors) on ``probe_``."""
+    preds = predictions(network, probe_, tuple(network.cfg.feature_layers), 1)
+    first, n = hit_rate(preds, probe_, 0)
+    return first, teacher_forced_tau(network, probe_, k), n
+
+
+def check_template(network, probes: dict[str, Probe] | None, record: dict | None, k: int) -> Check:
+    """Acceptance on the prompts in the target's chat template against the same prompts raw; and, where the training
+    data is found, whether its prompts are in that template.
+
+    Args:
+        probes: ``{"template": .., "raw": ..}``: the probe of the prompts each way (None: the target has no chat
+            template).
+        record: what the drafter's training data says (``pipeline.doctor.training_template``): ``data`` (its dir),
+            ``rows`` read, ``templated`` (how many begin with the template's user prefix), ``chat_template`` (its
+            recorded setting); or ``why`` it was not found. None: nothing looked for.
+    """
+    if probes is None:
+        return Check("chat template", NOT_RUN, "the target's tokenizer has no chat template: prompts are served raw")
+    data: dict = {"training_data": record}
+    measured = ""
+    if reads_features(network):
+        rates = {way: template_rates(network, p, k) for way, p in probes.items()}
+        data["first_token"] = {way: r[0] for way, r in rates.items()}
+        data["tau_teacher_forced"] = {way: r[1] for way, r in rates.items()}
+        measured = (
+            f"first-token acceptance / τ estimate in the target's chat template {rates['template'][0]:.2f} / "
+            f"{rates['template'][1]:.2f}, raw {rates['raw'][0]:.2f} / {rates['raw'][1]:.2f}"
+        )
+        # text in a template is another text than raw, of another difficulty: on acceptance alone, only a collapse
+        lower = rates["template"][0] < TEMPLATE_COLLAPSE * rates["raw"][0]
+    else:
+        lower = False
+        measured = f"{network.method}: acceptance by template not measured (teacher-forced probe is EAGLE's)"
+    fix = (
+        "generate the training data from chat prompts rendered in the target's chat template (draftsmith generate "
+        "with messages prompts, --chat_template true) and retrain; or serve raw completions"
+    )
+    if record and record.get("rows"):
+        rows, templated = record["rows"], record["templated"]
+        said = "" if record.get("chat_template") is None else f", recorded chat_template {record['chat_template']}"
+        where = f"{templated} of the first {rows} prompts of its training data {record['data']} begin with it{said}"
+        if templated * 2 < rows:
+            return Check(
+                "chat template",
+                FAIL,
+                f"{measured}; {where}",
+                cause="trained on prompts outside the target's chat template (raw text, or another template): "
+                "served through the chat template, it drafts on text it was not trained on",
+                fix=fix,
+                data=data,
+            )
+        return Check("chat template", PASS, f"{measured}; {where}", data=data)
+    unfound = f"; training data not found ({record['why']})" if record and record.get("why") else ""
+    if lower:
+        return Check(
+            "chat template",
+            FAIL,
+            f"{measured}: under {TEMPLATE_COLLAPSE:.0%} of raw in the template{unfound}",
+            cause="trained on prompts outside the target's chat template (raw text, or another template)",
+            fix=fix,
+            data=data,
+        )
+    return Check(
+        "chat template",
+        INFO,
+        f"{measured}{unfound}: the training data's template unknown, nothing to judge against",
+        data=data,
+    )
 
 
 @torch.no_grad()
@@ -400,11 +616,18 @@ def not_run(name: str, why: str) -> Check:
 
 
 FEATURE_CHECKS = (
-    ("feature layers", lambda network, target, probe_: check_layers(network, target, probe_)),
-    ("position offset", lambda network, target, probe_: check_offset(network, probe_)),
-    ("training-time test", lambda network, target, probe_: check_ttt(network, probe_)),
+    ("feature layers", lambda network, info, target, probe_: check_layers(network, target, probe_)),
+    ("norm conventions", lambda network, info, target, probe_: check_norms(network, info, probe_)),
+    ("position offset", lambda network, info, target, probe_: check_offset(network, probe_)),
+    ("training-time test", lambda network, info, target, probe_: check_ttt(network, probe_)),
 )
-CHECK_NAMES = ("identity", *(name for name, _ in FEATURE_CHECKS), "draft vocabulary", "prediction vs measurement")
+CHECK_NAMES = (
+    "identity",
+    *(name for name, _ in FEATURE_CHECKS),
+    "chat template",
+    "draft vocabulary",
+    "prediction vs measurement",
+)
 """Every check, in the order ``run_checks`` reports them."""
 
 
@@ -418,9 +641,17 @@ def guarded(name: str, run) -> Check:
 
 
 def run_checks(
-    network, info: dict, target: Target, prompts: list[list[int]], k: int = 4, max_new_tokens: int = 48
+    network,
+    info: dict,
+    target: Target,
+    prompts: list[list[int]],
+    k: int = 4,
+    max_new_tokens: int = 48,
+    template: dict | None = None,
 ) -> list[Check]:
-    """Every check of ``network`` (with its native record ``info``) against ``target`` on ``prompts``."""
+    """Every check of ``network`` (with its native record ``info``) against ``target`` on ``prompts``; ``template``:
+    the prompts in the target's chat template and raw (``{"template": ids, "raw": ids, "record": ..}``, see
+    ``check_template``; None: the target has no chat template)."""
     identity, runnable = check_identity(info, target, network)
     checks = [identity]
     if not runnable:
@@ -430,9 +661,21 @@ def run_checks(
     probe_ = probe(target, prompts, max_new_tokens)
     for name, check in FEATURE_CHECKS:
         if reads_features(network):
-            checks.append(guarded(name, lambda check=check: check(network, target, probe_)))
+            checks.append(guarded(name, lambda check=check: check(network, info, target, probe_)))
         else:
             checks.append(not_run(name, f"{network.method} is not an EAGLE-1 / EAGLE-3 feature drafter"))
+
+    def chat_template() -> Check:
+        if template is None:
+            return check_template(network, None, None, k)
+        probes = {
+            way: probe_ if ids == prompts else probe(target, ids, max_new_tokens)
+            for way, ids in template.items()
+            if way in ("template", "raw")
+        }
+        return check_template(network, probes, template.get("record"), k)
+
+    checks.append(guarded("chat template", chat_template))
     checks.append(guarded("draft vocabulary", lambda: check_vocab(network, probe_)))
 
     def prediction() -> Check:
