@@ -269,3 +269,30 @@ def test_sees_itself_changes_only_the_blind_rows_and_their_values_become_finite(
     for a, b in zip(new, reference, strict=True):  # output, dq, dk, dv
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a[0], b[0], rtol=1e-5, atol=1e-6)  # the row with real tokens
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3", "eagle3_31"])
+def test_a_packed_training_step_passes_sdpa_boolean_masks_only(name, dirs, recorded):
+    """A packed batch (``data.pack``, documents end to end in a row): the target's forward under its block-causal
+    mask (``document_mask``) and the drafter's TTT masks are boolean, no query carrying gradients is blind, and the
+    boolean masks give the additive ones' values and gradients."""
+    from draftsmith.train.data import collate_packed
+
+    rows = batch()
+    docs = [
+        {"input_ids": ids[:n].tolist(), "loss_mask": mask[:n].tolist()}
+        for ids, mask, n in zip(rows["input_ids"], rows["loss_mask"], LENGTHS, strict=True)
+    ]
+    packed = collate_packed([[docs[0]], [docs[1], docs[2]]], 16)
+    assert packed["doc_ids"][1].max() == 2
+    torch.manual_seed(0)
+    module = FAMILIES[name](dirs)
+    recorded.clear()
+    loss = train_step(name, module, packed)
+    steps = [call for call in recorded if call.query.shape[0] == 2]  # the packed rows (not a one-row check's call)
+    assert any(not call.grad for call in steps) and any(call.grad for call in steps)  # the target's and the drafter's
+    assert all(call.mask is not None for call in steps)  # the target's too: its 4D block-causal mask
+    assert_no_float_mask_and_no_blind_row(recorded)
+    for call in steps:
+        check_boolean_equals_additive(call)
+    assert torch.isfinite(loss)

@@ -24,3 +24,12 @@ def sees_itself(mask: torch.Tensor) -> torch.Tensor:
     own = torch.eye(q, dtype=torch.bool, device=mask.device)
     own = torch.cat([own.new_zeros(q, s - q), own], dim=1)  # (Q, S)
     return mask | (own & ~mask.any(-1, keepdim=True))
+
+
+def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool causal self-attention of packed rows (``train.data.collate_packed``): a token sees the
+    earlier tokens of its own document only. ``doc_ids`` (B, T): each token's document in its row, 0 on padding
+    (padding sees the padding before it, so every query sees at least its own key)."""
+    t = doc_ids.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=doc_ids.device).tril()
+    return (causal & (doc_ids[:, :, None] == doc_ids[:, None, :]))[:, None]

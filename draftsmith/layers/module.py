@@ -18,6 +18,7 @@ from draftsmith.core.machine import training_attention
 from draftsmith.core.native import describe
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
+from draftsmith.layers.attention import document_mask
 from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
 from draftsmith.layers.guard import FiniteGuard
 
@@ -81,6 +82,10 @@ class DrafterModule(L.LightningModule):
         self.target = targets.load_target(resolved, feature_layers=layers, batch_invariant=False)
         self.drafter = self.build_drafter()
 
+    packs: bool = False
+    """Whether the family trains on packed batches (``data.pack``: ``doc_ids`` / ``position_ids`` in the batch, read
+    by its masks, positions and labels); the others refuse them."""
+
     # -- hooks for families ------------------------------------------------------------
     def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
         return (-1,)
@@ -114,6 +119,11 @@ class DrafterModule(L.LightningModule):
         self.target.model.to(self.device)
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
         if datamodule is not None:
+            if getattr(getattr(datamodule, "hparams", None), "pack", False) and not self.packs:
+                raise DraftsmithError(
+                    f"data.pack: {type(self).__name__} does not train on packed batches (EAGLE-1 / EAGLE-3 do); "
+                    "drop data.pack"
+                )
             datamodule.check_target(self.target)
             if getattr(datamodule, "cache", None) is not None:
                 self.target.check_final_logits("data.features")
@@ -146,13 +156,12 @@ class DrafterModule(L.LightningModule):
         the feature layers and the final normed state, whose LM head output is the target's logits). ``vocab``:
         from the cache, only these tokens' logits are computed (``TargetOutput.vocab``)."""
         if "hidden" not in batch:
+            masks = self._target_masks(batch)
             if vocab is None or not self._logits_from_final_state():
-                return self.target(batch["input_ids"], attention_mask=batch["attention_mask"])
+                return self.target(batch["input_ids"], **masks)
             # online with a loss vocabulary: the LM head on those tokens only, from the final normed state
             layers = (*self.target.feature_layers, self.target.num_layers)
-            out = self.target(
-                batch["input_ids"], attention_mask=batch["attention_mask"], feature_layers=layers, last_logits_only=True
-            )
+            out = self.target(batch["input_ids"], **masks, feature_layers=layers, last_logits_only=True)
             with torch.no_grad():
                 logits = self.target.final_logits(out.features[-1], vocab)
             return TargetOutput(logits, out.features[:-1], vocab=vocab)
@@ -160,6 +169,23 @@ class DrafterModule(L.LightningModule):
         with torch.no_grad():
             logits = self.target.final_logits(hidden[self.target.num_layers], vocab)
         return TargetOutput(logits, tuple(hidden[layer].float() for layer in self.target.feature_layers), vocab=vocab)
+
+    def _target_masks(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The target's mask arguments for ``batch``: its padding mask, or for a packed batch (``doc_ids``) a 4D
+        boolean block-causal mask (``document_mask``) and each document's positions from 0."""
+        if "doc_ids" not in batch:
+            return {"attention_mask": batch["attention_mask"]}
+        if not self.packs:
+            raise DraftsmithError(f"data.pack: {type(self).__name__} does not train on packed batches")
+        impl = self.target.config._attn_implementation
+        windows = [w for w in self.target.attention_windows.values() if w is not None]
+        if impl != "sdpa" or windows:
+            raise DraftsmithError(
+                f"data.pack: the target's forward takes a packed batch's mask with sdpa attention and no sliding "
+                f"window (it has {impl}{', windows ' + str(windows) if windows else ''}); train from a feature cache "
+                "(data.features) or drop data.pack"
+            )
+        return {"attention_mask": document_mask(batch["doc_ids"]), "position_ids": batch["position_ids"]}
 
     def _logits_from_final_state(self) -> bool:
         """Whether the target's logits are its LM head on its final hidden state (checked once)."""

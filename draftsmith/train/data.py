@@ -60,6 +60,90 @@ class LengthBucketSampler(DistributedSampler):
             yield from batch
 
 
+def pack_first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: the indices of ``lengths`` laid into rows of at most ``capacity`` tokens (the longest
+    first, each into the first row with room; SpecForge's and speculators' packing). Each length must be at most
+    ``capacity``."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        n = lengths[i]
+        for r, free in enumerate(room):
+            if n <= free:
+                rows[r].append(i)
+                room[r] -= n
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - n)
+    return rows
+
+
+class PackedBatchSampler(LengthBucketSampler):
+    """Packed batches: each element is one batch, a tuple of ``rows_per_batch`` rows, each a tuple of the dataset
+    indices of the documents laid end to end in it (at most ``capacity`` tokens a row).
+
+    Per epoch: a seeded shuffle, then first-fit decreasing (``pack_first_fit``) over chunks of
+    ``bucket_batches`` batches' worth of documents, then the rows shuffled and grouped. Distributed and resumable as
+    ``LengthBucketSampler`` (whose ``resume_at`` counts batches here as there).
+    """
+
+    def __init__(
+        self,
+        lengths: list[int],
+        capacity: int,
+        rows_per_batch: int,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        bucket_batches: int = 16,
+    ) -> None:
+        super().__init__(lengths, rows_per_batch, seed, num_replicas, rank, bucket_batches)
+        self.capacity = capacity
+        self.lengths = [min(n, capacity) for n in lengths]  # rows are truncated to the capacity (max_length)
+
+    def batches(self) -> list[tuple[tuple[int, ...], ...]]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=g).tolist()
+        mean = max(1, sum(self.lengths) // max(1, len(self.lengths)))
+        chunk = max(1, self.bucket * self.batch_size * self.capacity // mean)  # documents of ~bucket batches
+        rows = []
+        for i in range(0, len(order), chunk):
+            part = order[i : i + chunk]
+            rows += [
+                tuple(part[j] for j in row) for row in pack_first_fit([self.lengths[j] for j in part], self.capacity)
+            ]
+        rows = [rows[r] for r in torch.randperm(len(rows), generator=g).tolist()]
+        batches = [tuple(rows[b : b + self.batch_size]) for b in range(0, len(rows), self.batch_size)]
+        if len(batches) % self.num_replicas:
+            batches += batches[: self.num_replicas - len(batches) % self.num_replicas]
+        return batches[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+    def __iter__(self):
+        batches = self.batches()
+        if self.resume_at is not None and self.resume_at[0] == self.epoch:
+            batches = batches[self.resume_at[1] :]
+            self.resume_at = None
+        yield from batches
+
+
+class PackedRows(torch.utils.data.Dataset):
+    """``ds`` read a packed batch at a time: ``PackedRows(ds)[rows]`` is, per row of ``rows`` (a
+    ``PackedBatchSampler`` batch), the list of its documents' dataset rows."""
+
+    def __init__(self, ds) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, rows) -> list[list[dict]]:
+        return [[self.ds[int(i)] for i in row] for row in rows]
+
+
 class ResumesMidEpoch:
     """A LightningDataModule whose checkpoints record how far into the epoch training got, and whose next train
     sampler (``train_sampler``) skips those batches: a fit resumed from a mid-epoch checkpoint trains on the batches
@@ -67,9 +151,15 @@ class ResumesMidEpoch:
 
     _resume_at: tuple[int, int] | None = None
 
-    def train_sampler(self, lengths: list[int], batch_size: int, seed: int) -> LengthBucketSampler:
+    def train_sampler(
+        self, lengths: list[int], batch_size: int, seed: int, pack_to: int | None = None
+    ) -> LengthBucketSampler:
+        """``pack_to``: a ``PackedBatchSampler`` of ``batch_size`` rows of at most ``pack_to`` tokens."""
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        sampler = LengthBucketSampler(lengths, batch_size, seed, world, rank)
+        if pack_to is not None:
+            sampler = PackedBatchSampler(lengths, pack_to, batch_size, seed, world, rank)
+        else:
+            sampler = LengthBucketSampler(lengths, batch_size, seed, world, rank)
         sampler.resume_at = self._resume_at
         return sampler
 
@@ -108,6 +198,49 @@ def collate(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
     if topk:
         t = out["input_ids"].shape[1]
         out.update({name: v[:, :t] for name, v in topk.items()})
+    if hidden:
+        out["hidden"] = hidden
+    return out
+
+
+def collate_packed(rows: list[list[dict]], max_length: int) -> dict[str, torch.Tensor]:
+    """Packed rows to (R, T) tensors: each row's documents (dataset rows, each truncated to ``max_length``) end to end,
+    right-padded to the longest row.
+
+    Beside ``collate``'s keys: ``doc_ids`` (R, T), the document of each token within its row (1, 2, ...; 0 on
+    padding), and ``position_ids`` (R, T), each document's positions from 0 (padding continues from its row's last).
+    Nothing attends across documents and no label crosses one: the families that train on packed batches read both
+    (``layers.attention.document_mask``, EAGLE's ``ttt_mask`` and ``unroll``). ``hidden`` (cached features) and the
+    stored top-k are each document's own, laid out the same way.
+    """
+    docs = [[collate([d], max_length) for d in row] for row in rows]
+    t = max(sum(d["input_ids"].shape[1] for d in row) for row in docs)
+    r = len(docs)
+    out = {k: torch.zeros(r, t, dtype=torch.long) for k in ("input_ids", "loss_mask", "attention_mask", "doc_ids")}
+    out["position_ids"] = torch.zeros(r, t, dtype=torch.long)
+    first = docs[0][0]
+    topk = {
+        k: torch.zeros((r, t, *first[k].shape[2:]), dtype=first[k].dtype)
+        for k in ("topk_ids", "topk_logprobs")
+        if k in first
+    }
+    hidden = {layer: torch.zeros(r, t, h.shape[-1], dtype=h.dtype) for layer, h in first.get("hidden", {}).items()}
+    for i, row in enumerate(docs):
+        at = 0
+        for doc, d in enumerate(row, start=1):
+            n = d["input_ids"].shape[1]
+            span = slice(at, at + n)
+            for k in ("input_ids", "loss_mask", "attention_mask"):
+                out[k][i, span] = d[k][0]
+            out["doc_ids"][i, span] = doc
+            out["position_ids"][i, span] = torch.arange(n)
+            for k, v in topk.items():
+                v[i, span] = d[k][0, :n]
+            for layer, v in hidden.items():
+                v[i, span] = d["hidden"][layer][0]
+            at += n
+        out["position_ids"][i, at:] = torch.arange(t - at) + (out["position_ids"][i, at - 1] + 1 if at else 0)
+    out.update(topk)
     if hidden:
         out["hidden"] = hidden
     return out
@@ -190,6 +323,13 @@ class GeneratedDataModule(ResumesMidEpoch, L.LightningDataModule):
             target's hidden states from it instead of running the target (validation still runs it).
         train_rows: train on the first N rows of ``train`` only (nested subsets of one dataset, which its feature
             cache still serves); None: all.
+        pack: training batches of packed rows (``collate_packed``): documents laid end to end in rows of
+            ``max_length`` tokens by first-fit decreasing, attending and predicting within their own document only,
+            instead of one right-padded document a row. Validation stays one document a row (``val/tau_est``
+            replays whole sequences). Families that train on packed batches: EAGLE-1 / EAGLE-3
+            (``DrafterModule.packs``); others refuse it in one line.
+        tokens_per_batch: with ``pack``, the token budget of a step: ``tokens_per_batch // max_length`` rows of
+            ``max_length`` (None: ``batch_size`` rows).
     """
 
     def __init__(
@@ -203,8 +343,14 @@ class GeneratedDataModule(ResumesMidEpoch, L.LightningDataModule):
         seed: int = 0,
         features: str | None = None,
         train_rows: int | None = None,
+        pack: bool = False,
+        tokens_per_batch: int | None = None,
     ) -> None:
         super().__init__()
+        if tokens_per_batch is not None and tokens_per_batch < max_length:
+            raise DraftsmithError(
+                f"data.tokens_per_batch: {tokens_per_batch} is less than one row of max_length {max_length}"
+            )
         self.save_hyperparameters()
         self.train_ds = self.val_ds = None
         self.cache = None
@@ -257,18 +403,35 @@ class GeneratedDataModule(ResumesMidEpoch, L.LightningDataModule):
         self.setup()
         return generated_token_counts(self.train_ds, vocab_size)
 
+    @property
+    def packed_rows(self) -> int | None:
+        """Rows of a packed training batch; None when training batches are not packed."""
+        hp = self.hparams
+        if not hp.pack:
+            return None
+        return hp.batch_size if hp.tokens_per_batch is None else hp.tokens_per_batch // hp.max_length
+
     def _loader(self, ds, shuffle: bool) -> DataLoader:
         hp = self.hparams
-        sampler = self.train_sampler([len(x) for x in ds["input_ids"]], hp.batch_size, hp.seed) if shuffle else None
+        loading = {
+            "num_workers": hp.num_workers,
+            "persistent_workers": hp.num_workers > 0,
+            "pin_memory": self._to_cuda(),  # page-locked host batches copy to a GPU asynchronously
+        }
+        lengths = [len(x) for x in ds["input_ids"]] if shuffle else None
         if shuffle and self.cache is not None:
             ds = CachedRows(ds, self.cache)
-        return DataLoader(
-            ds,
-            batch_size=hp.batch_size,
-            sampler=sampler,
-            collate_fn=partial(collate, max_length=hp.max_length),
-            num_workers=hp.num_workers,
-        )
+        if shuffle and hp.pack:
+            sampler = self.train_sampler(lengths, self.packed_rows, hp.seed, pack_to=hp.max_length)
+            collate_fn = partial(collate_packed, max_length=hp.max_length)
+            return DataLoader(PackedRows(ds), batch_size=None, sampler=sampler, collate_fn=collate_fn, **loading)
+        sampler = self.train_sampler(lengths, hp.batch_size, hp.seed) if shuffle else None
+        collate_fn = partial(collate, max_length=hp.max_length)
+        return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, collate_fn=collate_fn, **loading)
+
+    def _to_cuda(self) -> bool:
+        """Whether the batches go to a CUDA device (pinned memory helps there only)."""
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_ds, shuffle=True)

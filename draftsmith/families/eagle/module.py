@@ -20,7 +20,7 @@ def default_feature_layers(num_layers: int, version: int) -> tuple[int, ...]:
 
 
 class EagleModule(DrafterModule):
-    """EAGLE-1 / EAGLE-3 training against a frozen target.
+    """EAGLE-1 / EAGLE-3 training against a frozen target (on packed batches too: ``data.pack``).
 
     Args:
         target: local HF model directory of the target.
@@ -89,6 +89,11 @@ class EagleModule(DrafterModule):
         self.ttt_steps = ttt_steps if config_class(version).ttt else 1
         self.step_decay, self.reg_weight, self.cls_weight = step_decay, reg_weight, cls_weight
 
+    @property
+    def packs(self) -> bool:
+        """EAGLE's own losses read a packed batch's documents; a subclass with other losses (P-EAGLE) does not."""
+        return type(self).losses is EagleModule.losses
+
     def feature_layers_for(self, target_path: str) -> tuple[int, ...]:
         if self.requested_layers:
             return tuple(self.requested_layers)
@@ -146,10 +151,15 @@ class EagleModule(DrafterModule):
 
 def unroll(network: EagleModel, batch: dict, out: TargetOutput, steps: int):
     """Per step j: (j, draft hidden (B,T,H), mask (B,T)); anchor i at step j predicts x_{i+j+2}, checked against
-    target row i+j+1, and that token must be a generated one (``batch``: input_ids, attention_mask, loss_mask)."""
-    hiddens = network(batch["input_ids"], out.features, steps, batch["attention_mask"])
+    target row i+j+1, and that token must be a generated one (``batch``: input_ids, attention_mask, loss_mask) of
+    the anchor's own document (a packed batch's ``doc_ids`` / ``position_ids``, ``train.data.collate_packed``)."""
+    docs = batch.get("doc_ids")
+    hiddens = network(batch["input_ids"], out.features, steps, batch["attention_mask"], batch.get("position_ids"), docs)
     for j, hidden in enumerate(hiddens):
-        yield j, hidden, shift(batch["loss_mask"], j + 2).bool()
+        mask = shift(batch["loss_mask"], j + 2).bool()
+        if docs is not None:  # x_{i+j+2} in anchor i's document (shift pads with 0, padding's document)
+            mask = mask & (shift(docs, j + 2) == docs)
+        yield j, hidden, mask
 
 
 def eagle_losses(

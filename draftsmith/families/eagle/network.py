@@ -348,17 +348,23 @@ class EagleStackLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
 
-def ttt_mask(t: int, step: int, valid: torch.Tensor | None, device) -> torch.Tensor:
+def ttt_mask(t: int, step: int, valid: torch.Tensor | None, device, docs: torch.Tensor | None = None) -> torch.Tensor:
     """Attention mask of TTT step ``step`` over keys of steps 0..step: (B or 1, 1, T, (step+1)T) bool.
 
     Step-0 keys are causal (anchor <= query anchor) and valid; keys of steps >= 1
     are visible only on the query's own anchor (its own chain of drafts). A query of a row with no real token sees
-    its own key of this step (``layers.attention.sees_itself``).
+    its own key of this step (``layers.attention.sees_itself``). ``docs`` (B, T): a packed batch's document of each
+    anchor (``train.data.collate_packed``): step-0 keys of the query's own document only.
     """
     idx = torch.arange(t, device=device)
     causal = idx[None, :] <= idx[:, None]  # (T, T)
     diag = torch.eye(t, dtype=torch.bool, device=device)
-    mask = torch.cat([causal] + [diag] * step, dim=1)[None, None]  # (1, 1, T, (step+1)T)
+    if docs is not None:
+        causal = causal & (docs[:, :, None] == docs[:, None, :])  # (B, T, T)
+        diag = diag.expand_as(causal)
+        mask = torch.cat([causal] + [diag] * step, dim=-1)[:, None]  # (B, 1, T, (step+1)T)
+    else:
+        mask = torch.cat([causal] + [diag] * step, dim=1)[None, None]  # (1, 1, T, (step+1)T)
     if valid is not None:
         keys_valid = torch.cat([valid] * (step + 1), dim=1)[:, None, None, :].bool()  # (B, 1, 1, (step+1)T)
         mask = sees_itself(mask & keys_valid)
@@ -482,7 +488,13 @@ class EagleModel(DrafterNetwork):
         return (self.norm(out) if self.cfg.norm_output else out), k, v
 
     def forward(
-        self, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...], steps: int, valid: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        features: tuple[torch.Tensor, ...],
+        steps: int,
+        valid: torch.Tensor | None,
+        positions: torch.Tensor | None = None,
+        docs: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Training-time test unrolled for ``steps`` steps.
 
@@ -491,6 +503,9 @@ class EagleModel(DrafterNetwork):
             features: target features at each position, each (B, T, Ht).
             steps: TTT steps (1 = plain teacher forcing, as EAGLE-1 trains).
             valid: (B, T) 1 on real (non-pad) positions.
+            positions: (B, T) each anchor's position (a packed batch's: from 0 in each document); None: 0..T-1.
+            docs: (B, T) a packed batch's document of each anchor (nothing attends across documents); None: one
+                document a row.
 
         Returns:
             per step j, the output hidden states (B, T, H); anchor i of step j predicts x_{i+j+2}.
@@ -498,12 +513,13 @@ class EagleModel(DrafterNetwork):
         b, t = input_ids.shape
         hidden = self.fuse(features)
         padded = F.pad(input_ids, (0, steps), value=0)
+        if positions is None:
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)
         past_k = past_v = None
         outs = []
         for j in range(steps):
-            positions = (torch.arange(t, device=input_ids.device) + j).expand(b, t)
-            mask = ttt_mask(t, j, valid, input_ids.device)
-            hidden, k, v = self.step(padded[:, j + 1 : j + 1 + t], hidden, positions, past_k, past_v, mask)
+            mask = ttt_mask(t, j, valid, input_ids.device, docs)
+            hidden, k, v = self.step(padded[:, j + 1 : j + 1 + t], hidden, positions + j, past_k, past_v, mask)
             past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
             past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
             outs.append(hidden)
