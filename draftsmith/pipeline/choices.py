@@ -9,6 +9,7 @@ from pathlib import Path
 
 from draftsmith import targets
 from draftsmith.core.machine import Device
+from draftsmith.data.engines import EngineChoice, generation_engine
 from draftsmith.errors import DraftsmithError, user_error
 from draftsmith.train.fit import RECIPES, FitRun, load_recipe
 from draftsmith.train.suite import Plan
@@ -140,15 +141,16 @@ def check_families(plan: Plan, target: str, runs: dict[str, FitRun]) -> None:
             raise DraftsmithError(f"--families {name}: {cause}") from None
 
 
-def stage_devices(device: Device) -> str:
+def stage_devices(device: Device, engine: EngineChoice) -> str:
     """Where each stage runs and the fits' precision, in one line (the pipeline's and the quickstart's first lines):
-    generation (batched HF generation), the feature cache and the verifier on ``device``'s torch device; the fits on
-    all of its devices (DDP over more than one GPU; the acceptance head on one)."""
+    generation (with ``engine``: ``data.engines.generation_engine``'s choice), the feature cache and the verifier on
+    ``device``'s torch device; the fits on all of its devices (DDP over more than one GPU; the acceptance head on
+    one)."""
     where = device.torch
     fits = f"{where} × {device.devices} ({device.name})" if device.accelerator == "gpu" else where
     ddp = f" (DDP over {device.devices} GPUs; the acceptance head on one)" if device.devices > 1 else ""
     return (
-        f"generation on {where} (batched HF generation), feature cache on {where}, fits on {fits} in "
+        f"generation on {where} ({engine.describe()}), feature cache on {where}, fits on {fits} in "
         f"{device.precision}{ddp}, verifier on {where}"
     )
 
@@ -156,4 +158,4 @@ def stage_devices(device: Device) -> str:
 def device_choice(device: Device) -> None:
     """Print the device chosen and where each stage runs (``stage_devices``)."""
     print(f"  device {device.describe()} (--device)")
-    print(f"  stages: {stage_devices(device)}")
+    print(f"  stages: {stage_devices(device, generation_engine(device.torch))}")

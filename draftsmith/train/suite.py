@@ -16,6 +16,7 @@ from pathlib import Path
 from draftsmith.core.machine import Device, local_device
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.data import shards
+from draftsmith.data.engines import EngineChoice, generation_engine
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
 from draftsmith.targets import ResolvedTarget, resolve_target
@@ -115,21 +116,28 @@ PLANS = {"demo": DEMO, "default": Plan(FULL), "smollm2": SMOLLM2}
 """The built-in targets' plans."""
 
 
-def generated_once(target: Path | ResolvedTarget, path: Path, settings: dict, device: str = "auto") -> Path:
+def generated_once(
+    target: Path | ResolvedTarget, path: Path, settings: dict, device: str = "auto", engine: EngineChoice | None = None
+) -> Path:
     """Generate ``path`` with ``settings`` unless it is current (the same settings and target); ``device``: where the
-    target generates (``generate``'s; not part of the settings: it does not change what is generated)."""
+    target generates (``generate``'s; not part of the settings: it does not change what is generated); ``engine``:
+    what generates (``data.engines.generation_engine``; default HF): vLLM's name joins the settings (its sampled
+    data follows its own random streams), its interpreter does not."""
     if not isinstance(target, ResolvedTarget):
         target = resolve_target(target, settings.get("dtype"), quiet=True)
+    run: dict = {"device": device}
+    if engine is not None and engine.engine == "vllm":
+        settings, run = {**settings, "engine": "vllm"}, {**run, "vllm_python": str(engine.python)}
     stage = {"generate": settings, "target": str(target.path)}
     if not is_current(path, stage):
         if _partial(path):  # an interrupted run: continue from its saved shards if it was made with these settings
             try:
-                generate(target, out=path, resume=True, device=device, **settings)
+                generate(target, out=path, resume=True, **run, **settings)
             except DraftsmithError as e:
                 print(f"  not resuming {path}: {e}")
-                generate(target, out=path, overwrite=True, device=device, **settings)
+                generate(target, out=path, overwrite=True, **run, **settings)
         else:
-            generate(target, out=path, overwrite=True, device=device, **settings)
+            generate(target, out=path, overwrite=True, **run, **settings)
         write_manifest(path, target=shards.read_metadata(path)["target"], stage=stage)
     return path
 
@@ -156,8 +164,11 @@ def make_data(
         "val": {"prompts": plan.prompts[1], "temperature": 0.0, "num_prompts": budget.score_prompts},
     }
     runs = {name: settings | _dtype(plan) for name, settings in runs.items()}
+    engine = generation_engine(device.torch)
     return tuple(
-        generated_once(target, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens}, device.torch)
+        generated_once(
+            target, out / "data" / name, {**settings, "max_new_tokens": budget.new_tokens}, device.torch, engine
+        )
         for name, settings in runs.items()
     )
 
@@ -174,7 +185,11 @@ def make_head_data(
     settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts} | _dtype(plan)
     device = (device or local_device()).torch
     return generated_once(
-        plan.resolved(target), out / "data" / "head", {**settings, "max_new_tokens": budget.new_tokens}, device
+        plan.resolved(target),
+        out / "data" / "head",
+        {**settings, "max_new_tokens": budget.new_tokens},
+        device,
+        generation_engine(device),
     )
 
 
