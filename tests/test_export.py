@@ -461,7 +461,9 @@ def test_cli_export_prints_the_serving_command(env, tmp_path, capsys):
     assert "exists and is not empty" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("norms", [{"fc_norm": True, "norm_output": True}, {"norm_before_fc": True}])
+@pytest.mark.parametrize(
+    "norms", [{"fc_norm": True, "norm_output": True}, {"norm_before_fc": True}, {"norm_before_residual": True}]
+)
 def test_an_eagle31_drafter_exports_its_norm_flags_and_weights_or_is_refused(env, tmp_path, norms):
     """vLLM and speculators read EAGLE-3.1's flags and norm weights; an export that wrote the flags False and
     dropped the weights served another drafter without a word. SGLang reads none: refused in one line."""
@@ -475,13 +477,13 @@ def test_an_eagle31_drafter_exports_its_norm_flags_and_weights_or_is_refused(env
     src = save_native(net, t3, tmp_path / "e31")
     state = net.state_dict()
     norm_keys = sorted(k for k in state if k.startswith(("fc_norm.", "input_norm.")))
-    assert norm_keys, "the network holds its norms' weights"
+    assert norm_keys or norms == {"norm_before_residual": True}, "the network holds its norms' weights"
     for to in ("vllm", "speculators"):
         out = export(src, to, tmp_path / to)
         config, tensors = read(out)
-        for flag in ("fc_norm", "norm_before_fc", "norm_output"):
+        for flag in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual"):
             assert config[flag] is norms.get(flag, False), (to, flag)
         for key in norm_keys:
             assert torch.equal(tensors[key], state[key]), (to, key)
-    with pytest.raises(DraftsmithError, match="--to sglang: an EAGLE-3.1 drafter"):
+    with pytest.raises(DraftsmithError, match=f"--to sglang: an EAGLE-3 with {', '.join(norms)}"):
         export(src, "sglang", tmp_path / "sglang")

@@ -60,12 +60,13 @@ def test_export_then_import_drafts_the_same(env, fmt, tmp_path):
     same(env["ours"], logits(network, env["x"], env["features"]))
 
 
-EAGLE31 = {"fc_norm": True, "norm_output": True}
+EAGLE31 = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["eagle31", "eagle31-2layer"])
 def eagle31(request, tmp_path_factory) -> dict:
-    """An EAGLE-3.1 (its norms perturbed away from 1) with one or two decoder layers, and its TTT logits."""
+    """An EAGLE-3.1 (its norms perturbed away from 1; the residual normed, as speculators trains by default) with one
+    or two decoder layers, and its TTT logits."""
     root = tmp_path_factory.mktemp(f"import31-{request.param}")
     case = eagle3_case(root, draft_vocab=40, length=T, layers=tuple(LAYERS), **EAGLE31, num_layers=request.param)
     return case | {"ours": logits(case["network"], case["x"], case["features"])}
@@ -80,7 +81,8 @@ def test_an_eagle31_export_imports_back_with_its_norms_and_layers_drafting_the_s
     import_drafter(tmp_path / "export", str(eagle31["root"] / "target"), tmp_path / "imported")
     network, info = load_network(tmp_path / "imported")
     assert info["imported_from"]["layout"] == fmt
-    assert (network.cfg.fc_norm, network.cfg.norm_output, network.cfg.num_layers) == (True, True, num_layers)
+    cfg = network.cfg
+    assert (cfg.fc_norm, cfg.norm_output, cfg.norm_before_residual, cfg.num_layers) == (True, True, True, num_layers)
     state = network.state_dict()
     assert all(torch.equal(state[k], v) for k, v in eagle31["network"].state_dict().items()), fmt
     same(eagle31["ours"], logits(network, eagle31["x"], eagle31["features"]))
@@ -90,9 +92,11 @@ def test_stacks_and_norms_draftsmith_does_not_compute_are_refused_in_one_line(ea
     """EAGLE-3.1 flags in SGLang's layout (SpecForge's norm_output means another thing), a stack with a gap, and a
     P-EAGLE with EAGLE-3.1's norms are one line each."""
     write_export(env["root"] / "native", "sglang", tmp_path / "sglang")
-    edit_config(tmp_path / "sglang", fc_norm=True)
-    with pytest.raises(DraftsmithError, match=r"fc_norm=True is not draftsmith's EAGLE-3"):
-        import_drafter(tmp_path / "sglang", str(env["root"] / "target"), tmp_path / "out-a")
+    for flag in ("fc_norm", "norm_before_residual"):
+        edit_config(tmp_path / "sglang", **{flag: True})
+        with pytest.raises(DraftsmithError, match=rf"{flag}=True: the sglang layout's EAGLE-3 has no such norm"):
+            import_drafter(tmp_path / "sglang", str(env["root"] / "target"), tmp_path / "out-a")
+        edit_config(tmp_path / "sglang", **{flag: False})
     if eagle31["network"].cfg.num_layers == 1:
         assert "a P-EAGLE with EAGLE-3.1's norms" in broken(
             env,
@@ -215,9 +219,6 @@ def test_a_checkpoint_for_another_target_is_one_line_naming_what_differs(env, tm
 
 
 def test_bad_checkpoints_are_one_line_each(env, tmp_path):
-    assert "norm_before_residual=True" in broken(
-        env, tmp_path / "a", lambda s: edit_config(s, norm_before_residual=True)
-    )
 
     def llama3_rope(src):
         layer = json.loads((src / "config.json").read_text())["transformer_layer_config"]

@@ -4,9 +4,9 @@ corpus, its checkpoint comes in through ``draftsmith import`` untouched, and dec
 output = plain greedy output).
 
 Tiny: 400 generated tokens, 2 val rows, packed batches of 1024 tokens, a 1024-token draft vocabulary (their d2t/t2d
-from the rows' token counts). ``--no-norm-before-residual``: speculators' default ``norm_before_residual=True`` (the
-normed feature as the first layer's residual) is not draftsmith's EAGLE-3 layer, which ``draftsmith import``
-refuses in one line; the rest is their default. Skips, saying why, where the peer's venv cannot be built.
+from the rows' token counts); the rest is their default (``norm_before_residual=True`` included: the normed feature as
+the first layer's residual, which ``draftsmith import`` refused before ``Eagle3Config.norm_before_residual``). Skips,
+saying why, where the peer's venv cannot be built.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_speculators_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes
     out = tmp_path / "run"
     cmd = [str(python), str(ROOT / "benchmarks" / "peers" / "speculators_train.py"), "--tokens", "400"]
     cmd += ["--epochs", "1", "--val-rows", "2", "--total-seq-len", "1024", "--draft-vocab-size", "1024"]
-    cmd += ["--out", str(out), "--", "--no-norm-before-residual"]
+    cmd += ["--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     fit = json.loads((out / "fit.json").read_text())

@@ -70,9 +70,10 @@ LAYOUTS = {
 """EAGLE-3 layouts by name: speculators (vllm-project/speculators), sglang (SGLang's ``LlamaForCausalLMEagle3``, which
 SpecForge writes and the EAGLE repository released), specforge (SpecForge's P-EAGLE), vllm
 (``Eagle3LlamaForCausalLM``)."""
-EAGLE31_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
-"""EAGLE-3.1's norm flags (``Eagle3Config`` fields), named as vLLM and speculators read them; SGLang/SpecForge's
-``norm_output`` means another thing."""
+EAGLE3_NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+"""EAGLE-3's norm flags beyond SGLang's layer (``Eagle3Config`` fields), named as vLLM and speculators read them:
+EAGLE-3.1's three and speculators' residual norm; SGLang/SpecForge's ``norm_output`` means another thing and their
+EAGLE-3 has no ``norm_before_residual``."""
 EAGLE1_PREFIX = "layers.0."
 """EAGLE-1's decoder layer in every engine (vLLM's ``EagleLlamaForCausalLM``, SGLang's ``LlamaForCausalLMEagle``)."""
 

@@ -64,7 +64,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export import dspark
 from draftsmith.export.common import target_fingerprint
 from draftsmith.export.eagle_layout import (
-    EAGLE31_FLAGS,
+    EAGLE3_NORM_FLAGS,
     LAYOUTS,
     SPECULATORS_DFLASH_IDS,
     ZLAB_DFLASH_IDS,
@@ -196,18 +196,19 @@ def eagle_layout_of(config: dict, state: dict) -> str:
 
 
 EAGLE31_LAYOUTS = ("speculators", "vllm")
-"""The layouts whose EAGLE-3.1 flags are imported (SpecForge's ``norm_output`` means another thing)."""
+"""The layouts whose EAGLE-3 norm flags (``EAGLE3_NORM_FLAGS``) are imported (SpecForge's ``norm_output`` means
+another thing)."""
 
 
 def check_supported(config: dict, layer: dict, where: str, layout: str) -> None:
-    """Refuse what draftsmith's EAGLE-3 layer does not compute, naming the field: the residual normed before the
-    layer, and EAGLE-3.1's norms outside the layouts that mean by them what draftsmith does."""
-    flags = ("norm_before_residual",) + (() if layout in EAGLE31_LAYOUTS else EAGLE31_FLAGS)
+    """Refuse what draftsmith's EAGLE-3 layer does not compute, naming the field: EAGLE-3's norm flags (EAGLE-3.1's,
+    speculators' residual norm) outside the layouts that mean by them what draftsmith does."""
+    flags = () if layout in EAGLE31_LAYOUTS else EAGLE3_NORM_FLAGS
     for flag in flags:
         if bool(config.get(flag, False)):
             raise DraftsmithError(
-                f"{where}: {flag}={config[flag]} is not draftsmith's EAGLE-3 (it keeps the un-normed feature as the "
-                "residual and the next step's input, and norms only before its LM head); not imported"
+                f"{where}: {flag}={config[flag]}: the {layout} layout's EAGLE-3 has no such norm (its loaders keep "
+                "the un-normed feature as the residual, and SpecForge's norm_output means another thing); not imported"
             )
     check_layer(layer, where, "EAGLE-3")
 
@@ -438,7 +439,7 @@ def import_eagle3(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
             "one: not imported"
         )
     layers_state = read_layer_tensors(state, prefix, where)  # a gap in the stack is one line, before any work
-    norms = {flag: bool(config.get(flag, False)) for flag in EAGLE31_FLAGS}
+    norms = {flag: bool(config.get(flag, False)) for flag in EAGLE3_NORM_FLAGS}
     if peagle and any(norms.values()):
         raise DraftsmithError(
             f"{where}: a P-EAGLE with EAGLE-3.1's norms (draftsmith's P-EAGLE has none): not imported"

@@ -306,7 +306,8 @@ def write_speculators_dspark(out: str, target: str) -> None:
 
 
 def write_speculators(out: str, target: str, kind: str = "eagle3") -> None:
-    """A randomly initialised speculators drafter (``kind`` eagle3 or peagle) for ``target``, saved by speculators."""
+    """A randomly initialised speculators drafter (``kind`` eagle3 or peagle) for ``target``, saved by speculators;
+    an EAGLE-3 with the residual normed (``norm_before_residual``: their trainer's default), a P-EAGLE without."""
     from transformers import AutoConfig
 
     if kind == "peagle":
@@ -323,7 +324,7 @@ def write_speculators(out: str, target: str, kind: str = "eagle3") -> None:
         t2d=t2d,
         d2t=d2t,
         draft_vocab_size=48,
-        norm_before_residual=False,
+        norm_before_residual=kind == "eagle3",
         verifier_name_or_path=target,
         target_layer_ids=[1, 2, 3],
         draft_attn_impl="eager",

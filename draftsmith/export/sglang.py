@@ -43,8 +43,8 @@ def _eagle3(src: Source, out: Path, dtype: str | None) -> str:
     if any(norm_flags(src.network.cfg).values()):
         on = ", ".join(k for k, v in norm_flags(src.network.cfg).items() if v)
         raise DraftsmithError(
-            f"--to sglang: an EAGLE-3.1 drafter ({on}); SGLang's EAGLE-3 reads no feature norms and SpecForge's "
-            "norm_output means another thing: export it --to vllm or --to speculators"
+            f"--to sglang: an EAGLE-3 with {on}; SGLang's EAGLE-3 reads no feature norms nor a normed residual, and "
+            "SpecForge's norm_output means another thing: export it --to vllm or --to speculators"
         )
     if src.network.cfg.num_layers > 1:
         raise DraftsmithError(

@@ -141,7 +141,6 @@ def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULT
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": aux,
-        "norm_before_residual": False,
         **norm_flags(cfg),
         **({"mask_token_id": cfg.mask_token_id} if peagle else {}),
         "torch_dtype": dtype_name(tensors),

@@ -76,9 +76,10 @@ def eagle3_tensors(network, prefix: str) -> dict:
 
 
 def norm_flags(cfg) -> dict[str, bool]:
-    """EAGLE-3.1's norm flags as vLLM and speculators read them (all False for EAGLE-3 and EAGLE-1): written
-    explicitly, since the loaders' defaults differ, and always with the tensors they need (``eagle3_tensors``)."""
-    return {name: bool(getattr(cfg, name, False)) for name in eagle_layout.EAGLE31_FLAGS}
+    """EAGLE-3's norm flags as vLLM and speculators read them (all False for a default EAGLE-3 and EAGLE-1): written
+    explicitly, since the loaders' defaults differ (vLLM reads a speculators config without ``norm_before_residual``
+    as True), and always with the tensors they need (``eagle3_tensors``)."""
+    return {name: bool(getattr(cfg, name, False)) for name in eagle_layout.EAGLE3_NORM_FLAGS}
 
 
 def eagle3_config(network, target: dict, aux_ids: list[int]) -> dict:
@@ -89,7 +90,6 @@ def eagle3_config(network, target: dict, aux_ids: list[int]) -> dict:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": aux_ids,
-        "norm_before_residual": False,  # draftsmith's layer keeps the un-normed feature as the residual
         **norm_flags(cfg),  # norm_output False: the next step's feature is the layer output before ``norm``
     }
 

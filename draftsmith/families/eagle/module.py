@@ -62,6 +62,7 @@ class EagleModule(DrafterModule):
         fc_norm: bool = False,
         norm_before_fc: bool = False,
         norm_output: bool = False,
+        norm_before_residual: bool = False,
         num_layers: int = 1,
         init: str | None = None,
         optim: OptimConfig | None = None,
@@ -72,6 +73,7 @@ class EagleModule(DrafterModule):
         self.version, self.requested_layers, self.draft_vocab_size = version, feature_layers, draft_vocab_size
         self.loss, self.lk_eta = loss, lk_eta
         self.norms = {"fc_norm": fc_norm, "norm_before_fc": norm_before_fc, "norm_output": norm_output}
+        self.norms["norm_before_residual"] = norm_before_residual
         self.num_layers = num_layers
         self.init, self._start = init, None
         if init is not None:  # its record decides the feature layers and vocabulary before the target loads

@@ -131,9 +131,11 @@ class EagleConfig:
         norm_before_fc: bool = False,
         norm_output: bool = False,
         num_layers: int = 1,
+        norm_before_residual: bool = False,
     ):
         """The EAGLE-``version`` drafter's config for a target with this HF config (any family: ``borrowed_shape``);
-        ``fc_norm``, ``norm_before_fc``, ``norm_output``: EAGLE-3.1's norms (``Eagle3Config``; EAGLE-1 has none);
+        ``fc_norm``, ``norm_before_fc``, ``norm_output``: EAGLE-3.1's norms, ``norm_before_residual`` speculators'
+        residual norm (``Eagle3Config``; EAGLE-1 has none);
         ``num_layers``: decoder layers (EAGLE-3; EAGLE-1 has one)."""
         cls = config_class(version)
         if cls.max_feature_layers and len(feature_layers) > cls.max_feature_layers:
@@ -141,6 +143,7 @@ class EagleConfig:
                 f"EAGLE-{version} takes {cls.max_feature_layers} feature layer, got feature_layers={list(feature_layers)}"
             )
         norms = {"fc_norm": fc_norm, "norm_before_fc": norm_before_fc, "norm_output": norm_output}
+        norms["norm_before_residual"] = norm_before_residual
         if not cls.own_head:
             if any(norms.values()):
                 on = [name for name, value in norms.items() if value]
@@ -211,7 +214,8 @@ class Eagle1Config(EagleConfig):
     fc_norm: ClassVar[bool] = False
     norm_before_fc: ClassVar[bool] = False
     norm_output: ClassVar[bool] = False
-    """EAGLE-1 has none of EAGLE-3.1's norms (``Eagle3Config``)."""
+    norm_before_residual: ClassVar[bool] = False
+    """EAGLE-1 has none of EAGLE-3.1's norms nor speculators' residual norm (``Eagle3Config``)."""
     num_layers: ClassVar[int] = 1
     """EAGLE-1 has one decoder layer."""
 
@@ -242,6 +246,10 @@ class Eagle3Config(EagleConfig):
     """EAGLE-3.1: the layer output after the final ``norm`` (what the LM head reads) is also what the next step
     reads as its feature, in training-time test and in drafting, instead of the un-normed output (no weights of its
     own; speculators' and vLLM's ``norm_output``)."""
+    norm_before_residual: bool = False
+    """The first layer's residual is the normed feature, hidden_norm(f), instead of f (speculators' and vLLM's
+    ``norm_before_residual``; speculators' trainer's default, vLLM's default for a speculators config without the
+    key; SGLang's EAGLE-3 has no such flag)."""
     num_layers: int = 1
     """Decoder layers: the first over (embeds ‖ feature), the others plain pre-norm layers over its output (vLLM's
     ``num_hidden_layers``)."""
@@ -310,7 +318,7 @@ class EagleLayer(nn.Module):
 
     def __init__(self, cfg: Eagle1Config | Eagle3Config) -> None:
         super().__init__()
-        self.separate_inputs = cfg.separate_inputs
+        self.separate_inputs, self.norm_before_residual = cfg.separate_inputs, cfg.norm_before_residual
         h = cfg.hidden_size
         if cfg.separate_inputs:
             self.input_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
@@ -322,8 +330,9 @@ class EagleLayer(nn.Module):
     def forward(self, embeds, hidden, cos, sin, past_k, past_v, mask):
         """EAGLE-1: ``hidden`` is fc's output and ``embeds`` is None. Returns (output (B,T,H), k, v)."""
         if self.separate_inputs:
-            residual = hidden
-            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+            normed = self.hidden_norm(hidden)
+            residual = normed if self.norm_before_residual else hidden
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         else:
             residual = x = hidden
         attn, k, v = self.self_attn(x, cos, sin, past_k, past_v, mask)
