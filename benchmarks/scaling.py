@@ -42,6 +42,7 @@ import json
 import math
 import os
 import random
+import resource
 import threading
 import time
 from pathlib import Path
@@ -247,9 +248,20 @@ def tokens_of(text: str) -> int:
     return int(float(text[:-1]) * (1_000 if text.endswith("k") else 1_000_000))
 
 
-def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path | None, epochs: float, min_steps: int):
-    """Train ``family`` on the first ``rows`` rows (resumed from its last checkpoint when interrupted); returns
-    its export dir and a record of the fit (steps, seconds, load)."""
+def fit_one(
+    out: Path,
+    family: str,
+    size: int,
+    subset: tuple[int, int],
+    data,
+    features: Path | None,
+    epochs: float,
+    min_steps: int,
+):
+    """Train ``family`` on the subset ``subset_rows`` gave (its first rows, their generated tokens; resumed from its last
+    checkpoint when interrupted); returns its export dir and a record of the fit (steps, seconds, generated tokens
+    trained per second, the process's peak RSS, load)."""
+    rows, generated = subset
     name = f"{family}-{label(size)}"
     export, record_path = out / "drafters" / name, out / "fit" / f"{name}.json"
     steps = max(min_steps, math.ceil(EPOCHS.get(family, epochs) * rows / BATCH))
@@ -279,9 +291,14 @@ def fit_one(out: Path, family: str, size: int, rows: int, data, features: Path |
         fit_export(RECIPES[family], run, TARGET, export)
     gc.collect()  # the fit's feature cache (GBs) before the next fit loads its own
     record = {
+        "trainer": "draftsmith",
         "steps": steps,
         "rows": rows,
+        "tokens": generated,
+        "epochs": round(steps * BATCH / rows, 2),
         "seconds": round(clock.seconds, 1),
+        "tokens_per_s": round(generated * steps * BATCH / rows / clock.seconds, 1),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "sessions": clock.sessions,
         "load": [round(load, 2), round(os.getloadavg()[0], 2)],
         "precision": run.trainer["precision"],
@@ -486,12 +503,14 @@ def main() -> None:
     for size, (rows, tokens) in subsets.items():
         print(f"subset {label(size)}: the first {rows} rows, {tokens:,} generated tokens")
     fits = {}
-    for size, (rows, _) in subsets.items():
+    for size, subset in subsets.items():
         # P-EAGLE after the EAGLE-3 it starts from
         for family in [f for f in args.families if trained_at(f, size, args.sizes)]:
             record = args.out / "fit" / f"{family}-{label(size)}.json"
             if "fit" in args.stages:
-                fits[family, size] = fit_one(args.out, family, size, rows, data, features, args.epochs, args.min_steps)
+                fits[family, size] = fit_one(
+                    args.out, family, size, subset, data, features, args.epochs, args.min_steps
+                )
             elif record.is_file():
                 fits[family, size] = (args.out / "drafters" / f"{family}-{label(size)}", json.loads(record.read_text()))
     if "score" not in args.stages and "report" not in args.stages:

@@ -108,3 +108,28 @@ def test_recipe_refuses_a_drafter_the_study_has_not_trained_or_scores_twice(tmp_
     assert run.returncode == 2 and "Traceback" not in run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert last == "recipe.py: error: " + message.format(drafters=tmp_path / "drafters", out=tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("drafters", "base", "message"),
+    [
+        (["mine"], "mine", "argument --drafter: --drafter mine: expected NAME=DIR"),
+        (["mine={tmp}/none", "theirs={tmp}/theirs"], "mine", "--drafter mine={tmp}/none: no drafter there (no "
+         "config.json); train and import it first"),
+        (["theirs={tmp}/theirs"], "draftsmith", "--base draftsmith: not one of the --drafter names (theirs)"),
+    ],
+)  # fmt: skip
+def test_peers_refuses_a_drafter_that_is_not_there_before_loading_the_target(tmp_path, drafters, base, message):
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "config.json").write_text("{}")
+    args = [a for d in drafters for a in ("--drafter", d.format(tmp=tmp_path))]
+    run = subprocess.run(
+        [sys.executable, "benchmarks/peers.py", *args, "--base", base, "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == "peers.py: error: " + message.format(tmp=tmp_path)
+    assert not (tmp_path / "out").exists()

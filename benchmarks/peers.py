@@ -1,0 +1,179 @@
+"""The peers side by side: draftsmith's EAGLE-3.1 and the EAGLE-3 drafters that vllm-project/speculators and SpecForge
+train with their own code on the same packed corpus, scored by draftsmith's verifier in the same interleaved blocks.
+
+    python benchmarks/peers.py --drafter draftsmith=runs/peers/study/drafters/eagle3_31-250k \\
+        --drafter speculators=runs/peers/speculators-250k/imported --drafter specforge=runs/peers/specforge-250k/imported \\
+        [--base draftsmith] [--out runs/peers/blocks] [--num-prompts 32] [--max-new-tokens 128] \\
+        [--modes greedy auto sampled] [--sets mt-bench chat-heldout] [--results peers_smollm2]
+
+Each ``--drafter NAME=DIR`` is a drafter dir ``draftsmith`` decodes: draftsmith's own export, or a peer's checkpoint
+brought in with ``draftsmith import`` as a user would (no edits). Its fit record is the first of ``DIR/fit.json``,
+``DIR/../fit.json`` and, for a ``benchmarks/scaling.py`` export (``STUDY/drafters/NAME``), ``STUDY/fit/NAME.json``:
+the trainer's wall-clock, tokens/s, peak memory, steps and passes over the data (the peers' harnesses,
+``benchmarks/peers/*_train.py``, write theirs; ``scaling.fit_one`` draftsmith's).
+
+One block per held-out set (MT-bench first turns, N / 8 per category; chat-heldout) and mode, every decoder
+interleaved prompt by prompt in one run (``score_drafters``): plain decoding of the verified target, the same
+weights with the fastest kernels and in float32 (the fastest plain decoding on a CPU with AMX is float32's), and
+every drafter. Modes: ``greedy`` chains at K = 4, ``auto`` (``--k auto``: each drafter's fastest shape here), and
+``sampled`` at T 0.7 / top-p 0.9, K = 4. Each row: τ, first-token acceptance, Δτ over ``--base`` with its 95%
+paired-bootstrap interval between prompts (greedy blocks: decoding is deterministic, so the spread is the prompts'),
+the speedup over plain decoding and over the fastest plain decoding of the block, and greedy exactness. Each block is
+saved in ``--out`` once scored and reused, so an interrupted run resumes at the next block. Writes
+``benchmarks/results/{--results}.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
+
+from draftsmith.core.manifest import file_sha256
+from draftsmith.core.sampling import Sampling
+from draftsmith.decode.metrics import tau_gain
+from draftsmith.eval.rows import block_dicts, read_block
+from draftsmith.eval.score import AUTO_K, score_drafters
+from draftsmith.families.specs import Trained, build_drafter
+
+MODES = {"greedy": (4, Sampling()), "auto": (AUTO_K, Sampling()), "sampled": (4, Sampling(0.7, 0.9))}
+SETS = ("mt-bench", "chat-heldout")
+FIT_KEYS = ("trainer", "seconds", "tokens", "tokens_per_s", "peak_rss_gb", "steps", "epochs", "load", "val_tau_est")
+"""What the report keeps of a fit record, where the record has it."""
+
+
+def drafter_arg(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--drafter {text}: expected NAME=DIR")
+    return name, Path(path)
+
+
+def fit_record(drafter: Path) -> dict | None:
+    """The fit record beside ``drafter`` (``DIR/fit.json``, ``DIR/../fit.json``, or a scaling study's
+    ``STUDY/fit/NAME.json``), or None."""
+    for path in (
+        drafter / "fit.json",
+        drafter.parent / "fit.json",
+        drafter.parent.parent / "fit" / f"{drafter.name}.json",
+    ):
+        if path.is_file():
+            record = json.loads(path.read_text())
+            return {key: record[key] for key in FIT_KEYS if key in record} | {"record": str(path)}
+    return None
+
+
+def score_block(verified, references, drafters: dict[str, Path], prompts, categories, n: int, mode: str) -> dict:
+    built = {name: build_drafter(Trained(str(path)), verified) for name, path in drafters.items()}
+    k, sampling = MODES[mode]
+    load = os.getloadavg()[0]
+    refs = references if sampling.greedy else None
+    plain, rows = score_drafters(verified, built, prompts, k, sampling, n, categories=categories, references=refs)
+    return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
+
+
+def gain_cell(base, row) -> str:
+    if base is None or row.name == base.name or not (base.prompt_rounds and row.prompt_rounds):
+        return "–"
+    g = tau_gain(base.prompt_rounds, row.prompt_rounds)
+    return f"{g.mean:+.2f} [{g.low:+.2f}, {g.high:+.2f}]"
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# The peers' trainers beside draftsmith's (SmolLM2-135M-Instruct)",
+        "",
+        f"Measured on {measured_on(result['machine'])}; verified target in {result['dtype']}; {result['prompts']} "
+        f"prompts × {result['max_new_tokens']} new tokens per set. Every row of a block was decoded in one run, "
+        "interleaved prompt by prompt with plain decoding; Δτ is over the base "
+        f"(`{result['base']}`), the mean per-prompt difference with its 95% paired-bootstrap interval.",
+        "",
+        "## The fits",
+        "",
+        "| drafter | trainer | tokens | passes | steps | fit s | tokens/s | peak GB | load | val τ_est |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, d in result["drafters"].items():
+        f = d.get("fit") or {}
+
+        def cell(key: str, fmt: str = "{}", f: dict = f) -> str:
+            return fmt.format(f[key]) if f.get(key) is not None else "–"
+
+        lines.append(
+            f"| {name} | {cell('trainer')} | {cell('tokens', '{:,}')} | {cell('epochs', '{:.2f}')} | {cell('steps')} "
+            f"| {cell('seconds', '{:.0f}')} | {cell('tokens_per_s', '{:,.0f}')} | {cell('peak_rss_gb', '{:.1f}')} "
+            f"| {cell('load')} | {cell('val_tau_est', '{:.2f}')} |"
+        )
+    lines += ["", "## Decoding", ""]
+    lines += plain_lines(result["blocks"])
+    lines += [
+        "",
+        "| set | mode | drafter | K | τ | first-token acc. | Δτ vs base [95%] | × plain | × fastest plain | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, block in result["blocks"].items():
+        set_name, mode = key.split(" ")
+        plain, rows = read_block(block)
+        base = next((r for r in rows if r.name == result["base"]), None)
+        for r in rows:
+            k = f"{r.auto_k.k}" if r.auto_k else str(r.k)
+            exact = f"{r.greedy_exact}/{r.prompts}" if r.greedy_exact is not None else "–"
+            fastest = r.tokens_per_s / plain.fastest.tokens_per_s
+            lines.append(
+                f"| {set_name} | {mode} | {r.name} | {k} | {r.tau:.2f} | {r.accept_at[0]:.2f} | {gain_cell(base, r)} "
+                f"| {r.speedup:.2f}× | {fastest:.2f}× | {exact} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--drafter", type=drafter_arg, action="append", required=True, metavar="NAME=DIR")
+    parser.add_argument("--base", default="draftsmith", help="the drafter every Δτ is over")
+    parser.add_argument("--out", type=Path, default=Path("runs/peers/blocks"))
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
+    parser.add_argument("--results", default="peers_smollm2")
+    args = parser.parse_args()
+    drafters = dict(args.drafter)
+    if args.base not in drafters:
+        parser.error(f"--base {args.base}: not one of the --drafter names ({' '.join(drafters)})")
+    if missing := [f"{n}={p}" for n, p in drafters.items() if not (p / "config.json").is_file()]:
+        parser.error(f"--drafter {' '.join(missing)}: no drafter there (no config.json); train and import it first")
+
+    dtype, verified, references = smollm2_targets(float32=True)
+    sets = {k: v for k, v in heldout_sets(verified.tokenizer, args.num_prompts).items() if k in args.sets}
+    names = list(drafters)
+    blocks = {}
+    for mode in args.modes:
+        for set_name, (prompts, categories) in sets.items():
+            key = f"{set_name} {mode}"
+            blocks[key] = saved_block(
+                args.out / f"{set_name}-{mode}.json",
+                names,
+                lambda: score_block(verified, references, drafters, prompts, categories,  # noqa: B023
+                                    args.max_new_tokens, mode),  # noqa: B023
+            )  # fmt: skip
+    result = {
+        "machine": machine(),
+        "target": "smollm2",
+        "dtype": dtype,
+        "base": args.base,
+        "prompts": args.num_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "drafters": {
+            name: {"dir": str(path), "weights": file_sha256(path / "model.safetensors"), "fit": fit_record(path)}
+            for name, path in drafters.items()
+        },
+        "blocks": blocks,
+    }
+    write(args.results, result, markdown(result), RESULTS)
+
+
+if __name__ == "__main__":
+    main()
