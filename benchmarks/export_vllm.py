@@ -20,9 +20,9 @@ from common import machine, write
 from draftsmith import targets
 from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
-from draftsmith.export import vllm_check
 from draftsmith.export.registry import export
 from draftsmith.families.registry import load_network, load_trained
+from engines import vllm_check
 
 VLLM_METHOD = {"eagle1": "eagle", "eagle3": "eagle3", "medusa1": "medusa"}
 

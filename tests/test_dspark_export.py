@@ -27,11 +27,11 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import peer_check
 from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import write_export
 from draftsmith.families.dspark.module import DSparkModule
 from draftsmith.families.registry import load_network, load_trained
+from engines import peer_check
 
 DEPTH = 4
 FORMATS = {"speculators": "speculators", "specforge": "vllm"}
@@ -256,7 +256,7 @@ def test_vllm_serves_a_dspark_export(dspark, tmp_path):
     runner refuses DSpark, the serving half skips, printing vLLM's refusal."""
     import subprocess
 
-    from draftsmith.export import vllm_check
+    from engines import vllm_check
 
     python, why = vllm_check.ensure_venv(Path(__file__).resolve().parents[1] / ".venv-vllm")
     if python is None:

@@ -26,7 +26,6 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.decode.verifier import plain_decode
-from draftsmith.export import vllm_check
 from draftsmith.export.registry import export, write_export
 from draftsmith.families.dflash.module import DFlashModule
 from draftsmith.families.draft_lm.module import DraftLMModule, StudentShape
@@ -37,6 +36,7 @@ from draftsmith.families.peagle.module import PEagleModule
 from draftsmith.families.registry import load_trained
 from draftsmith.layers.module import OptimConfig
 from draftsmith.train.data import GeneratedDataModule
+from engines import vllm_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 K, MAX_NEW, STEPS = 3, 24, 40

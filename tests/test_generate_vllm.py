@@ -19,7 +19,7 @@ import pytest
 from conftest import kill_after_first_shard
 
 from draftsmith.data.generate import generate, is_greedy, load_generated
-from draftsmith.export import vllm_check
+from engines import vllm_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -22,11 +22,11 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import peer_check
 from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import write_export
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.registry import load_network, load_trained
+from engines import peer_check
 
 LAYERS, STEPS, T = [1, 2, 3], 3, 20
 

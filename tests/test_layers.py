@@ -219,3 +219,15 @@ self._cache
         ("draftsmith.eval.plots", "_hidden"),
         ("draftsmith.eval.plots", "_save"),
     ]
+
+
+def test_the_package_never_imports_the_engine_harnesses():
+    """``engines/`` (vLLM and the peers' own code, run from their venvs) checks the package from outside: tests and
+    benchmarks use it, the package does not ship it and never imports it."""
+    offenders = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            mods += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            offenders += [f"{name} imports {m}" for m in mods if m.split(".")[0] == "engines"]
+    assert not offenders, offenders

@@ -19,10 +19,10 @@ import pytest
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.export import peer_check
 from draftsmith.export.imports import import_drafter
 from draftsmith.families.registry import load_trained
 from draftsmith.targets import load_target
+from engines import peer_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[1]

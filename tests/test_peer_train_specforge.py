@@ -3,7 +3,7 @@
 features, ``specforge train``, ``specforge export --to sglang``) -> ``draftsmith import`` with no edit -> greedy
 speculative decoding with the imported drafter equals plain greedy decoding of SmolLM2. One row of the corpus, one
 optimizer step: it checks the pipeline and the checkpoint's layout, not what the drafter learns. Skips, saying why,
-where SpecForge's venv cannot be built (``draftsmith/export/peer_venv.sh``).
+where SpecForge's venv cannot be built (``engines/peer_venv.sh``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 from draftsmith.core.sampling import Sampling
 from draftsmith.data.shards import load_generated
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.export import peer_check
 from draftsmith.export.imports import import_drafter
 from draftsmith.families.registry import load_network, load_trained
 from draftsmith.targets import load_target, resolve
+from engines import peer_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """draftsmith's exports loaded by the peers' own code: speculators (``Eagle3DraftModel.from_pretrained`` of the
 speculators export) and SpecForge (``LlamaForCausalLMEagle3.from_pretrained`` of the SGLang export), each in its
-own venv (``draftsmith/export/peer_venv.sh``).
+own venv (``engines/peer_venv.sh``).
 
 An EAGLE-3 drafter with a reduced, scattered draft vocabulary and perturbed weights (norms away from 1, so a
 dropped or doubled norm shows) runs its training-time test for 3 steps on a tiny target's real features, in
@@ -26,10 +26,10 @@ from safetensors.torch import load_file, save_file
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.export import peer_check
 from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import write_export
 from draftsmith.families.registry import load_network, load_trained
+from engines import peer_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 STEPS, T, LAYERS = 3, 24, [1, 2, 3]

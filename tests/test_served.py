@@ -215,7 +215,7 @@ def test_quick_serves_a_tiny_target_with_vllms_ngram_and_a_rerun_reuses_its_cell
     from conftest import make_tokenizer
     from test_export_vllm import make_target
 
-    from draftsmith.export import vllm_check
+    from engines import vllm_check
 
     python, why = vllm_check.ensure_venv(ROOT / ".venv-vllm")
     if python is None:

@@ -1,5 +1,5 @@
 """SpecForge's own EAGLE-3 trainer on draftsmith's corpus, on a CPU (issue 86). Runs in SpecForge's venv
-(``draftsmith/export/peer_venv.sh specforge``); imports no draftsmith.
+(``engines/peer_venv.sh specforge``); imports no draftsmith.
 
 What a SpecForge user does for an offline EAGLE-3 run, step by step, with SpecForge's code wherever it runs here:
 

@@ -1,6 +1,6 @@
 """vllm-project/speculators' own EAGLE-3 trainer on draftsmith's packed corpus, on a CPU (issue 86).
 
-Runs INSIDE speculators' venv (``.venv-speculators``, built by ``draftsmith/export/peer_venv.sh``: speculators 0.9,
+Runs INSIDE speculators' venv (``.venv-speculators``, built by ``engines/peer_venv.sh``: speculators 0.9,
 transformers 5.x, torch CPU); it does not import draftsmith, whose dependencies that venv lacks. The data step that
 needs draftsmith runs in draftsmith's venv as a subprocess (``benchmarks/peers/prepare.py``).
 

