@@ -70,7 +70,7 @@ from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
 from draftsmith.targets import load_target, resolve
 from draftsmith.train.data import generated_prefix
-from draftsmith.train.fit import FitRun, fit_export
+from draftsmith.train.fit import FitRun, fit_export, load_recipe
 from draftsmith.train.suite import generated_once
 
 DTYPE = "bfloat16" if native_bf16()[0] else "float32"
@@ -97,6 +97,7 @@ RECIPES = {
     "dspark": "smollm2/dspark",
     **{row: f"smollm2/study/{row}" for row in ("eagle3_31_lk", "eagle3_31_ttt7", "eagle3_31_nodecay")},
     **{row: f"smollm2/study/{row}" for row in ("eagle3_31_2l", "eagle3_31_16k")},
+    **{row: f"smollm2/study/{row}" for row in ("eagle3_speculators", "eagle3_specforge")},
     "eagle3_31_e4": "smollm2/eagle3_31",
     "eagle3_31_e8": "smollm2/eagle3_31",
 }
@@ -108,7 +109,15 @@ them."""
 EPOCHS = {"eagle3_31_e4": 4.0, "eagle3_31_e8": 8.0}
 """Study rows that are another row's recipe trained for more passes than ``--epochs`` (DeepSpec: τ peaked near 4.6
 epochs of a fixed set)."""
-STUDY = ("eagle3_31", "eagle3_lk", "dflash", "dspark", *(f for f in RECIPES if f.startswith("eagle3_31_")))
+STUDY = (
+    "eagle3_31",
+    "eagle3_lk",
+    "dflash",
+    "dspark",
+    "eagle3_speculators",
+    "eagle3_specforge",
+    *(f for f in RECIPES if f.startswith("eagle3_31_")),
+)
 """Families trained on the largest subset only (issue 51's recipe study on the packed corpus: 1M, or a cheaper
 ablation at ``--sizes 250000``), not by default."""
 HEADS = ("medusa1", "hydra", "hydrapp")
@@ -235,8 +244,10 @@ def subset_rows(train: Path, sizes: list[int]) -> dict[int, tuple[int, int]]:
 
 
 def fit_epochs(fit: dict) -> float | None:
-    """Passes over its rows a fit made (``fit_one``'s record: ``steps`` of ``BATCH`` of its ``rows``)."""
-    return round(fit["steps"] * BATCH / fit["rows"], 2) if fit.get("steps") and fit.get("rows") else None
+    """Passes over its rows a fit made (``fit_one``'s record: ``steps`` of its ``batch_size``, ``BATCH`` in records
+    made before it was recorded, of its ``rows``)."""
+    batch = fit.get("batch_size", BATCH)
+    return round(fit["steps"] * batch / fit["rows"], 2) if fit.get("steps") and fit.get("rows") else None
 
 
 def label(size: int) -> str:
@@ -264,7 +275,8 @@ def fit_one(
     rows, generated = subset
     name = f"{family}-{label(size)}"
     export, record_path = out / "drafters" / name, out / "fit" / f"{name}.json"
-    steps = max(min_steps, math.ceil(EPOCHS.get(family, epochs) * rows / BATCH))
+    batch = load_recipe(RECIPES[family])["data"].get("batch_size", BATCH)  # 8 rows but in the peers' controls
+    steps = max(min_steps, math.ceil(EPOCHS.get(family, epochs) * rows / batch))
     bf16, _ = native_bf16()
     run = FitRun(
         target=TARGET,
@@ -273,7 +285,7 @@ def fit_one(
         features=str(features) if features else None,
         out=out / "fit" / name,
         steps=steps,
-        batch_size=BATCH,
+        batch_size=batch,
         data={"train_rows": rows, "max_length": MAX_LENGTH},
         model={"init": str(out / "drafters" / f"eagle3-{label(size)}")} if family == "peagle" else {},
         trainer={
@@ -285,7 +297,7 @@ def fit_one(
     )
     if record_path.is_file() and (export / "config.json").is_file():
         return export, json.loads(record_path.read_text())
-    print(f"fit: {name}: {rows} rows, {steps} steps of {BATCH} ({run.trainer['precision']})")
+    print(f"fit: {name}: {rows} rows, {steps} steps of {batch} ({run.trainer['precision']})")
     load = os.getloadavg()[0]
     with Stopwatch(out / "fit" / f"{name}.partial.json") as clock:  # a fit resumed later adds its time
         fit_export(RECIPES[family], run, TARGET, export)
@@ -295,9 +307,10 @@ def fit_one(
         "steps": steps,
         "rows": rows,
         "tokens": generated,
-        "epochs": round(steps * BATCH / rows, 2),
+        "batch_size": batch,
+        "epochs": round(steps * batch / rows, 2),
         "seconds": round(clock.seconds, 1),
-        "tokens_per_s": round(generated * steps * BATCH / rows / clock.seconds, 1),
+        "tokens_per_s": round(generated * steps * batch / rows / clock.seconds, 1),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "sessions": clock.sessions,
         "load": [round(load, 2), round(os.getloadavg()[0], 2)],
