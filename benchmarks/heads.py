@@ -36,9 +36,9 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import ScoreRow, block_dicts, read_block
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.kangaroo.module import KangarooModule
 from draftsmith.families.specs import load_drafter
+from draftsmith.layers.features import default_feature_layers
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import resolve
 from draftsmith.train.fit import FitRun, load_recipe

@@ -31,8 +31,8 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
+from draftsmith.layers.features import default_feature_layers
 from draftsmith.targets import resolve
 from draftsmith.train.fit import FitRun
 from draftsmith.train.suite import PLANS, make_data, train_all, train_drafter

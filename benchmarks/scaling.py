@@ -66,8 +66,8 @@ from draftsmith.eval import plots
 from draftsmith.eval.report import auto_k_table, markdown_table
 from draftsmith.eval.rows import block_dicts, read_block, read_rows
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.specs import load_drafter
+from draftsmith.layers.features import default_feature_layers
 from draftsmith.targets import load_target, resolve
 from draftsmith.train.data import generated_prefix
 from draftsmith.train.fit import FitRun, fit_export, load_recipe

@@ -25,11 +25,11 @@ from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout
 from draftsmith.export.registry import export
-from draftsmith.families.eagle.module import default_feature_layers
 from draftsmith.families.eagle.network import EagleConfig, EagleModel
 from draftsmith.families.hydra.network import HydraConfig, HydraModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.registry import load_network, load_trained
+from draftsmith.layers.features import default_feature_layers
 
 LAYERS, H, HEADS, VD, MEDUSA_HEADS = 4, 64, 4, 40, 3
 HD = H // HEADS

@@ -231,3 +231,40 @@ def test_the_package_never_imports_the_engine_harnesses():
             mods += [a.name for a in node.names] if isinstance(node, ast.Import) else []
             offenders += [f"{name} imports {m}" for m in mods if m.split(".")[0] == "engines"]
     assert not offenders, offenders
+
+
+# the families genuinely built on another (the first's network or drafter is the second's): every other shared piece
+# (target shape, attention, residual blocks, default feature layers) lives in ``layers/``
+BUILT_ON = {
+    "acceptance_head": {"draft_lm", "eagle"},  # SpecDec++'s head stops the drafter it wraps
+    "clover": {"hydra"},  # Hydra++'s prefix layer and drafter
+    "crossvocab": {"draft_lm"},
+    "dspark": {"dflash"},
+    "falcon": {"eagle"},  # EAGLE-1's network
+    "online": {"draft_lm"},
+    "pard": {"draft_lm"},
+    "peagle": {"eagle"},
+    "sorted_draft_lm": {"draft_lm"},
+}
+
+
+def family(module: str) -> str | None:
+    """The family (a subpackage of ``families/``) a module belongs to, or None."""
+    parts = module.split(".")
+    return (
+        parts[2]
+        if parts[1:2] == ["families"] and len(parts) > 2 and (PACKAGE / "families" / parts[2]).is_dir()
+        else None
+    )
+
+
+def test_a_family_imports_another_only_where_built_on_it():
+    """Hydra, Kangaroo, DFlash, Clover and Medusa took their layer's shape, attention and blocks from EAGLE and
+    Medusa before ``layers/shape.py`` and ``layers/decoder.py``; no family imports another just for a building block."""
+    found: dict[str, set[str]] = {}
+    for m, targets in edges().items():
+        if family(m) is None:
+            continue
+        found.setdefault(family(m), set()).update(family(t) for t in targets if family(t) not in {None, family(m)})
+    found = {name: others for name, others in found.items() if others}
+    assert found == BUILT_ON

@@ -286,7 +286,7 @@ def train_all(
     target = plan.resolved(target)
     if plan.features:
         from draftsmith.data.feature_cache import cache_features
-        from draftsmith.families.eagle.module import default_feature_layers
+        from draftsmith.layers.features import default_feature_layers
 
         layers = json.loads((target.path / "config.json").read_text())["num_hidden_layers"]
         print("  the target's hidden states over the training data (feature cache)")

@@ -28,11 +28,11 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.eagle.network import borrowed_shape
 from draftsmith.families.hydra.network import HydraConfig, HydraDrafter, PrefixLayer
-from draftsmith.families.medusa.network import ResidualBlock
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
+from draftsmith.layers.decoder import ResidualBlock
+from draftsmith.layers.shape import ROPE_THETA, borrowed_shape
 from draftsmith.layers.tree_draft import FeatureState
 
 
@@ -50,7 +50,7 @@ class CloverConfig:
     head_dim: int = 0
     intermediate_size: int = 0
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope_theta: float = ROPE_THETA
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
@@ -63,7 +63,7 @@ class CloverConfig:
     @classmethod
     def from_target(cls, target_config, vocab_size: int, num_heads: int, num_layers: int = 1) -> CloverConfig:
         """The Clover drafter of a target with this HF config (any family: ``borrowed_shape``)."""
-        return cls(num_heads, num_layers, vocab_size=vocab_size, **borrowed_shape(target_config, "Clover"))
+        return cls(num_heads, num_layers, vocab_size=vocab_size, **borrowed_shape(target_config, "Clover").as_dict())
 
     def block_shape(self) -> HydraConfig:
         """The augmenting block's shape: Hydra++'s prefix layer of the same size."""

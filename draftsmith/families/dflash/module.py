@@ -13,7 +13,7 @@ from transformers import AutoConfig
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
-from draftsmith.families.eagle.module import default_feature_layers
+from draftsmith.layers.features import default_feature_layers
 from draftsmith.layers.module import EstimateConfig, OptimConfig, read_init
 from draftsmith.layers.parallel import DepthLogits
 from draftsmith.layers.parallel_module import ParallelModule

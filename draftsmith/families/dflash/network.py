@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.eagle.network import ROPE_THETA, EagleConfig, borrowed_shape
 from draftsmith.families.registry import register
 from draftsmith.layers.parallel import ParallelDrafter
+from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
 
 
 @dataclass
@@ -60,7 +61,7 @@ class DFlashConfig:
     def from_target(target_config, feature_layers: tuple[int, ...], depth: int, num_layers: int) -> DFlashConfig:
         if depth < 1 or num_layers < 1:
             raise DraftsmithError(f"dflash: depth and num_layers must be at least 1, got {depth} and {num_layers}")
-        shape = borrowed_shape(target_config, "DFlash")
+        shape = borrowed_shape(target_config, "DFlash").as_dict()
         return DFlashConfig(
             feature_layers=tuple(feature_layers),
             depth=depth,
@@ -71,8 +72,9 @@ class DFlashConfig:
             **shape,
         )
 
-    llama_config = EagleConfig.llama_config
-    """The Llama-shaped config its MLP and rotary embedding are built from (the same fields as EAGLE's layer)."""
+    def llama_config(self) -> LlamaConfig:
+        """The Llama-shaped config its MLP and rotary embedding are built from (the same fields as EAGLE's layer)."""
+        return LayerShape.of(self).llama_config(self.vocab_size)
 
 
 class DFlashAttention(nn.Module):

@@ -10,13 +10,9 @@ from draftsmith.core.target import TargetOutput, check_fingerprint
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
 from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.features import default_feature_layers
 from draftsmith.layers.losses import TOKEN_LOSSES, TokenLoss, feature_regression, masked_mean, token_loss
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init, shift
-
-
-def default_feature_layers(num_layers: int, version: int) -> tuple[int, ...]:
-    """The target layers an EAGLE-``version`` drafter reads by default (see each config's ``default_feature_layers``)."""
-    return config_class(version).default_feature_layers(num_layers)
 
 
 class EagleModule(DrafterModule):

@@ -37,65 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
+from draftsmith.layers.decoder import Attention
+from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
 from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
-
-ROPE_THETA = 10000.0
-"""RoPE base of a drafter layer whose target names none (learned positions, or per-layer-type bases)."""
-
-
-# Llama-style config fields whose value a drafter's own decoder layer borrows from its target, and the names
-# other families give them (GPT-2 / GPT-J, GPT-NeoX, Starcoder2, Falcon, OPT ...)
-BORROWED_FIELDS = {
-    "hidden_size": ("hidden_size", "n_embd", "d_model"),
-    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "intermediate_size": ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner"),
-    "rms_norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps"),
-    "max_position_embeddings": ("max_position_embeddings", "n_positions", "max_sequence_length"),
-}
-
-
-def borrowed_shape(target_config, drafter: str) -> dict:
-    """The shape a drafter's Llama-style layer takes from its target, whatever its family calls each field.
-
-    Only sizes and the norm epsilon are borrowed: the drafter's layer is its own (RMSNorm, SwiGLU MLP,
-    RoPE), so a target with LayerNorm, a GELU MLP or learned positions lends the same numbers. GPT-2's
-    ``n_inner: null`` is its default MLP width, 4 * hidden; a target without RoPE lends RoPE's usual base.
-
-    Args:
-        target_config: the target's HF config.
-        drafter: the drafter family, for the error message.
-
-    Returns:
-        ``hidden_size``, ``num_attention_heads``, ``head_dim``, ``intermediate_size``, ``rms_norm_eps``,
-        ``rope_theta`` and ``max_position_embeddings``.
-
-    Raises:
-        DraftsmithError: the config has none of a field's names (one line naming the architecture and field).
-    """
-    config = target_config.get_text_config(decoder=True)
-    shape = {}
-    for name, aliases in BORROWED_FIELDS.items():
-        present = [alias for alias in aliases if hasattr(config, alias)]
-        if not present:
-            raise DraftsmithError(
-                f"{drafter}: the target's {type(config).__name__} ({config.model_type}) has no {name} "
-                f"(looked for {', '.join(aliases)}); the drafter's layer borrows its size from the target"
-            )
-        value = getattr(config, present[0])
-        if value is None and present[0] == "n_inner":  # GPT-2 / GPT-J: null means 4 * hidden
-            value = 4 * shape["hidden_size"]
-        shape[name] = value
-    shape["head_dim"] = getattr(config, "head_dim", None) or shape["hidden_size"] // shape["num_attention_heads"]
-    rope = getattr(config, "rope_parameters", None) or {}
-    shape["rope_theta"] = rope.get("rope_theta", getattr(config, "rope_theta", None) or ROPE_THETA)
-    return shape
 
 
 @dataclass
@@ -153,7 +104,7 @@ class EagleConfig:
             if not cls.own_head:
                 raise DraftsmithError(f"EAGLE-{version} has one decoder layer; num_layers={num_layers} needs version 3")
             norms["num_layers"] = num_layers
-        shape = borrowed_shape(target_config, f"EAGLE-{version}")
+        shape = borrowed_shape(target_config, f"EAGLE-{version}").as_dict()
         vocab = target_config.vocab_size
         return cls(
             feature_layers=tuple(feature_layers),
@@ -165,34 +116,8 @@ class EagleConfig:
             **norms,
         )
 
-    @classmethod
-    def layer_shape(cls, shape) -> EagleConfig:
-        """An EAGLE-layer shape from any config holding ``borrowed_shape``'s fields (and ``vocab_size``): how other
-        families (Hydra++'s prefix layer, Kangaroo's adapter) build a layer of their target's size."""
-        return cls(
-            hidden_size=shape.hidden_size,
-            num_heads=shape.num_attention_heads,
-            head_dim=shape.head_dim,
-            intermediate_size=shape.intermediate_size,
-            vocab_size=shape.vocab_size,
-            rms_norm_eps=shape.rms_norm_eps,
-            rope_theta=shape.rope_theta,
-            max_position_embeddings=shape.max_position_embeddings,
-        )
-
     def llama_config(self) -> LlamaConfig:
-        return LlamaConfig(
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            max_position_embeddings=self.max_position_embeddings,
-            vocab_size=self.vocab_size,
-            num_hidden_layers=1,
-        )
+        return LayerShape.of(self).llama_config(self.vocab_size)
 
 
 @dataclass
@@ -218,11 +143,6 @@ class Eagle1Config(EagleConfig):
     """EAGLE-1 has none of EAGLE-3.1's norms nor speculators' residual norm (``Eagle3Config``)."""
     num_layers: ClassVar[int] = 1
     """EAGLE-1 has one decoder layer."""
-
-    @staticmethod
-    def default_feature_layers(num_layers: int) -> tuple[int, ...]:
-        """The final hidden state."""
-        return (-1,)
 
 
 @dataclass
@@ -263,21 +183,6 @@ class Eagle3Config(EagleConfig):
                 "are exclusive; set one"
             )
 
-    @staticmethod
-    def default_feature_layers(num_layers: int) -> tuple[int, ...]:
-        """Low, middle, high layers (HF hidden_states indices).
-
-        Targets of 8+ layers get EAGLE-3's (2, L/2, L-3). Shallower ones get the top three states that
-        serving engines can capture, HF ``hidden_states[L-3..L-1]`` (clamped to 1). The final state
-        ``hidden_states[L]`` is the *normed* one, which neither vLLM nor SGLang exposes to EAGLE-3, so a
-        drafter trained on it could not be exported. It carries more next-token information on shallow
-        targets (on the 4-layer default target (2, 3, 4) reached val/tau_est 2.57 where (1, 2, 3) reached
-        2.17 after the same 180 steps); pass ``feature_layers`` to trade servability for that.
-        """
-        if num_layers >= 8:
-            return (2, num_layers // 2, num_layers - 3)
-        return tuple(max(1, num_layers - i) for i in (3, 2, 1))
-
 
 EAGLE_CONFIGS = {1: Eagle1Config, 3: Eagle3Config}
 
@@ -286,31 +191,6 @@ def config_class(version: int) -> type[Eagle1Config] | type[Eagle3Config]:
     if version not in EAGLE_CONFIGS:
         raise DraftsmithError(f"eagle version must be 1 or 3, got {version}")
     return EAGLE_CONFIGS[version]
-
-
-class EagleAttention(nn.Module):
-    """Multi-head attention whose keys/values of earlier steps are passed in (TTT and drafting)."""
-
-    def __init__(self, cfg: EagleConfig, in_features: int) -> None:
-        super().__init__()
-        inner = cfg.num_heads * cfg.head_dim
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.q_proj = nn.Linear(in_features, inner, bias=False)
-        self.k_proj = nn.Linear(in_features, inner, bias=False)
-        self.v_proj = nn.Linear(in_features, inner, bias=False)
-        self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
-
-    def forward(self, x, cos, sin, past_k, past_v, mask):
-        """x (B, T, in); past_k/v (B, nh, S, hd) or None; mask (T, S+T) bool, True = attend."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
-        values = v if past_v is None else torch.cat([past_v, v], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
 
 
 class EagleLayer(nn.Module):
@@ -323,7 +203,7 @@ class EagleLayer(nn.Module):
         if cfg.separate_inputs:
             self.input_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
             self.hidden_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = EagleAttention(cfg, 2 * h if cfg.separate_inputs else h)
+        self.self_attn = Attention(2 * h if cfg.separate_inputs else h, h, cfg.num_heads, cfg.head_dim)
         self.post_attention_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
@@ -347,7 +227,7 @@ class EagleStackLayer(nn.Module):
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
         self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = EagleAttention(cfg, cfg.hidden_size)
+        self.self_attn = Attention(cfg.hidden_size, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 

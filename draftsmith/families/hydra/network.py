@@ -23,10 +23,10 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
-from draftsmith.families.eagle.network import EagleAttention, EagleConfig, borrowed_shape
-from draftsmith.families.medusa.network import ResidualBlock
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
+from draftsmith.layers.decoder import Attention, ResidualBlock
+from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
 from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
 
@@ -45,7 +45,7 @@ class HydraConfig:
     head_dim: int = 0
     intermediate_size: int = 0
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope_theta: float = ROPE_THETA
     max_position_embeddings: int = 2048
 
     @classmethod
@@ -54,20 +54,11 @@ class HydraConfig:
     ) -> HydraConfig:
         """The Hydra drafter of a target with this HF config (any family: ``borrowed_shape``)."""
         shape = borrowed_shape(target_config, "Hydra++" if prefix_attention else "Hydra")
-        return cls(num_heads, num_layers, prefix_attention, vocab_size=vocab_size, **shape)
+        return cls(num_heads, num_layers, prefix_attention, vocab_size=vocab_size, **shape.as_dict())
 
     def llama_config(self) -> LlamaConfig:
         """The one-layer Llama shape of the prefix layer (the same as an EAGLE layer's)."""
-        return EagleConfig.layer_shape(self).llama_config()
-
-
-@dataclass(frozen=True)
-class _AttentionShape:
-    """What ``EagleAttention`` reads of its config."""
-
-    num_heads: int
-    head_dim: int
-    hidden_size: int
+        return LayerShape.of(self).llama_config(self.vocab_size)
 
 
 class PrefixLayer(nn.Module):
@@ -76,9 +67,8 @@ class PrefixLayer(nn.Module):
     def __init__(self, cfg: HydraConfig) -> None:
         super().__init__()
         h = cfg.hidden_size
-        attn_shape = _AttentionShape(cfg.num_attention_heads, cfg.head_dim, h)
         self.input_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = EagleAttention(attn_shape, h)
+        self.self_attn = Attention(h, h, cfg.num_attention_heads, cfg.head_dim)
         self.post_attention_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
         self.rotary = LlamaRotaryEmbedding(cfg.llama_config())

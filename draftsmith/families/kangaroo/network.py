@@ -19,9 +19,10 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from draftsmith.core.draft import DrafterNetwork
-from draftsmith.families.eagle.network import EagleAttention, EagleConfig, borrowed_shape
 from draftsmith.families.registry import register
+from draftsmith.layers.decoder import Attention
 from draftsmith.layers.self_draft import SelfDrafter
+from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
 
 
 @dataclass
@@ -38,16 +39,16 @@ class KangarooConfig:
     intermediate_size: int = 0
     vocab_size: int = 0
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope_theta: float = ROPE_THETA
     max_position_embeddings: int = 2048
 
     @classmethod
     def from_target(cls, target_config, vocab_size: int, exit_layer: int, threshold: float) -> KangarooConfig:
-        return cls(exit_layer, threshold, vocab_size=vocab_size, **borrowed_shape(target_config, "Kangaroo"))
+        return cls(exit_layer, threshold, vocab_size=vocab_size, **borrowed_shape(target_config, "Kangaroo").as_dict())
 
-    def attention_shape(self) -> EagleConfig:
+    def attention_shape(self) -> LayerShape:
         """The adapter attention's shape (an EAGLE layer's: same heads and RoPE as the target)."""
-        return EagleConfig.layer_shape(self)
+        return LayerShape.of(self)
 
 
 @register("kangaroo", config=KangarooConfig)
@@ -61,9 +62,9 @@ class KangarooModel(DrafterNetwork):
         self.cfg = cfg
         shape = cfg.attention_shape()
         self.input_norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = EagleAttention(shape, cfg.hidden_size)
+        self.attn = Attention(cfg.hidden_size, cfg.hidden_size, shape.num_attention_heads, shape.head_dim)
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = LlamaRotaryEmbedding(shape.llama_config())
+        self.rotary = LlamaRotaryEmbedding(shape.llama_config(cfg.vocab_size))
         nn.init.zeros_(self.attn.o_proj.weight)  # start as early exit: norm(h)
 
     @property

@@ -21,6 +21,7 @@ from torch import nn
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import Target, TargetOutput
 from draftsmith.families.registry import register
+from draftsmith.layers.decoder import ResidualBlock
 from draftsmith.layers.parallel import ParallelDrafter
 
 
@@ -36,23 +37,6 @@ class MedusaConfig:
     vocab_size: int = 0
     lora: dict = field(default_factory=dict)
     """Medusa-2: the target's LoRA adapter ({r, alpha, target_modules, shapes}); empty for Medusa-1."""
-
-
-class ResidualBlock(nn.Module):
-    """x + SiLU(W x + b), W and b zero-initialised (the block starts as the identity)."""
-
-    def __init__(self, hidden: int, num_layers: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(num_layers))
-        self.act = nn.SiLU()
-        for layer in self.layers:
-            nn.init.zeros_(layer.weight)
-            nn.init.zeros_(layer.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = x + self.act(layer(x))
-        return x
 
 
 def _lora_key(name: str) -> str:
