@@ -41,8 +41,9 @@ from draftsmith.families.specs import Trained, build_drafter
 
 MODES = {"greedy": (4, Sampling()), "auto": (AUTO_K, Sampling()), "sampled": (4, Sampling(0.7, 0.9))}
 SETS = ("mt-bench", "chat-heldout")
-FIT_KEYS = ("trainer", "seconds", "tokens", "tokens_per_s", "peak_rss_gb", "steps", "epochs", "load", "val_tau_est")
-"""What the report keeps of a fit record, where the record has it."""
+FIT_SECONDS = ("train_process_seconds", "fit_seconds", "seconds")
+"""A fit record's wall-clock of training, validation included where the record has it (speculators' harness:
+``train_process_seconds``; SpecForge's: ``fit_seconds``; ``scaling.fit_one``: ``seconds``, its export included)."""
 
 
 def drafter_arg(text: str) -> tuple[str, Path]:
@@ -54,15 +55,33 @@ def drafter_arg(text: str) -> tuple[str, Path]:
 
 def fit_record(drafter: Path) -> dict | None:
     """The fit record beside ``drafter`` (``DIR/fit.json``, ``DIR/../fit.json``, or a scaling study's
-    ``STUDY/fit/NAME.json``), or None."""
+    ``STUDY/fit/NAME.json``), its figures under one set of names: ``tokens`` (generated tokens of the data, one
+    pass), ``passes``, ``seconds`` (``FIT_SECONDS``), ``tokens_per_s`` (generated tokens trained per second, every
+    trainer's by the same rule), ``peak_rss_gb``, ``steps``, ``load`` and ``val_tau_est`` where recorded."""
     for path in (
         drafter / "fit.json",
         drafter.parent / "fit.json",
         drafter.parent.parent / "fit" / f"{drafter.name}.json",
     ):
         if path.is_file():
-            record = json.loads(path.read_text())
-            return {key: record[key] for key in FIT_KEYS if key in record} | {"record": str(path)}
+            r = json.loads(path.read_text())
+            tokens = r.get("tokens") or r.get("generated_tokens")
+            passes = r.get("passes") if r.get("passes") is not None else r.get("epochs")
+            seconds = next((r[k] for k in FIT_SECONDS if r.get(k)), None)
+            peak = r.get("peak_rss_gb") or (r["peak_rss_mib"] / 1024 if r.get("peak_rss_mib") else None)
+            rate = round(tokens * passes / seconds, 1) if tokens and passes and seconds else None
+            return {
+                "trainer": r.get("trainer", "draftsmith"),
+                "tokens": tokens,
+                "passes": passes,
+                "steps": r.get("steps"),
+                "seconds": seconds,
+                "tokens_per_s": rate,
+                "peak_rss_gb": peak,
+                "load": r.get("load"),
+                "val_tau_est": r.get("val_tau_est"),
+                "record": str(path),
+            }
     return None
 
 
@@ -103,7 +122,7 @@ def markdown(result: dict) -> str:
             return fmt.format(f[key]) if f.get(key) is not None else "–"
 
         lines.append(
-            f"| {name} | {cell('trainer')} | {cell('tokens', '{:,}')} | {cell('epochs', '{:.2f}')} | {cell('steps')} "
+            f"| {name} | {cell('trainer')} | {cell('tokens', '{:,}')} | {cell('passes', '{:.2f}')} | {cell('steps')} "
             f"| {cell('seconds', '{:.0f}')} | {cell('tokens_per_s', '{:,.0f}')} | {cell('peak_rss_gb', '{:.1f}')} "
             f"| {cell('load')} | {cell('val_tau_est', '{:.2f}')} |"
         )
