@@ -10,7 +10,7 @@ Each ``--drafter NAME=DIR`` is a drafter dir ``draftsmith`` decodes: draftsmith'
 brought in with ``draftsmith import`` as a user would (no edits). Its fit record is the first of ``DIR/fit.json``,
 ``DIR/../fit.json`` and, for a ``benchmarks/scaling.py`` export (``STUDY/drafters/NAME``), ``STUDY/fit/NAME.json``:
 the trainer's wall-clock, tokens/s, peak memory, steps and passes over the data (the peers' harnesses,
-``benchmarks/peers/*_train.py``, write theirs; ``scaling.fit_one`` draftsmith's).
+``engines/peers/*_train.py``, write theirs; ``scaling.fit_one`` draftsmith's).
 
 One block per held-out set (MT-bench first turns, N / 8 per category; chat-heldout) and mode, every decoder
 interleaved prompt by prompt in one run (``score_drafters``): plain decoding of the verified target, the same

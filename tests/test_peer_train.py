@@ -1,4 +1,4 @@
-"""A peer's own trainer on draftsmith's corpus (issue 86): ``benchmarks/peers/speculators_train.py`` runs
+"""A peer's own trainer on draftsmith's corpus (issue 86): ``engines/peers/speculators_train.py`` runs
 vllm-project/speculators' EAGLE-3 launcher (``speculators.train``) in its venv on a few rows of the packed SmolLM2
 corpus, its checkpoint comes in through ``draftsmith import`` untouched, and decodes exactly (greedy speculative
 output = plain greedy output).
@@ -33,7 +33,7 @@ def test_speculators_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes
     if python is None:
         pytest.skip(why)
     out = tmp_path / "run"
-    cmd = [str(python), str(ROOT / "benchmarks" / "peers" / "speculators_train.py"), "--tokens", "400"]
+    cmd = [str(python), str(ROOT / "engines" / "peers" / "speculators_train.py"), "--tokens", "400"]
     cmd += ["--epochs", "1", "--val-rows", "2", "--total-seq-len", "1024", "--draft-vocab-size", "1024"]
     cmd += ["--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)

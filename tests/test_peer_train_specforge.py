@@ -1,5 +1,5 @@
 """SpecForge's own EAGLE-3 trainer on draftsmith's corpus, end to end (issue 86): the packed SmolLM2 corpus ->
-``benchmarks/peers/prepare_specforge.py`` -> ``benchmarks/peers/specforge_train.py`` in SpecForge's venv (its offline
+``engines/peers/prepare_specforge.py`` -> ``engines/peers/specforge_train.py`` in SpecForge's venv (its offline
 features, ``specforge train``, ``specforge export --to sglang``) -> ``draftsmith import`` with no edit -> greedy
 speculative decoding with the imported drafter equals plain greedy decoding of SmolLM2. One row of the corpus, one
 optimizer step: it checks the pipeline and the checkpoint's layout, not what the drafter learns. Skips, saying why,
@@ -25,7 +25,7 @@ from engines import peer_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+sys.path.insert(0, str(ROOT / "engines" / "peers"))
 from prepare_specforge import token_rows  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def test_specforge_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes_e
         pytest.skip(why)
     rows = token_rows(ROOT / "benchmarks" / "data" / "smollm2-1m.tar.xz", tmp_path / "rows")
     out = tmp_path / "run"
-    cmd = [str(python), str(ROOT / "benchmarks" / "peers" / "specforge_train.py"), "--data", str(rows)]
+    cmd = [str(python), str(ROOT / "engines" / "peers" / "specforge_train.py"), "--data", str(rows)]
     cmd += ["--target", str(resolve("smollm2")), "--tokens", "300", "--epochs", "1", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

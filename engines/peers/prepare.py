@@ -1,6 +1,6 @@
 """draftsmith's packed corpus -> the token rows a peer's trainer starts from (issue 86), run in draftsmith's venv.
 
-A peer's harness runs in the peer's own venv (``benchmarks/peers/speculators_train.py``), which has neither
+A peer's harness runs in the peer's own venv (``engines/peers/speculators_train.py``), which has neither
 draftsmith nor its dependencies; this step writes what it needs as plain files:
 
 - per corpus (the train corpus and the held-out val corpus), ``DIR/rows.jsonl``: one JSON line per row in the
@@ -17,7 +17,7 @@ draftsmith nor its dependencies; this step writes what it needs as plain files:
 Made once per corpus (``made_once``): a second call finds it made. Prints one JSON line, ``{"train": DIR, "val":
 DIR, "target": DIR}``, that the peer's harness reads.
 
-    .venv/bin/python benchmarks/peers/prepare.py [--corpus benchmarks/data/smollm2-1m.tar.xz]
+    .venv/bin/python engines/peers/prepare.py [--corpus benchmarks/data/smollm2-1m.tar.xz]
         [--val benchmarks/data/smollm2-val.tar.xz] [--target smollm2] [--out runs/peers/data]
 """
 

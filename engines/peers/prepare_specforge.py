@@ -11,7 +11,7 @@ row, so the peer side picks exactly the rows draftsmith's own fits at that budge
 
 Made once per corpus (``made_once``): a second call finds it made.
 
-    .venv/bin/python benchmarks/peers/prepare_specforge.py [--corpus benchmarks/data/smollm2-1m.tar.xz] [--out DIR]
+    .venv/bin/python engines/peers/prepare_specforge.py [--corpus benchmarks/data/smollm2-1m.tar.xz] [--out DIR]
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Runs INSIDE speculators' venv (``.venv-speculators``, built by ``engines/peer_venv.sh``: speculators 0.9,
 transformers 5.x, torch CPU); it does not import draftsmith, whose dependencies that venv lacks. The data step that
-needs draftsmith runs in draftsmith's venv as a subprocess (``benchmarks/peers/prepare.py``).
+needs draftsmith runs in draftsmith's venv as a subprocess (``engines/peers/prepare.py``).
 
-    .venv-speculators/bin/python benchmarks/peers/speculators_train.py --tokens 250000 --epochs 1 \\
+    .venv-speculators/bin/python engines/peers/speculators_train.py --tokens 250000 --epochs 1 \\
         --out runs/peers/speculators-250k [--lr 1e-3 --ttt-steps 3 --draft-vocab-size 4096 ...] [-- THEIR FLAGS]
 
 Stages, each skipped when its output is already whole (a rerun resumes; the trainer itself resumes from its last
@@ -163,7 +163,7 @@ def stage_prepare(a: argparse.Namespace) -> dict:
         record = json.loads(done.read_text())
         if record["request"] == [a.tokens, a.val_rows, str(a.corpus), str(a.val), a.target]:
             return record
-    cmd = [str(a.draftsmith_python), str(ROOT / "benchmarks" / "peers" / "prepare.py"), "--corpus", str(a.corpus)]
+    cmd = [str(a.draftsmith_python), str(ROOT / "engines" / "peers" / "prepare.py"), "--corpus", str(a.corpus)]
     cmd += ["--val", str(a.val), "--target", a.target]
     log("prepare: " + " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -57,7 +57,7 @@ Replacements for this CPU (device selection, process-group setup, kernel choice;
   files plus a ``model.safetensors.index.json`` naming that file, and ``model.lm_head_key`` is set to
   ``model.embed_tokens.weight`` (the tied head's tensor): data layout and a config field, not code.
 
-    .venv-specforge/bin/python benchmarks/peers/specforge_train.py --data runs/peers/data/smollm2-1m \\
+    .venv-specforge/bin/python engines/peers/specforge_train.py --data runs/peers/data/smollm2-1m \\
         --target ~/.cache/draftsmith/targets/smollm2-135m-instruct-float32 --tokens 250000 --epochs 1 \\
         --out runs/peers/specforge-250k
 """
@@ -105,7 +105,7 @@ def install_torch_loss() -> None:
     module = types.ModuleType("specforge.core.loss")
     module.LogSoftmaxLoss = LogSoftmaxLoss
     module.__doc__ = (
-        "draftsmith's CPU stand-in for SpecForge's Triton LogSoftmaxLoss (benchmarks/peers/specforge_train.py)"
+        "draftsmith's CPU stand-in for SpecForge's Triton LogSoftmaxLoss (engines/peers/specforge_train.py)"
     )
     sys.modules["specforge.core.loss"] = module
 
