@@ -238,3 +238,30 @@ def test_a_packed_fit_trains_eagle_and_another_family_refuses_pack_in_one_line(t
     medusa = MedusaModule(target, num_heads=2)
     with pytest.raises(DraftsmithError, match="data.pack: MedusaModule does not train on packed batches"):
         L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False).fit(medusa, dm)
+
+
+@pytest.mark.parametrize("loss", ["kl", "nla", "lk_hybrid"])
+def test_the_dense_loss_a_gpu_uses_equals_the_selected_one(target, loss):
+    """``eagle_losses(dense=True)`` (the default on a GPU: the head over every position, the uncounted ones weighted
+    0, so no data-dependent shape waits for the device) gives the losses and gradients of the CPU's default, the
+    head over the counted positions only, on a packed batch and a padded one."""
+    from draftsmith.families.eagle.module import eagle_losses
+
+    module = eagle(target)
+    docs = documents()
+    for batch in (collate(docs, MAX_LENGTH), collate_packed([[docs[i] for i in row] for row in LAYOUT], MAX_LENGTH)):
+        with torch.no_grad():
+            out = module.target_forward(batch, module.loss_vocab())
+        runs = []
+        for dense in (False, True):
+            module.drafter.zero_grad()
+            logs = eagle_losses(module.drafter, batch, out, 3, loss=loss, dense=dense)
+            logs["loss"].backward()
+            grads = {n: p.grad.clone() for n, p in module.drafter.named_parameters() if p.grad is not None}
+            runs.append(({k: v.detach() for k, v in logs.items()}, grads))
+        (selected, g_sel), (dense, g_dense) = runs
+        assert selected.keys() == dense.keys() and g_sel.keys() == g_dense.keys() and g_sel
+        for k in selected:
+            torch.testing.assert_close(dense[k], selected[k], rtol=1e-5, atol=1e-6, msg=k)
+        for n in g_sel:
+            torch.testing.assert_close(g_dense[n], g_sel[n], rtol=1e-4, atol=1e-6, msg=n)
