@@ -56,6 +56,7 @@ MARKDOWN = {
     "ngram_policies_smollm2": "ngram_policies",
     "parallel_default": "parallel",
     "parallel_smollm2": "parallel",
+    "peers_smollm2": "peers",
     "profile_round_default_after": "profile_round",
     "profile_round_default_before": "profile_round",
     "quickstart": "quickstart",
