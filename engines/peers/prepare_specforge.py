@@ -17,8 +17,9 @@ Made once per corpus (``made_once``): a second call finds it made.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+import prepare  # engines/peers/prepare.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "benchmarks" / "data" / "smollm2-1m.tar.xz"
@@ -27,26 +28,9 @@ OUT = ROOT / "runs" / "peers" / "data" / "smollm2-1m"
 
 def token_rows(corpus: Path = CORPUS, out: Path = OUT) -> Path:
     """The corpus's rows as JSON lines, ``OUT/rows.jsonl`` (made once); returns ``OUT``. ``OUT/meta.json``: the
-    corpus's path, its target fingerprint, the row count and ``generated_cumsum`` (generated tokens in rows 0..i)."""
-    from draftsmith.core.files import made_once
-    from draftsmith.data.shards import load_generated
-
-    def is_made(path: Path) -> bool:
-        return (path / "meta.json").is_file() and (path / "rows.jsonl").is_file()
-
-    def make(tmp: Path) -> None:
-        ds, meta = load_generated(corpus)
-        tmp.mkdir(parents=True)
-        cumsum, total = [], 0
-        with open(tmp / "rows.jsonl", "w") as f:
-            for ids, mask in zip(ds["input_ids"], ds["loss_mask"], strict=True):
-                total += int(sum(mask))
-                cumsum.append(total)
-                f.write(json.dumps({"input_ids": list(map(int, ids)), "loss_mask": list(map(int, mask))}) + "\n")
-        record = {"corpus": str(corpus), "target": meta.get("target"), "rows": len(cumsum), "generated_cumsum": cumsum}
-        (tmp / "meta.json").write_text(json.dumps(record))
-
-    return made_once(out, is_made, make)
+    corpus's path, its target fingerprint, the row count and ``generated_cumsum`` (generated tokens in rows 0..i).
+    ``prepare.token_rows`` with this script's defaults."""
+    return prepare.token_rows(corpus, out)
 
 
 def main() -> None:
