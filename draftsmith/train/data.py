@@ -44,19 +44,27 @@ class LengthBucketSampler(DistributedSampler):
             for b in range(0, len(part), self.batch_size):
                 (full if len(part[b:]) >= self.batch_size else partial).append(part[b : b + self.batch_size])
         batches = [full[b] for b in torch.randperm(len(full), generator=g).tolist()] + partial
-        if len(batches) % self.num_replicas:  # every rank gets as many batches (as DistributedSampler pads)
+        return self.this_rank(batches)
+
+    def this_rank(self, batches: list) -> list:
+        """This rank's share of the epoch's ``batches``: every rank gets as many (as DistributedSampler pads)."""
+        if len(batches) % self.num_replicas:
             batches += batches[: self.num_replicas - len(batches) % self.num_replicas]
         return batches[self.rank :: self.num_replicas]
+
+    def remaining(self) -> list:
+        """This epoch's batches still to train: after ``resume_at``'s when resuming that epoch (then cleared)."""
+        batches = self.batches()
+        if self.resume_at is not None and self.resume_at[0] == self.epoch:
+            batches = batches[self.resume_at[1] :]
+            self.resume_at = None
+        return batches
 
     def __len__(self) -> int:
         return sum(len(b) for b in self.batches())
 
     def __iter__(self):
-        batches = self.batches()
-        if self.resume_at is not None and self.resume_at[0] == self.epoch:
-            batches = batches[self.resume_at[1] :]
-            self.resume_at = None
-        for batch in batches:
+        for batch in self.remaining():
             yield from batch
 
 
@@ -115,19 +123,13 @@ class PackedBatchSampler(LengthBucketSampler):
             ]
         rows = [rows[r] for r in torch.randperm(len(rows), generator=g).tolist()]
         batches = [tuple(rows[b : b + self.batch_size]) for b in range(0, len(rows), self.batch_size)]
-        if len(batches) % self.num_replicas:
-            batches += batches[: self.num_replicas - len(batches) % self.num_replicas]
-        return batches[self.rank :: self.num_replicas]
+        return self.this_rank(batches)
 
     def __len__(self) -> int:
         return len(self.batches())
 
     def __iter__(self):
-        batches = self.batches()
-        if self.resume_at is not None and self.resume_at[0] == self.epoch:
-            batches = batches[self.resume_at[1] :]
-            self.resume_at = None
-        yield from batches
+        yield from self.remaining()
 
 
 class PackedRows(torch.utils.data.Dataset):
