@@ -27,19 +27,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
+from common import (
+    RESULTS,
+    decoding_modes,
+    gain_cell,
+    heldout_sets,
+    machine,
+    measured_on,
+    plain_lines,
+    saved_block,
+    score_block,
+    smollm2_targets,
+    write,
+)
 
 from draftsmith.core.manifest import file_sha256
-from draftsmith.core.sampling import Sampling
-from draftsmith.decode.metrics import tau_gain
-from draftsmith.eval.rows import block_dicts, read_block
-from draftsmith.eval.score import AUTO_K, score_drafters
-from draftsmith.families.specs import Trained, build_drafter
+from draftsmith.eval.rows import read_block
+from draftsmith.families.specs import Trained
 
-MODES = {"greedy": (4, Sampling()), "auto": (AUTO_K, Sampling()), "sampled": (4, Sampling(0.7, 0.9))}
+MODES = decoding_modes()
 SETS = ("mt-bench", "chat-heldout")
 FIT_SECONDS = ("train_process_seconds", "fit_seconds", "seconds")
 """A fit record's wall-clock of training, validation included where the record has it (speculators' harness:
@@ -83,22 +91,6 @@ def fit_record(drafter: Path) -> dict | None:
                 "record": str(path),
             }
     return None
-
-
-def score_block(verified, references, drafters: dict[str, Path], prompts, categories, n: int, mode: str) -> dict:
-    built = {name: build_drafter(Trained(str(path)), verified) for name, path in drafters.items()}
-    k, sampling = MODES[mode]
-    load = os.getloadavg()[0]
-    refs = references if sampling.greedy else None
-    plain, rows = score_drafters(verified, built, prompts, k, sampling, n, categories=categories, references=refs)
-    return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
-
-
-def gain_cell(base, row) -> str:
-    if base is None or row.name == base.name or not (base.prompt_rounds and row.prompt_rounds):
-        return "–"
-    g = tau_gain(base.prompt_rounds, row.prompt_rounds)
-    return f"{g.mean:+.2f} [{g.low:+.2f}, {g.high:+.2f}]"
 
 
 def markdown(result: dict) -> str:
@@ -168,6 +160,7 @@ def main() -> None:
     dtype, verified, references = smollm2_targets(float32=True)
     sets = {k: v for k, v in heldout_sets(verified.tokenizer, args.num_prompts).items() if k in args.sets}
     names = list(drafters)
+    specs = {name: Trained(str(path)) for name, path in drafters.items()}
     blocks = {}
     for mode in args.modes:
         for set_name, (prompts, categories) in sets.items():
@@ -175,7 +168,7 @@ def main() -> None:
             blocks[key] = saved_block(
                 args.out / f"{set_name}-{mode}.json",
                 names,
-                lambda: score_block(verified, references, drafters, prompts, categories,  # noqa: B023
+                lambda: score_block(verified, references, specs, prompts, categories,  # noqa: B023
                                     args.max_new_tokens, mode),  # noqa: B023
             )  # fmt: skip
     result = {

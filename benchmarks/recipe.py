@@ -35,37 +35,40 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import NamedTuple
 
-from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
+import common
+from common import (
+    RESULTS,
+    decoding_modes,
+    gain_cell,
+    heldout_sets,
+    machine,
+    measured_on,
+    plain_lines,
+    saved_block,
+    smollm2_targets,
+    write,
+)
 from scaling import fit_epochs, tokens_of
 
 from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.manifest import file_sha256
-from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.decode.metrics import tau_gain
-from draftsmith.eval.rows import block_dicts, read_block
-from draftsmith.eval.score import AUTO_K, score_drafters
-from draftsmith.families.specs import NGram, Trained, build_drafter
+from draftsmith.eval.rows import read_block
+from draftsmith.families.specs import NGram, Trained
 
-MODES = {"greedy": (4, Sampling()), "auto": (AUTO_K, Sampling()), "sampled": (4, Sampling(0.7, 0.9))}
+MODES = decoding_modes()
 SETS = ("mt-bench", "chat-heldout")
 GOALS = {"mt-bench": {"tau": 1.9, "first": 0.45, "fastest": 1.3}, "chat-heldout": {"tau": 2.3, "fastest": 1.6}}
 """Issue 51's goals for the study's winner, greedy, K = 4."""
 
 
 def score_block(verified: Target, references: dict, study: Path, names: list[str], prompts, categories, n, mode):
-    built = {name: build_drafter(NGram() if name == "ngram" else Trained(str(study / "drafters" / name)), verified)
-             for name in names}  # fmt: skip
-    k, sampling = MODES[mode]
-    load = os.getloadavg()[0]
-    refs = references if sampling.greedy else None  # the fastest-plain goals are greedy ones
-    plain, rows = score_drafters(verified, built, prompts, k, sampling, n, categories=categories, references=refs)
-    return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
+    specs = {name: NGram() if name == "ngram" else Trained(str(study / "drafters" / name)) for name in names}
+    return common.score_block(verified, references, specs, prompts, categories, n, mode)
 
 
 class BlockKey(NamedTuple):
@@ -117,13 +120,6 @@ def base_row(result: dict, key: str):
             if base is not None and other_plain.tokens == plain.tokens:
                 return base
     return None
-
-
-def gain_cell(base, row) -> str:
-    if base is None or row.name == base.name or not (base.prompt_rounds and row.prompt_rounds):
-        return "–"
-    g = tau_gain(base.prompt_rounds, row.prompt_rounds)
-    return f"{g.mean:+.2f} [{g.low:+.2f}, {g.high:+.2f}] ({g.better}↑ {g.worse}↓)"
 
 
 def data_sizes(fits: dict) -> list[str]:
