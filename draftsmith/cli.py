@@ -69,7 +69,8 @@ def _described(entry: str | dict) -> Callable | dict:
     if isinstance(entry, dict):
         return {name: _described(sub) for name, sub in entry.items()}
     module, name = entry.split(":")
-    source = Path(__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    source = Path(__file__).parent.joinpath(*module.split(".")[1:])
+    source = source / "__init__.py" if source.is_dir() else source.with_suffix(".py")
     tree = ast.parse(source.read_text())
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
 
