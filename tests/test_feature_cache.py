@@ -14,7 +14,7 @@ from test_train import module, setup  # noqa: F401 - the shared tiny target + da
 
 from draftsmith.data.feature_cache import FeatureCache, cache_features
 from draftsmith.errors import DraftsmithError
-from draftsmith.train.data import GeneratedDataModule
+from draftsmith.train.data import CachedRows, GeneratedDataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -202,3 +202,42 @@ def test_prefix_cache_serves_its_first_rows_and_grows_in_place(setup, cache, tmp
     assert json.loads((out / "features.json").read_text())["rows"] == FeatureCache(cache).meta["rows"]
     with pytest.raises(DraftsmithError, match="rows must be positive"):
         cache_features(*args, max_length=64, shard_rows=32, rows=0)
+
+
+def same_batch(a: dict, b: dict) -> bool:
+    """Equal keys, and equal tensors of equal dtypes under each (``hidden``: per layer)."""
+    if a.keys() != b.keys():
+        return False
+    if isinstance(a.get("hidden"), dict) and not same_batch(a["hidden"], b["hidden"]):
+        return False
+    pairs = [(a[k], b[k]) for k in a if k != "hidden"]
+    return all(x.dtype == y.dtype and torch.equal(x, y) for x, y in pairs)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_batch_is_read_in_one_call_and_equals_the_rows_read_one_at_a_time(setup, cache, pack, monkeypatch):  # noqa: F811
+    """The DataLoader reads a training batch's rows at once (``CachedRows.__getitems__``: the dataset's rows in one
+    read, the cache's as views; ``PackedRows`` through it), never a row alone, and its batches, padded and packed, are
+    the ones reading each row alone gives (torch's fetcher without ``__getitems__``)."""
+
+    def epoch() -> list[dict]:
+        data = cached_data(setup, cache, pack=pack)
+        data.setup()
+        return list(data.train_dataloader())
+
+    with monkeypatch.context() as m:
+        m.setattr(CachedRows, "__getitems__", None)  # torch's fetcher and PackedRows then read row by row
+        per_row = epoch()
+
+    def alone(self, i):
+        raise AssertionError(f"row {i} read alone")
+
+    monkeypatch.setattr(CachedRows, "__getitem__", alone)
+    batched = epoch()
+    assert len(batched) == len(per_row) > 1 and ("doc_ids" in batched[0]) == pack
+    assert all(same_batch(a, b) for a, b in zip(batched, per_row, strict=True))
+    data = cached_data(setup, cache)
+    data.setup()
+    rows = CachedRows(data.train_ds, data.cache).__getitems__([70, 3, 40, 3])  # three shards, a row twice
+    part = data.cache.parts[data.cache.where[70][0]]["hidden_2"]
+    assert rows[0]["hidden"][2].untyped_storage().data_ptr() == part.untyped_storage().data_ptr()  # a view

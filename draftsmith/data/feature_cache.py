@@ -185,7 +185,8 @@ def _write_meta(out: Path, data: dict) -> None:
 
 
 class FeatureCache:
-    """A complete cache, loaded into memory: ``rows(i)`` gives row ``i``'s hidden states per cached layer."""
+    """A complete cache, loaded into memory: ``row(i)`` gives row ``i``'s hidden states per cached layer,
+    ``rows(indices)`` a batch's."""
 
     def __init__(self, path: str | Path) -> None:
         path = Path(path)
@@ -227,8 +228,18 @@ class FeatureCache:
 
     def row(self, i: int) -> dict[int, torch.Tensor]:
         """Row ``i``'s hidden states, layer -> (n, H)."""
-        shard, a, b = self.where[i]
-        return {layer: self.parts[shard][f"hidden_{layer}"][a:b] for layer in self.layers}
+        return self.rows([i])[0]
+
+    def rows(self, indices: list[int]) -> list[dict[int, torch.Tensor]]:
+        """Rows ``indices``' hidden states, each layer -> (n, H): views into the shards, nothing copied (a batch's one
+        copy is its collate's padding)."""
+        names = [(layer, f"hidden_{layer}") for layer in self.layers]
+        out = []
+        for i in indices:
+            shard, a, b = self.where[int(i)]
+            part = self.parts[shard]
+            out.append({layer: part[name][a:b] for layer, name in names})
+        return out
 
 
 def _spans(lengths: torch.Tensor) -> list[tuple[int, int]]:

@@ -143,7 +143,10 @@ class PackedRows(torch.utils.data.Dataset):
         return len(self.ds)
 
     def __getitem__(self, rows) -> list[list[dict]]:
-        return [[self.ds[int(i)] for i in row] for row in rows]
+        docs = [int(i) for row in rows for i in row]
+        batched = getattr(self.ds, "__getitems__", None)  # datasets.Dataset's, CachedRows': the batch in one read
+        read = iter(batched(docs) if batched else [self.ds[i] for i in docs])
+        return [[next(read) for _ in row] for row in rows]
 
 
 class ResumesMidEpoch:
@@ -215,7 +218,8 @@ def collate_packed(rows: list[list[dict]], max_length: int) -> dict[str, torch.T
     (``layers.attention.document_mask``, EAGLE's ``ttt_mask`` and ``unroll``). ``hidden`` (cached features) and the
     stored top-k are each document's own, laid out the same way.
     """
-    docs = [[collate([d], max_length) for d in row] for row in rows]
+    # each document's tokens collated alone; its cached hidden states (views into the cache) are copied once, below
+    docs = [[collate([{k: v for k, v in d.items() if k != "hidden"}], max_length) for d in row] for row in rows]
     t = max(sum(d["input_ids"].shape[1] for d in row) for row in docs)
     r = len(docs)
     out = {k: torch.zeros(r, t, dtype=torch.long) for k in ("input_ids", "loss_mask", "attention_mask", "doc_ids")}
@@ -226,10 +230,11 @@ def collate_packed(rows: list[list[dict]], max_length: int) -> dict[str, torch.T
         for k in ("topk_ids", "topk_logprobs")
         if k in first
     }
-    hidden = {layer: torch.zeros(r, t, h.shape[-1], dtype=h.dtype) for layer, h in first.get("hidden", {}).items()}
+    states = rows[0][0].get("hidden", {})
+    hidden = {layer: torch.zeros(r, t, h.shape[-1], dtype=h.dtype) for layer, h in states.items()}
     for i, row in enumerate(docs):
         at = 0
-        for doc, d in enumerate(row, start=1):
+        for doc, (d, raw) in enumerate(zip(row, rows[i], strict=True), start=1):
             n = d["input_ids"].shape[1]
             span = slice(at, at + n)
             for k in ("input_ids", "loss_mask", "attention_mask"):
@@ -239,7 +244,7 @@ def collate_packed(rows: list[list[dict]], max_length: int) -> dict[str, torch.T
             for k, v in topk.items():
                 v[i, span] = d[k][0, :n]
             for layer, v in hidden.items():
-                v[i, span] = d["hidden"][layer][0]
+                v[i, span] = raw["hidden"][layer][:n]
             at += n
         out["position_ids"][i, at:] = torch.arange(t - at) + (out["position_ids"][i, at - 1] + 1 if at else 0)
     out.update(topk)
@@ -295,6 +300,14 @@ class CachedRows(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {**self.ds[int(i)], "hidden": self.cache.row(int(i))}
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        """The rows ``indices``, as ``__getitem__`` gives each, read in one call to the dataset and one to the cache
+        (torch's DataLoader calls it for a batch; a datasets.Dataset reads a batch's rows from arrow at once)."""
+        indices = [int(i) for i in indices]
+        columns = self.ds[indices]  # column -> its values over the rows
+        hidden = self.cache.rows(indices)
+        return [{**{k: v[j] for k, v in columns.items()}, "hidden": h} for j, h in enumerate(hidden)]
 
 
 def _collate_topk(rows: list[dict], max_length: int) -> dict[str, torch.Tensor]:
