@@ -244,19 +244,34 @@ def recorded_as(case: dict, name: str, **flags) -> Path:
     return out
 
 
-@pytest.mark.parametrize("flag", ["norm_output", "fc_norm"])
+@pytest.mark.parametrize("flag", ["norm_output", "fc_norm", "norm_before_residual"])
 def test_a_norm_flag_flipped_in_the_record_is_named_with_the_value_the_weights_were_trained_with(case, flag):
-    """norm_output (no weights: told by depth-2 acceptance) and fc_norm (weights: the record asks for norms the
-    weights do not hold; an engine would run them with unit weights) recorded true for a drafter trained without."""
+    """norm_output (no weights: told by depth-2 acceptance), fc_norm (weights: the record asks for norms the
+    weights do not hold; an engine would run them with unit weights) and norm_before_residual (speculators' residual
+    norm, no weights: told by acceptance at both depths) recorded true for a drafter trained without."""
     found = checks(run(case, recorded_as(case, f"flipped-{flag}", **{flag: True})))
     norms = found["norm conventions"]
     assert norms["status"] == FAIL, norms
     assert norms["data"]["wrong"] == {flag: False} and f"set {flag}: false" in norms["fix"]
     assert f"trained with {flag} false" in norms["finding"]
     recorded = norms["data"]["acceptance"][", ".join(f"{f} {str(f == flag).lower()}" for f in NORM_FLAGS)]
-    trained = norms["data"]["acceptance"]["fc_norm false, norm_before_fc false, norm_output false"]
+    trained = norms["data"]["acceptance"][
+        "fc_norm false, norm_before_fc false, norm_output false, norm_before_residual false"
+    ]
     assert sum(trained) > sum(recorded)  # measured: the weights read better as trained
-    assert found["feature layers"]["status"] == PASS  # the other checks measure the weights as trained
+    if flag == "norm_before_residual":
+        # no weights tell it: built as recorded, the drafter accepts next to nothing at every layer reading (no
+        # false alarm there), and what it fails to accept points at the norms
+        assert found["feature layers"]["status"] == INFO
+        assert "norm conventions" in found["prediction vs measurement"]["fix"]
+    else:
+        assert found["feature layers"]["status"] == PASS  # the other checks measure the weights as trained
+
+
+def test_the_norm_check_measures_every_norm_flag_an_export_writes():
+    from draftsmith.export.eagle_layout import EAGLE3_NORM_FLAGS
+
+    assert set(NORM_FLAGS) == set(EAGLE3_NORM_FLAGS)
 
 
 def test_training_data_outside_the_targets_chat_template_is_named(case):

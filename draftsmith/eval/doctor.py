@@ -40,14 +40,16 @@ for the training-time test check to judge a share of it: on text where they add 
 TEMPLATE_COLLAPSE = 0.5
 """First-token acceptance in the target's chat template below this share of the raw prompts' is named a template
 mismatch when the training data is not found (a smaller gap may be the texts' own difficulty)."""
-NORM_FLAGS = ("fc_norm", "norm_before_fc", "norm_output")
-"""EAGLE-3.1's norm flags (``Eagle3Config``), as speculators' and vLLM's configs name them."""
+NORM_FLAGS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
+"""EAGLE-3's norm flags (``Eagle3Config``), as speculators' and vLLM's configs name them: EAGLE-3.1's three and
+speculators' residual norm (``export.eagle_layout.EAGLE3_NORM_FLAGS``, which ``eval`` cannot import)."""
 WEIGHTED_NORMS = {"fc_norm": "fc_norm.", "norm_before_fc": "input_norm."}
 """The norm flags that have weights of their own: the flag -> the prefix of its tensors."""
 NORM_SETTINGS = tuple(
-    {"fc_norm": a, "norm_before_fc": b, "norm_output": c}
+    {"fc_norm": a, "norm_before_fc": b, "norm_output": c, "norm_before_residual": d}
     for a, b in ((False, False), (True, False), (False, True))
     for c in (False, True)
+    for d in (False, True)
 )
 """Every setting of the norm flags an EAGLE-3 config can hold (fc_norm and norm_before_fc are exclusive)."""
 
@@ -403,11 +405,11 @@ def setting_name(flags: dict[str, bool]) -> str:
 
 
 def check_norms(network: EagleModel, info: dict, probe_: Probe) -> Check:
-    """The recorded EAGLE-3.1 norm flags against those the weights were trained with: the weights say which norms
+    """The recorded EAGLE-3 norm flags against those the weights were trained with: the weights say which norms
     with weights of their own they hold, and every setting of the flags is measured (teacher-forced first-token and
-    depth-2 acceptance; ``norm_output`` changes depth 2 only)."""
+    depth-2 acceptance; ``norm_output`` changes depth 2 only, ``norm_before_residual`` both)."""
     if not network.cfg.own_head:
-        return Check("norm conventions", NOT_RUN, f"{network.method} has no EAGLE-3.1 norm flags")
+        return Check("norm conventions", NOT_RUN, f"{network.method} has no EAGLE-3 norm flags")
     config = info.get("config") or {}
     recorded = {f: bool(config.get(f, False)) for f in NORM_FLAGS}
     trained = {f: bool(getattr(network.cfg, f)) for f in NORM_FLAGS}  # the network is built as its weights are
