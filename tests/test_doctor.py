@@ -25,6 +25,7 @@ from draftsmith.families.eagle.module import eagle_losses
 from draftsmith.families.eagle.network import EagleConfig, EagleModel
 from draftsmith.layers.module import shift
 from draftsmith.pipeline.doctor import diagnose
+from draftsmith.targets import resolve_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,7 +49,14 @@ def make_data(root: Path, name: str, chat_template: bool) -> Path:
     lines = [json.dumps({"messages": [{"role": "user", "content": words(p)}]}) + "\n" for p in prompts]
     source.write_text("".join(lines))
     out = root / name
-    generate(str(root / "target"), str(source), out, max_new_tokens=NEW, chat_template=chat_template, device="cpu")
+    generate(
+        resolve_target(str(root / "target")),
+        str(source),
+        out,
+        max_new_tokens=NEW,
+        chat_template=chat_template,
+        device="cpu",
+    )
     return out
 
 
@@ -108,7 +116,7 @@ def case(tmp_path_factory) -> dict:
 def run(case: dict, drafter: Path, target: Path | None = None, **kwargs) -> dict:
     root = case["root"]
     args = {"prompts": str(root / "prompts.jsonl"), "max_new_tokens": NEW, "out": None} | kwargs
-    return diagnose(drafter, str(target or root / "target"), **args)
+    return diagnose(drafter, resolve_target(str(target or root / "target")), **args)
 
 
 def checks(report: dict) -> dict[str, dict]:
@@ -130,8 +138,10 @@ def test_healthy_drafter_passes_every_check_and_writes_its_report(case, tmp_path
     found = checks(report)
     assert report["failed"] == [], [c["finding"] for c in report["checks"] if c["status"] != PASS]
     # on the tiny target's chat text its features add next to nothing at depth 1: no cliff to measure (INFO), else PASS
-    assert all(c["status"] == PASS for c in report["checks"] if c["name"] != "training-time test"), report["checks"]
+    judged = [c for c in report["checks"] if c["name"] not in ("training-time test", "engine reading")]
+    assert all(c["status"] == PASS for c in judged), report["checks"]
     assert found["training-time test"]["status"] in (PASS, INFO)
+    assert found["engine reading"]["status"] == NOT_RUN  # no engine reads a native dir: its export is doctored
     assert list(found) == [
         "identity",
         "feature layers",
@@ -141,6 +151,7 @@ def test_healthy_drafter_passes_every_check_and_writes_its_report(case, tmp_path
         "chat template",
         "draft vocabulary",
         "prediction vs measurement",
+        "engine reading",
     ]
     assert found["feature layers"]["data"]["best"] == list(LAYERS)
     prediction = found["prediction vs measurement"]["data"]
@@ -219,7 +230,24 @@ def test_a_peer_export_is_imported_on_the_fly_and_checked_the_same(case, tmp_pat
     assert checks(report)["feature layers"]["status"] == PASS
     # an import records no training data: the template is measured, with nothing to judge it against
     assert checks(report)["chat template"]["status"] == INFO
-    assert "FAIL" not in out and "PASS    feature layers" in out
+    assert "FAIL" not in out and "PASS    feature layers" in out and "PASS    engine reading" in out
+
+
+def test_an_export_vllm_would_read_with_another_norm_flag_fails_engine_reading_not_norm_conventions(case, tmp_path):
+    """The healthy drafter's speculators export without its norm_before_residual: draftsmith imports the absent
+    flag as off, the weights read best so, and vLLM's speculators loader would turn it on."""
+    from draftsmith.export.registry import export
+
+    peer = tmp_path / "speculators"
+    export(case["root"] / "healthy", "speculators", peer, target=str(case["root"] / "target"))
+    config = json.loads((peer / "config.json").read_text())
+    del config["norm_before_residual"]
+    (peer / "config.json").write_text(json.dumps(config))
+    report = run(case, peer)
+    found = checks(report)
+    assert report["failed"] == ["engine reading"], report["checks"]
+    assert "norm_before_residual true (absent" in found["engine reading"]["finding"]
+    assert found["norm conventions"]["status"] == PASS
 
 
 def test_a_peer_checkpoint_the_importer_refuses_for_another_target_fails_identity(case, tmp_path):

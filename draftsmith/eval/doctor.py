@@ -10,14 +10,17 @@ measures it in training, and the last check puts them beside the real verifier's
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, identity_diff
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
+from draftsmith.eval import engine_reads
 from draftsmith.families.eagle.network import EagleModel
 from draftsmith.layers.estimate import replay_rounds, tau_from_rounds
 
@@ -602,6 +605,61 @@ def check_prediction(
     return Check("prediction vs measurement", PASS, finding, data=data)
 
 
+def check_engines(network, info: dict, num_layers: int) -> Check:
+    """The checkpoint's ``config.json`` as vLLM's and SGLang's loaders read it (``engine_reads``) against what the
+    drafter computes: every field an engine would read otherwise (a default that differs, a nested key it does not
+    look in, a flag it does not honour)."""
+    if not reads_features(network) or not network.cfg.own_head:
+        return Check("engine reading", NOT_RUN, f"the engines' reading is tabled for EAGLE-3, not {network.method}")
+    source = info.get("imported_from")
+    if not source:
+        return Check(
+            "engine reading",
+            NOT_RUN,
+            "a native drafter, which no engine reads: doctor its export (draftsmith export DRAFTER --to vllm, "
+            "speculators or sglang) to check what the engines would read",
+        )
+    where = Path(source["path"])
+    config = json.loads(((where / "config.json") if where.is_dir() else where).read_text())
+    verdicts, wrong, data = [], [], {"layout": source["layout"], "engines": {}}
+    for engine, loader in engine_reads.loaders(config, source["layout"]).items():
+        if isinstance(loader, str):
+            verdicts.append(f"{engine}: {loader}")
+            data["engines"][engine] = {"judged": False, "why": loader}
+            continue
+        found = engine_reads.misread(loader, config, network, num_layers)
+        data["engines"][engine] = {"judged": True, "reads": loader.kind, "misread": found}
+        if found:
+            fixes = ", ".join(loader.fix(f["field"], f["trained"]) for f in found)
+            drop = "drop the top-level model_type, or " if "model_type" in loader.kind else ""
+            wrong.append(f"{engine}: {drop}write {fixes} in config.json")
+            if any(f["field"] in NORM_FLAGS for f in found):
+                wrong[-1] += " (a norm flag: the value the norm conventions check measures best)"
+            fields = "; ".join(f"{f['field']} {fmt(f['reads'])} ({f['from']}), not {fmt(f['trained'])}" for f in found)
+            verdicts.append(f"{engine} reads {loader.kind}: {fields}")
+        else:
+            verdicts.append(f"{engine} reads {loader.kind} as the drafter computes it")
+    finding = "; ".join(verdicts)
+    if not wrong:
+        return Check("engine reading", PASS, finding, data=data)
+    return Check(
+        "engine reading",
+        FAIL,
+        finding,
+        cause="the config leaves out a field whose default differs between loaders, nests it where the engine does "
+        "not look, or sets one the engine ignores: served so, the engine builds another drafter than this one",
+        fix=f"{'; '.join(wrong)}; or import the checkpoint and export it again with draftsmith export",
+        data=data,
+    )
+
+
+def fmt(value) -> str:
+    """A config value as a finding writes it: flags lower-case, layer ids as a list."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(list(value)) if isinstance(value, tuple) else str(value)
+
+
 def dead(name: str, finding: str, data: dict) -> Check:
     """A measured comparison that cannot tell its readings apart: the drafter accepts next to nothing at any."""
     return Check(
@@ -629,6 +687,7 @@ CHECK_NAMES = (
     "chat template",
     "draft vocabulary",
     "prediction vs measurement",
+    "engine reading",
 )
 """Every check, in the order ``run_checks`` reports them."""
 
@@ -689,6 +748,7 @@ def run_checks(
     if measured.status == FAIL and failed and measured.data.get("recorded_tau") is not None:
         measured.fix = f"fix what fails above first: {', '.join(failed)}"
     checks.append(measured)
+    checks.append(guarded("engine reading", lambda: check_engines(network, info, target.num_layers)))
     return checks
 
 

