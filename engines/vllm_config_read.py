@@ -2,7 +2,7 @@
 
 Runs in the vLLM venv (``export/vllm_venv.sh``) and imports nothing of draftsmith:
 ``python vllm_config_read.py IN.json OUT.json``. IN: {"dirs": {NAME: DIR}}. OUT: {NAME: {FIELD: VALUE}} with the
-fields of ``draftsmith.eval.engine_reads`` (the layer shape, ``draft_vocab_size``, ``target_hidden_size``, the
+fields of ``draftsmith.eval.doctor.engine_reads`` (the layer shape, ``draft_vocab_size``, ``target_hidden_size``, the
 norm flags and the aux layer ids, null where the config names none), or {NAME: {"error": ...}}.
 
 The config is parsed by vLLM's own ``get_config`` (speculators configs through ``SpeculatorsConfig``) and wrapped

@@ -13,8 +13,7 @@ import pytest
 from conftest import eagle3_case
 
 from draftsmith.core import native
-from draftsmith.eval import engine_reads
-from draftsmith.eval.doctor import FAIL, NORM_FLAGS, NOT_RUN, PASS, check_engines
+from draftsmith.eval.doctor import FAIL, NORM_FLAGS, NOT_RUN, PASS, check_engines, engine_reads
 from draftsmith.export import eagle_layout
 from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import export

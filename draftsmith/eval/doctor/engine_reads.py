@@ -23,7 +23,12 @@ running engine): ``LlamaForCausalLMEagle3`` reads its config flat, the aux ids f
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.eval.doctor.probing import reads_features
+from draftsmith.eval.doctor.report import FAIL, NOT_RUN, PASS, Check
 
 LLAMA_DEFAULTS = {
     "hidden_size": 4096,
@@ -36,7 +41,7 @@ LLAMA_DEFAULTS = {
 SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "head_dim", "num_hidden_layers", "vocab_size")
 """The drafter's layer shape as a Llama config names it."""
 NORMS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
-"""EAGLE-3's norm flags (``doctor.NORM_FLAGS``)."""
+"""EAGLE-3's norm flags (``norms.NORM_FLAGS``)."""
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
@@ -191,3 +196,58 @@ def misread(loader: Loader, config: dict, network, num_layers: int) -> list[dict
         for key, (value, source) in loader.read(config, num_layers).items()
         if value != want[key]
     ]
+
+
+def check_engines(network, info: dict, num_layers: int) -> Check:
+    """The checkpoint's ``config.json`` as vLLM's and SGLang's loaders read it (``engine_reads``) against what the
+    drafter computes: every field an engine would read otherwise (a default that differs, a nested key it does not
+    look in, a flag it does not honour)."""
+    if not reads_features(network) or not network.cfg.own_head:
+        return Check("engine reading", NOT_RUN, f"the engines' reading is tabled for EAGLE-3, not {network.method}")
+    source = info.get("imported_from")
+    if not source:
+        return Check(
+            "engine reading",
+            NOT_RUN,
+            "a native drafter, which no engine reads: doctor its export (draftsmith export DRAFTER --to vllm, "
+            "speculators or sglang) to check what the engines would read",
+        )
+    where = Path(source["path"])
+    config = json.loads(((where / "config.json") if where.is_dir() else where).read_text())
+    verdicts, wrong, data = [], [], {"layout": source["layout"], "engines": {}}
+    for engine, loader in loaders(config, source["layout"]).items():
+        if isinstance(loader, str):
+            verdicts.append(f"{engine}: {loader}")
+            data["engines"][engine] = {"judged": False, "why": loader}
+            continue
+        found = misread(loader, config, network, num_layers)
+        data["engines"][engine] = {"judged": True, "reads": loader.kind, "misread": found}
+        if found:
+            fixes = ", ".join(loader.fix(f["field"], f["trained"]) for f in found)
+            drop = "drop the top-level model_type, or " if "model_type" in loader.kind else ""
+            wrong.append(f"{engine}: {drop}write {fixes} in config.json")
+            if any(f["field"] in NORMS for f in found):
+                wrong[-1] += " (a norm flag: the value the norm conventions check measures best)"
+            fields = "; ".join(f"{f['field']} {fmt(f['reads'])} ({f['from']}), not {fmt(f['trained'])}" for f in found)
+            verdicts.append(f"{engine} reads {loader.kind}: {fields}")
+        else:
+            verdicts.append(f"{engine} reads {loader.kind} as the drafter computes it")
+    finding = "; ".join(verdicts)
+    if not wrong:
+        return Check("engine reading", PASS, finding, data=data)
+    return Check(
+        "engine reading",
+        FAIL,
+        finding,
+        cause="the config leaves out a field whose default differs between loaders, nests it where the engine does "
+        "not look, or sets one the engine ignores: served so, the engine builds another drafter than this one",
+        fix=f"{'; '.join(wrong)}; or import the checkpoint and export it again with draftsmith export",
+        data=data,
+    )
+
+
+def fmt(value) -> str:
+    """A config value as a finding writes it: flags lower-case, layer ids as a list."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(list(value)) if isinstance(value, tuple) else str(value)
