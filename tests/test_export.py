@@ -23,12 +23,13 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.errors import DraftsmithError
-from draftsmith.export import eagle_layout
-from draftsmith.export.registry import export
+from draftsmith.export import eagle_layout, speculators, vllm
+from draftsmith.export.common import load_source
+from draftsmith.export.registry import export, methods
 from draftsmith.families.eagle.network import EagleConfig, EagleModel
 from draftsmith.families.hydra.network import HydraConfig, HydraModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
-from draftsmith.families.registry import load_network, load_trained
+from draftsmith.families.registry import export_formats, load_network, load_trained
 from draftsmith.layers.features import default_feature_layers
 
 LAYERS, H, HEADS, VD, MEDUSA_HEADS = 4, 64, 4, 40, 3
@@ -303,6 +304,27 @@ def test_hydra_and_eagle1_speculators_are_refused_naming_formats_that_work(env, 
         export(env["hydra"], "vllm", tmp_path / "a")
     with pytest.raises(DraftsmithError, match="cannot hold a eagle1 drafter; formats that can: native, vllm, sglang"):
         export(env["eagle1"], "speculators", tmp_path / "b")
+
+
+def test_each_format_holds_the_families_with_a_hook_for_it_and_refuses_others_naming_theirs(env, tmp_path):
+    """A format asks the drafter's family for its block (``families/<family>/export.py``, ``@exports``): it holds
+    exactly the methods with a hook for it, and called for a family without one it refuses in one line naming the
+    formats that family has, writing nothing."""
+    assert methods("speculators") == ("dflash", "dspark", "eagle3", "peagle")
+    assert methods("sglang") == ("dflash", "eagle1", "eagle3")
+    assert methods("vllm") == ("dflash", "dspark", "eagle1", "eagle3", "medusa1", "medusa2", "pard", "peagle")
+    assert methods("hf") == ("draft_lm",)
+    assert export_formats("eagle1") == ("vllm", "sglang") and export_formats("hydra") == ()
+    src = load_source(env["eagle1"])
+    with pytest.raises(
+        DraftsmithError, match=r"^--to speculators cannot hold a eagle1 drafter; its family exports to: vllm, sglang$"
+    ):
+        speculators.export(src, tmp_path / "out", None)
+    with pytest.raises(
+        DraftsmithError, match=r"^--to vllm cannot hold a hydra drafter; its family exports to: none but"
+    ):
+        vllm.export(load_source(env["hydra"]), tmp_path / "out", None)
+    assert not (tmp_path / "out").exists()
 
 
 def test_fingerprint_mismatch_is_refused(env, tmp_path):

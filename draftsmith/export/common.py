@@ -1,56 +1,18 @@
-"""What every exporter shares: the drafter being exported, its target, dtypes and writing files."""
+"""What every exporter shares: the drafter being exported, loaded and checked against its target (``Source``, with
+casting and writing files, sits below the families in ``layers/export.py``, so that their export hooks use it too)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from draftsmith.core.dtypes import DTYPES, canonical_dtype, torch_dtype
+from draftsmith.core.dtypes import DTYPES, torch_dtype
 from draftsmith.core.target import Target, check_fingerprint
 from draftsmith.errors import DraftsmithError
+from draftsmith.layers.export import Source
 
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-@dataclass
-class Source:
-    """A trained drafter to export, and the target it drafts for.
-
-    Attributes:
-        network: the drafter network (``families/<family>/network.py``).
-        info: its ``native.describe()`` record: method, config, target fingerprint, version.
-        path: the checkpoint or native dir it came from.
-        target_dir: the target's model directory, when known.
-    """
-
-    network: torch.nn.Module
-    info: dict
-    path: Path
-    target_dir: Path | None
-
-    @property
-    def method(self) -> str:
-        return self.info["method"]
-
-    def target_config(self, fmt: str) -> dict:
-        """The target's ``config.json``; engine formats need it (layer count, architecture, name)."""
-        if self.target_dir is None:
-            raise DraftsmithError(
-                f"--to {fmt} needs the target's model directory: {self.info['target'].get('name')!r} "
-                "(recorded in the drafter) does not exist here; pass --target DIR"
-            )
-        config = json.loads((self.target_dir / "config.json").read_text())
-        if "num_hidden_layers" not in config:  # e.g. GPT-2's n_layer / n_embd: the canonical names, as HF maps them
-            from transformers import AutoConfig
-
-            loaded = AutoConfig.from_pretrained(self.target_dir)
-            for name in ("num_hidden_layers", "hidden_size", "vocab_size"):
-                config.setdefault(name, getattr(loaded, name))
-        return config
+__all__ = ["DTYPES", "Source", "load_source", "target_fingerprint"]
 
 
 def target_fingerprint(path: Path, dtype: str = "float32") -> dict:
@@ -88,29 +50,3 @@ def load_source(path: str | Path, target: str | Path | None = None) -> Source:
         made = info["target"].get("dtype", "float32")
         check_fingerprint(info["target"], target_fingerprint(target_dir, made), f"drafter {str(path)!r}")
     return Source(network.eval(), info, path, target_dir)
-
-
-def cast(tensors: dict[str, torch.Tensor], dtype: str | None) -> dict[str, torch.Tensor]:
-    """Floating-point tensors to ``dtype`` (None keeps them); integer/bool maps (d2t, t2d) stay exact."""
-    dtype = canonical_dtype(dtype) if dtype is not None else None
-    out = {}
-    for name, t in tensors.items():
-        t = t.detach().cpu()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(DTYPES[dtype])
-        out[name] = t.contiguous()
-    return out
-
-
-def dtype_name(tensors: dict[str, torch.Tensor]) -> str:
-    """The HF ``torch_dtype`` string of the floating tensors."""
-    kinds = {t.dtype for t in tensors.values() if t.is_floating_point()}
-    return DTYPE_NAMES[kinds.pop()] if len(kinds) == 1 else "float32"
-
-
-def write(out: Path, tensors: dict[str, torch.Tensor], config: dict, fmt: str) -> Path:
-    """``model.safetensors`` + ``config.json`` in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt", "draftsmith_export": fmt})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out

@@ -4,8 +4,9 @@ The result loads with ``AutoModelForCausalLM.from_pretrained``; it serves as a `
 assistant model (``generate(..., assistant_model=...)``) and as vLLM's ``"method": "draft_model"``
 when its vocabulary is the target's. A LoRA adapter is merged into the weights (peft ``merge_and_unload``).
 
-Inputs: a trained ``draft_lm`` drafter (``.ckpt`` / native dir), or any HF causal-LM directory,
-optionally a peft adapter dir (``adapter_config.json``).
+Inputs: a trained drafter whose family has an ``hf`` hook (``families/<family>/export.py``, ``hook(src) ->
+PreTrainedModel``: the draft LM's), or any HF causal-LM directory, optionally a peft adapter dir
+(``adapter_config.json``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from draftsmith.core.target import tokenizer_hash
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.common import DTYPES, Source, target_fingerprint
 from draftsmith.export.serve import DEFAULTS, Serving, draft_model_config, vllm_command
-
-METHODS = ("draft_lm",)
+from draftsmith.families.registry import export_hook
 
 
 def is_hf_dir(path: Path) -> bool:
@@ -63,10 +63,10 @@ def _save(
 
 def export(src: Source, out: Path, dtype: str | None, serving: Serving = DEFAULTS) -> str:
     """A trained draft LM (its tokenizer is the target's); returns the ``vllm serve`` command at ``serving``."""
-    network = src.network.for_export()
+    model = export_hook(src.method, "hf")(src)
     if src.target_dir is None:
         raise DraftsmithError("--to hf needs the target's tokenizer: pass --target DIR")
-    return _save(network.model, AutoTokenizer.from_pretrained(src.target_dir), out, dtype, src.target_dir, serving)
+    return _save(model, AutoTokenizer.from_pretrained(src.target_dir), out, dtype, src.target_dir, serving)
 
 
 def export_dir(path: Path, out: Path, dtype: str | None, target_dir: Path | None, serving: Serving = DEFAULTS) -> str:

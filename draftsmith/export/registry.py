@@ -1,4 +1,5 @@
-"""``draftsmith export``: the formats, which drafter methods each holds, and the entry function."""
+"""``draftsmith export``: the formats, which drafter methods each holds (those whose family has a hook for it,
+``families/<family>/export.py``), and the entry function."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export import hf, native, sglang, speculators, vllm
 from draftsmith.export.common import load_source
 from draftsmith.export.serve import Serving, model_drafter
+from draftsmith.families import methods as family_methods
+from draftsmith.families.registry import export_formats
 
 FORMATS = {"native": native, "hf": hf, "vllm": vllm, "sglang": sglang, "speculators": speculators}
 WHY_NOT = {
@@ -24,12 +27,9 @@ WHY_NOT = {
 
 
 def methods(fmt: str) -> tuple[str, ...]:
-    """Drafter methods ``fmt`` can hold (native: every family draftsmith trains)."""
-    if fmt == "native":
-        from draftsmith.families import methods as family_methods
-
-        return tuple(family_methods())
-    return FORMATS[fmt].METHODS
+    """Drafter methods ``fmt`` can hold: those whose family has a hook for it (native: every family draftsmith
+    trains)."""
+    return tuple(m for m in family_methods() if fmt == "native" or fmt in export_formats(m))
 
 
 def serving_format(method: str) -> str:

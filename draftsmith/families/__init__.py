@@ -4,7 +4,8 @@
 
 Adding a family: a new subpackage here (``__init__.py`` importing its network, ``network.py`` with a
 ``@register("name", config=...)`` ``DrafterNetwork``, ``module.py`` with a ``DrafterModule``), its line below,
-and a recipe in ``configs/``. Exporters name the methods they hold in ``export/<format>.py``.
+and a recipe in ``configs/``. A family an engine serves also has ``export.py``: its block for each export format, each
+registered with ``@registry.exports("vllm", "name")`` (the format's contract is in ``export/<format>.py``).
 """
 
 from draftsmith.families import registry  # noqa: I001  (the registry first: the families register into it)

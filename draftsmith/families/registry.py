@@ -2,12 +2,14 @@
 
 A family registers its network with ``@register("method", ..., config=ConfigClass)`` in its own subpackage;
 ``draftsmith.families`` imports every subpackage, so a lookup sees them all. The record of a trained drafter
-(``core.native``) names its method and the registry rebuilds it; besides this module only the export formats name
-methods (each lists the ones its engine holds).
+(``core.native``) names its method and the registry rebuilds it. A family an engine serves also registers its export
+hooks (``@exports("vllm", "method")`` in its ``export.py``): the format modules of ``draftsmith.export`` ask
+``export_hook`` for the family's block and hold exactly the methods with a hook for them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -29,6 +31,7 @@ class Family:
 
 
 _FAMILIES: dict[str, Family] = {}
+_EXPORT_HOOKS: dict[tuple[str, str], Callable] = {}
 
 
 def register(*methods: str, config: type):
@@ -42,6 +45,33 @@ def register(*methods: str, config: type):
         return network
 
     return wrap
+
+
+def exports(fmt: str, *methods: str):
+    """Function decorator: the family's hook writing a drafter of ``methods`` in the export format ``fmt`` (what a
+    hook is given and returns is that format's contract, told in ``draftsmith/export/<fmt>.py``)."""
+
+    def wrap(hook: Callable) -> Callable:
+        for method in methods:
+            if (method, fmt) in _EXPORT_HOOKS:
+                raise DraftsmithError(f"{fmt} export hook of drafter method {method!r} is registered twice")
+            _EXPORT_HOOKS[method, fmt] = hook
+        return hook
+
+    return wrap
+
+
+def export_formats(method: str) -> tuple[str, ...]:
+    """The export formats ``method``'s family has a hook for, in the order they registered."""
+    return tuple(fmt for m, fmt in _EXPORT_HOOKS if m == method)
+
+
+def export_hook(method: str, fmt: str) -> Callable:
+    """The hook writing a ``method`` drafter in ``fmt``; a method without one is one line naming the formats it has."""
+    if (method, fmt) not in _EXPORT_HOOKS:
+        able = ", ".join(export_formats(method)) or "none but draftsmith's native one"
+        raise DraftsmithError(f"--to {fmt} cannot hold a {method} drafter; its family exports to: {able}")
+    return _EXPORT_HOOKS[method, fmt]
 
 
 def family(method: str, where: str = "drafter") -> Family:

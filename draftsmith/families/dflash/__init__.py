@@ -1,1 +1,1 @@
-from draftsmith.families.dflash import network  # noqa: F401  (registers "dflash")
+from draftsmith.families.dflash import export, network  # noqa: F401  (registers "dflash" and its export hooks)

@@ -1,1 +1,1 @@
-from draftsmith.families.draft_lm import network  # noqa: F401  (registers the family)
+from draftsmith.families.draft_lm import export, network  # noqa: F401  (registers the family and its export hooks)

@@ -1,1 +1,1 @@
-from draftsmith.families.dspark import network  # noqa: F401  (registers "dspark")
+from draftsmith.families.dspark import export, network  # noqa: F401  (registers "dspark" and its export hooks)

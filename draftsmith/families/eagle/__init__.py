@@ -1,1 +1,1 @@
-from draftsmith.families.eagle import network  # noqa: F401  (registers the family)
+from draftsmith.families.eagle import export, network  # noqa: F401  (registers the family and its export hooks)

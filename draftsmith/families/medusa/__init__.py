@@ -1,1 +1,1 @@
-from draftsmith.families.medusa import network  # noqa: F401  (registers the family)
+from draftsmith.families.medusa import export, network  # noqa: F401  (registers the family and its export hooks)

@@ -1,1 +1,1 @@
-from draftsmith.families.pard import network  # noqa: F401  (registers "pard")
+from draftsmith.families.pard import export, network  # noqa: F401  (registers "pard" and its export hooks)

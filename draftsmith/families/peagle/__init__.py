@@ -1,1 +1,1 @@
-from draftsmith.families.peagle import network  # noqa: F401  (registers "peagle")
+from draftsmith.families.peagle import export, network  # noqa: F401  (registers "peagle" and its export hooks)
