@@ -94,6 +94,15 @@ def test_a_native_drafter_is_not_judged_and_says_to_doctor_its_export(case):
     assert check.status == NOT_RUN and "draftsmith export" in check.finding
 
 
+def test_a_drafter_imported_from_a_checkpoint_now_gone_is_not_judged(case, tmp_path):
+    """A native dir ``draftsmith import`` wrote records where it came from; doctored after that dir was removed."""
+    src = exported(case, "speculators", tmp_path / "speculators")
+    info, state = native.read(import_drafter(src, str(case["root"] / "target"), tmp_path / "imported"))
+    (src / "config.json").unlink()
+    check = check_engines(build(info, state, "imported"), info, 4)
+    assert check.status == NOT_RUN and "is gone" in check.finding
+
+
 def test_the_table_agrees_with_the_export_layouts():
     assert engine_reads.default_layers(32) == eagle_layout.loader_default_layers(32)
     assert engine_reads.VLLM_FLAT.aux_ids[0] == (eagle_layout.VLLM_IDS.keys, eagle_layout.VLLM_IDS.offset)

@@ -213,7 +213,10 @@ def check_engines(network, info: dict, num_layers: int) -> Check:
             "speculators or sglang) to check what the engines would read",
         )
     where = Path(source["path"])
-    config = json.loads(((where / "config.json") if where.is_dir() else where).read_text())
+    where = where / "config.json" if where.is_dir() else where
+    if not where.is_file():
+        return Check("engine reading", NOT_RUN, f"the checkpoint it was imported from is gone ({where} not found)")
+    config = json.loads(where.read_text())
     verdicts, wrong, data = [], [], {"layout": source["layout"], "engines": {}}
     for engine, loader in loaders(config, source["layout"]).items():
         if isinstance(loader, str):
