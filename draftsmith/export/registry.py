@@ -13,17 +13,11 @@ from draftsmith.export import hf, native, sglang, speculators, vllm
 from draftsmith.export.common import load_source
 from draftsmith.export.serve import Serving, model_drafter
 from draftsmith.families import methods as family_methods
-from draftsmith.families.registry import export_formats
+from draftsmith.families.registry import export_formats, unserved_reasons
 
 FORMATS = {"native": native, "hf": hf, "vllm": vllm, "sglang": sglang, "speculators": speculators}
-WHY_NOT = {
-    "hydra": "no serving engine loads Hydra heads",
-    "hydrapp": "no serving engine loads Hydra heads",
-    "clover": "no serving engine loads Clover heads",
-    "falcon": "no serving engine loads Falcon's semi-autoregressive drafter",
-    "kangaroo": "no serving engine drafts with the target's own layers and an adapter",
-}
-"""Methods that engines cannot serve, and why (said in the refusal)."""
+WHY_NOT = unserved_reasons()
+"""Methods that engines cannot serve, and why (said in the refusal): each family says so in its ``export.py``."""
 
 
 def methods(fmt: str) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ class Family:
 
 _FAMILIES: dict[str, Family] = {}
 _EXPORT_HOOKS: dict[tuple[str, str], Callable] = {}
+_UNSERVED: dict[str, str] = {}
 
 
 def register(*methods: str, config: type):
@@ -61,6 +62,18 @@ def exports(fmt: str, *methods: str):
     return wrap
 
 
+def unserved(*methods: str, why: str) -> None:
+    """Record that no serving engine loads ``methods`` (a family with no export hook) and ``why``: the formats'
+    refusal says it."""
+    for method in methods:
+        _UNSERVED[method] = why
+
+
+def unserved_reasons() -> dict[str, str]:
+    """Methods no serving engine loads, and why (``unserved``)."""
+    return dict(_UNSERVED)
+
+
 def export_formats(method: str) -> tuple[str, ...]:
     """The export formats ``method``'s family has a hook for, in the order they registered."""
     return tuple(fmt for m, fmt in _EXPORT_HOOKS if m == method)
@@ -70,7 +83,8 @@ def export_hook(method: str, fmt: str) -> Callable:
     """The hook writing a ``method`` drafter in ``fmt``; a method without one is one line naming the formats it has."""
     if (method, fmt) not in _EXPORT_HOOKS:
         able = ", ".join(export_formats(method)) or "none but draftsmith's native one"
-        raise DraftsmithError(f"--to {fmt} cannot hold a {method} drafter; its family exports to: {able}")
+        why = f" ({_UNSERVED[method]})" if method in _UNSERVED else ""
+        raise DraftsmithError(f"--to {fmt} cannot hold a {method} drafter{why}; its family exports to: {able}")
     return _EXPORT_HOOKS[method, fmt]
 
 

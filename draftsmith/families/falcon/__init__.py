@@ -1,1 +1,1 @@
-from draftsmith.families.falcon import network  # noqa: F401  (registers the family)
+from draftsmith.families.falcon import export, network  # noqa: F401  (registers the family and why no engine serves it)

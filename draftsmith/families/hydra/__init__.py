@@ -1,1 +1,1 @@
-from draftsmith.families.hydra import network  # noqa: F401  (registers the family)
+from draftsmith.families.hydra import export, network  # noqa: F401  (registers the family and why no engine serves it)

@@ -1,1 +1,1 @@
-from draftsmith.families.kangaroo import network  # noqa: F401  (registers the family)
+from draftsmith.families.kangaroo import export, network  # noqa: F401  (registers the family and why no engine serves it)
