@@ -104,7 +104,6 @@ def test_a_drafter_imported_from_a_checkpoint_now_gone_is_not_judged(case, tmp_p
 
 
 def test_the_table_agrees_with_the_export_layouts():
-    assert engine_reads.default_layers(32) == eagle_layout.loader_default_layers(32)
     assert engine_reads.VLLM_FLAT.aux_ids[0] == (eagle_layout.VLLM_IDS.keys, eagle_layout.VLLM_IDS.offset)
     assert engine_reads.SGLANG.aux_ids == ((eagle_layout.SGLANG_IDS.keys, eagle_layout.SGLANG_IDS.offset),)
     assert engine_reads.VLLM_SPECULATORS.layer_config == eagle_layout.LAYOUTS["speculators"].layer_config

@@ -14,7 +14,7 @@ parsing on exports):
   either way (id k = HF ``hidden_states[k]``: SGLang's ids under ``eagle_config`` are read one layer low); none: the
   loaders' default layers.
 
-SGLang (its source as ``export/sglang.py`` records it; no SGLang runs here, so this row is not checked against a
+SGLang (its source as ``families/eagle/export.py`` records it; no SGLang runs here, so this row is not checked against a
 running engine): ``LlamaForCausalLMEagle3`` reads its config flat, the aux ids from ``eagle_config`` only (id k = HF
 ``hidden_states[k + 1]``), ``norm_output`` (default False) and none of the other norm flags; its decoder layer is
 ``midlayer.*``, so only the SGLang layout is judged for it.
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from draftsmith.eval.doctor.probing import reads_features
 from draftsmith.eval.doctor.report import FAIL, NOT_RUN, PASS, Check
+from draftsmith.families.eagle.layout import loader_default_layers
 
 LLAMA_DEFAULTS = {
     "hidden_size": 4096,
@@ -112,7 +113,7 @@ class Loader:
             if node:
                 numbering = f"id k = hidden_states[k{offset:+d}]" if offset else "id k = hidden_states[k]"
                 return tuple(k + offset for k in node), f"{'.'.join(path)}, {numbering}"
-        return default_layers(num_layers), "no aux ids: the loader's default layers"
+        return loader_default_layers(num_layers), "no aux ids: the loader's default layers"
 
     def fix(self, field: str, value) -> str:
         """Where to write ``field`` so that this loader reads ``value``."""
@@ -123,12 +124,6 @@ class Loader:
         nested = field in SHAPE or field not in self.overwritten + self.copied
         place = f" in {self.layer_config}" if self.layer_config is not None and nested else ""
         return f"{field}: {value}{place}"
-
-
-def default_layers(num_layers: int) -> tuple[int, int, int]:
-    """The HF ``hidden_states`` an EAGLE-3 loader captures when the config names no aux ids
-    (``export.eagle_layout.loader_default_layers``, which ``eval`` cannot import)."""
-    return (2, num_layers // 2, num_layers - 3)
 
 
 VLLM_AUX = (((AUX_KEY,), 0), (("eagle_config", AUX_KEY), 0))

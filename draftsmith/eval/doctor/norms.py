@@ -11,7 +11,7 @@ from draftsmith.families.eagle.network import EagleModel
 
 NORM_FLAGS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
 """EAGLE-3's norm flags (``Eagle3Config``), as speculators' and vLLM's configs name them: EAGLE-3.1's three and
-speculators' residual norm (``export.eagle_layout.EAGLE3_NORM_FLAGS``, which ``eval`` cannot import)."""
+speculators' residual norm (``families.eagle.layout.EAGLE3_NORM_FLAGS``, in the order this check names its settings)."""
 
 
 WEIGHTED_NORMS = {"fc_norm": "fc_norm.", "norm_before_fc": "input_norm."}
