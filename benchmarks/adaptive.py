@@ -32,6 +32,7 @@ from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.acceptance_head.network import load_adaptive
 from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
 from draftsmith.families.specs import load_drafter
+from draftsmith.targets import resolve_target
 from draftsmith.train.acceptance_head import train_head
 
 
@@ -57,11 +58,11 @@ def adaptive_part(args, target: Target, target_dir: Path, prompts: list[list[int
     if head is None:
         train = args.out / "data" / "train-greedy"
         if not (train / "draftsmith.json").exists():
-            generate(str(target_dir), "builtin:train", train, temperature=0.0, num_prompts=args.head_prompts,
+            generate(resolve_target(str(target_dir)), "builtin:train", train, temperature=0.0, num_prompts=args.head_prompts,
                      max_new_tokens=args.new_tokens, overwrite=True)  # fmt: skip
         val = args.out / "data" / "val-greedy"
         if not (val / "draftsmith.json").exists():
-            generate(str(target_dir), "builtin:heldout", val, temperature=0.0, num_prompts=args.prompts,
+            generate(resolve_target(str(target_dir)), "builtin:heldout", val, temperature=0.0, num_prompts=args.prompts,
                      max_new_tokens=args.new_tokens, overwrite=True)  # fmt: skip
         start = time.perf_counter()
         head, metrics = train_head(str(target_dir), str(args.drafter), str(train), str(val), args.out / "head",

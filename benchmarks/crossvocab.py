@@ -32,12 +32,12 @@ from draftsmith.data import shards
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
-from draftsmith.targets import load_target, resolve
+from draftsmith.targets import load_target, resolve, resolve_target
 from draftsmith.train.crossvocab import distill_across_vocab
 
 
 def rows(target_dir: Path, dtype: str, drafts: dict[str, Path], k: int, max_new: int) -> dict:
-    target = load_target(f"{target_dir}:{dtype}", batch_invariant=False)
+    target = load_target(resolve_target(target_dir, dtype), batch_invariant=False)
     tokenizer = target.tokenizer
     hf_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, dtype)).eval()
     counters = {hf_model: ForwardCounter(hf_model)}

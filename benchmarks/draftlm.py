@@ -28,6 +28,7 @@ from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.registry import load_network
 from draftsmith.targets import default as default_target
+from draftsmith.targets import resolve_target
 from draftsmith.train.draft_lm import DraftLMBudget, distill, export_pretrained, pretrain
 from draftsmith.train.suite import Budget, make_data
 
@@ -87,15 +88,16 @@ def main() -> None:
     budget = DraftLMBudget(pretrain_steps=args.pretrain_steps, distill_steps=args.distill_steps)
 
     target_dir = default_target.build()
-    data = make_data(target_dir, args.data_root, Budget(args.train_prompts, args.new_tokens, args.val_prompts))
+    resolved = resolve_target(target_dir, quiet=True)
+    data = make_data(resolved, args.data_root, Budget(args.train_prompts, args.new_tokens, args.val_prompts))
     target = Target.from_pretrained(target_dir)
     fits, exports = {}, {}
     start = time.perf_counter()
     reused = args.reuse_pretrain and (args.out / "fit" / "draft_lm_pretrain" / "best.ckpt").is_file()
-    init = pretrain(target_dir, data[1], args.out, budget, force=not args.reuse_pretrain)
+    init = pretrain(resolved, data[1], args.out, budget, force=not args.reuse_pretrain)
     fits["pretrained (undistilled)"] = {"stage": "pretrain", "seconds": round(time.perf_counter() - start, 1),
                                         "steps": args.pretrain_steps, "reused": reused}  # fmt: skip
-    exports["pretrained (undistilled)"] = export_pretrained(target_dir, init, args.out)
+    exports["pretrained (undistilled)"] = export_pretrained(resolved, init, args.out)
     for on_policy in args.on_policy:
         for loss in args.losses if on_policy == 0 or args.on_policy_losses is None else args.on_policy_losses:
             name = f"{loss} λ={on_policy:g}"
@@ -103,7 +105,7 @@ def main() -> None:
             slug = f"{loss.replace('+', 'p')}_lambda{on_policy:g}"
             reused = args.reuse_distilled and (args.out / "drafters" / slug / "model.safetensors").is_file()
             exports[name] = distill(
-                target_dir, data, init, args.out, slug, loss, on_policy, budget, force=not args.reuse_distilled
+                resolved, data, init, args.out, slug, loss, on_policy, budget, force=not args.reuse_distilled
             )
             fits[name] = {"stage": "distill", "loss": loss, "on_policy": on_policy, "steps": args.distill_steps,
                           "seconds": round(time.perf_counter() - start, 1), "reused": reused}  # fmt: skip

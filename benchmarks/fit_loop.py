@@ -119,10 +119,13 @@ class BareAlongside(L.Callback):
 def data(out: Path, prompts: int, new_tokens: int) -> tuple[Path, Path, Path]:
     """The toy target and its generated train / val data (made once)."""
     from draftsmith.targets import default as default_target
+    from draftsmith.targets import resolve_target
     from draftsmith.train.suite import Budget, make_data
 
     target = default_target.build()
-    train, val = make_data(target, out, Budget(train_prompts=prompts, new_tokens=new_tokens, score_prompts=8))
+    train, val = make_data(
+        resolve_target(target, quiet=True), out, Budget(train_prompts=prompts, new_tokens=new_tokens, score_prompts=8)
+    )
     return target, train, val
 
 

@@ -32,6 +32,7 @@ from draftsmith.data.decode import decode_batch, row_seed
 from draftsmith.data.generate import generate, load_generated
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.targets import default as default_target
+from draftsmith.targets import resolve_target
 
 
 def batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
@@ -106,7 +107,7 @@ def end_to_end(target_dir: Path, num_prompts: int, batch_size: int, max_new_toke
         out = Path(tmp) / "data"
         start = time.perf_counter()
         generate(
-            str(target_dir),
+            resolve_target(str(target_dir)),
             "builtin:train",
             out,
             max_new_tokens=max_new_tokens,
@@ -136,7 +137,7 @@ def engines(args: argparse.Namespace) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
                 generate(
-                    args.target_name,
+                    resolve_target(args.target_name, args.dtype),
                     prompts,
                     Path(tmp) / "data",
                     max_new_tokens=args.max_new_tokens,
@@ -146,7 +147,6 @@ def engines(args: argparse.Namespace) -> None:
                     device="cpu",
                     engine=engine,
                     vllm_python=args.vllm_python,
-                    dtype=args.dtype,
                     temperature=args.temperature,
                     top_p=args.top_p,
                 )

@@ -59,6 +59,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from draftsmith.core.machine import training_attention
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import LengthBucketSampler, collate, count_generated, generated_prefix
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
@@ -339,7 +340,9 @@ def decoding(target: str, drafter: Path, device: str, args: argparse.Namespace, 
     for name, invariant in numerics if args.numerics == "both" else numerics[:1]:
         config = ScoreConfig(prompts="builtin:chat-heldout", num_prompts=args.prompts, k=args.k, sampling=Sampling(0.0),
                              max_new_tokens=args.new_tokens, batch_invariant=invariant, device=device)  # fmt: skip
-        report = score_specs(target, [parse_spec(f"eagle3={drafter}")], config, work / name.replace(" ", "-"))
+        report = score_specs(
+            resolve_target(target), [parse_spec(f"eagle3={drafter}")], config, work / name.replace(" ", "-")
+        )
         row = report["drafters"][0]
         keys = ("tau", "speedup", "tokens_per_s", "verify_ratio", "cost_ratio", "mean_drafted", "ideal_speedup",
                 "greedy_exact", "prompts")  # fmt: skip

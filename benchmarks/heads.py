@@ -40,7 +40,7 @@ from draftsmith.families.kangaroo.module import KangarooModule
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.features import default_feature_layers
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.targets import resolve
+from draftsmith.targets import resolve, resolve_target
 from draftsmith.train.fit import FitRun, load_recipe
 from draftsmith.train.suite import PLANS, make_data, train_drafter
 
@@ -132,11 +132,12 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     plan = replace(PLANS[args.target], acceptance_head=False)
     target_dir = resolve(args.target)
-    data = make_data(target_dir, out, plan.budget, plan)
+    resolved = resolve_target(plan.target(target_dir), quiet=True)
+    data = make_data(resolved, out, plan.budget, plan)
     features = None
     if plan.features:  # the cache of EAGLE-3's layers and the final state: Kangaroo's exit layer is among them
         layers = Target.from_config(target_dir).num_layers
-        features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+        features = cache_features(resolved, data[0], list(default_feature_layers(layers, 3)), overwrite=True)
     exports, budget = {}, {}
     for name in [n for n in args.families if n in TREE_FAMILIES + CHAIN_FAMILIES]:
         family, settings = VARIANTS.get(name, (name, {}))
@@ -144,7 +145,7 @@ def main() -> None:
         budget[name] = steps or load_recipe(recipe)["trainer"]["max_steps"]
         print(f"  {name} (recipe {recipe} {settings or ''}, {budget[name]} steps)")
         run = FitRun(steps=budget[name], model=settings)
-        exports[name] = train_drafter(recipe, target_dir, data, out, plan.budget, name=name, features=features, run=run)
+        exports[name] = train_drafter(recipe, resolved, data, out, plan.budget, name=name, features=features, run=run)
     if "kangaroo_exit" in args.families:
         exit_layer = load_recipe(plan.recipe("kangaroo"))["model"]["init_args"]["exit_layer"]
         module = KangarooModule(str(target_dir), exit_layer=exit_layer)

@@ -28,7 +28,7 @@ from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.judge import load_judge
 from draftsmith.families.specs import build_drafter, parse_spec
-from draftsmith.targets import load_target
+from draftsmith.targets import load_target, resolve_target
 from draftsmith.train.judge import JudgeConfig, train_judge
 
 TRAIN, HELDOUT = "builtin:checkable-train", "builtin:checkable-heldout"
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path("runs/judge") / args.target.replace(":", "-")
-    target = load_target(args.target)
+    target = load_target(resolve_target(args.target))
     record = train_judge(
         target,
         load_prompts(TRAIN),

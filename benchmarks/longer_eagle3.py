@@ -25,7 +25,7 @@ from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import PlainRow, block_dicts, read_rows
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import Trained, build_drafter
-from draftsmith.targets import load_target, resolve
+from draftsmith.targets import load_target, resolve, resolve_target
 from draftsmith.train.fit import FitRun, fit_export
 
 
@@ -79,6 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     target_dir = resolve("smollm2")
+    resolved = resolve_target(target_dir)
     data = args.out / "data"
     names, fit_seconds = [], {}
     for family in args.families:
@@ -93,10 +94,10 @@ def main() -> None:
             trainer={"enable_model_summary": False, "enable_progress_bar": False},
         )
         start = time.perf_counter()
-        fit_export(f"smollm2/{family}", run, target_dir, args.out / "drafters" / name)  # reused when current
+        fit_export(f"smollm2/{family}", run, resolved, args.out / "drafters" / name)  # reused when current
         fit_seconds[name] = round(time.perf_counter() - start, 1)
         names.append(name)
-    target = load_target(target_dir)
+    target = load_target(resolved)
     prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:chat-heldout", limit=args.num_prompts)]
     shown = ["eagle3", "eagle1", *names]
     drafters = {n: build_drafter(Trained(str(args.out / "drafters" / n)), target) for n in shown}

@@ -41,7 +41,7 @@ from draftsmith.eval.rows import ScoreRow, block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreePolicy
-from draftsmith.targets import load_target, resolve
+from draftsmith.targets import load_target, resolve, resolve_target
 from draftsmith.train.fit import FitRun
 from draftsmith.train.suite import PLANS, make_data, recipe_steps, train_drafter
 
@@ -157,19 +157,11 @@ def main() -> None:
     out = args.out or Path("runs/multidraft") / args.target
     load_before = os.getloadavg()[0]
     plan = replace(PLANS[args.target], drafters=("eagle3",), acceptance_head=False, draft_lm=False)
-    target_dir = resolve(args.target)
-    data = make_data(target_dir, out, plan.budget, plan)
+    resolved = resolve_target(plan.target(resolve(args.target)), quiet=True)
+    data = make_data(resolved, out, plan.budget, plan)
     steps = args.steps or (None if args.target == "smollm2" else 150)
-    drafter = train_drafter(
-        plan.recipe("eagle3"),
-        target_dir,
-        data,
-        out,
-        plan.budget,
-        run=FitRun(steps=steps),
-        target=plan.target(target_dir),
-    )
-    target = load_target(plan.target(target_dir))
+    drafter = train_drafter(plan.recipe("eagle3"), resolved, data, out, plan.budget, run=FitRun(steps=steps))
+    target = load_target(resolved)
     prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
     blocks = {}
     for setting in args.samplings:

@@ -33,7 +33,7 @@ from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.features import default_feature_layers
-from draftsmith.targets import resolve
+from draftsmith.targets import resolve, resolve_target
 from draftsmith.train.fit import FitRun
 from draftsmith.train.suite import PLANS, make_data, train_all, train_drafter
 
@@ -86,20 +86,21 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     plan = replace(PLANS[args.target], drafters=("eagle3",), acceptance_head=False)
     target_dir = resolve(args.target)
-    data = make_data(target_dir, out, plan.budget, plan)
+    resolved = resolve_target(plan.target(target_dir), quiet=True)
+    data = make_data(resolved, out, plan.budget, plan)
     drafters = out / "drafters"
     if not all((drafters / name / "config.json").is_file() for name in BASELINES):
-        train_all(target_dir, data, out, plan.budget, plan)
+        train_all(resolved, data, out, plan.budget, plan)
     features = None
     if plan.features:  # the cache of the recipes' layers (EAGLE-3's and the final state), reused when current
         layers = Target.from_config(target_dir).num_layers
-        features = cache_features(str(target_dir), data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+        features = cache_features(resolved, data[0], list(default_feature_layers(layers, 3)), overwrite=True)
     starts = {"pard": "draft_lm", "peagle_eagle3": "eagle3"}
     for name in PARALLEL:
         run = FitRun(model={"init": str(drafters / starts[name])}) if name in starts else None
         recipe = plan.recipe(name.split("_")[0])
         print(f"  {name} (recipe {recipe})")
-        train_drafter(recipe, target_dir, data, out, plan.budget, name=name, features=features, run=run)
+        train_drafter(recipe, resolved, data, out, plan.budget, name=name, features=features, run=run)
     target = Target.from_pretrained(target_dir)
     prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
     n, blocks = args.max_new_tokens, {}

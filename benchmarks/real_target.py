@@ -42,7 +42,7 @@ from draftsmith.eval.rows import block_dicts, read_block, read_rows
 from draftsmith.eval.score import score_drafters, verify_ratios
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.targets import load_target, resolve
+from draftsmith.targets import load_target, resolve, resolve_target
 from draftsmith.train.suite import PLANS, make_data, train_all
 
 CHAINS = ["ngram", "eagle3", "eagle1", "medusa1", "hydrapp", "draft_lm", "draft_lm_undistilled", "eagle1-adaptive"]
@@ -159,10 +159,11 @@ def main() -> None:
     plan = replace(PLANS["smollm2"], acceptance_head=not args.skip_head, dtype=args.dtype)
     chains = [c for c in args.chains if not (args.skip_head and c == "eagle1-adaptive")]
     target_dir = resolve("smollm2")
-    data = make_data(target_dir, args.out, plan.budget, plan)
-    train_all(target_dir, data, args.out, plan.budget, plan)
+    resolved = resolve_target(plan.target(target_dir), quiet=True)
+    data = make_data(resolved, args.out, plan.budget, plan)
+    train_all(resolved, data, args.out, plan.budget, plan)
     drafters = args.out / "drafters"
-    target = load_target(plan.target(target_dir))
+    target = load_target(resolved)
     sets = prompt_sets(args.sets, plan, target.tokenizer, args.num_prompts)
     greedy, sampled = Sampling(0.0), Sampling(0.7, 0.9)
     blocks, n = {}, args.max_new_tokens

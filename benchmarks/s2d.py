@@ -39,7 +39,7 @@ from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.draft_lm.module import StudentShape
 from draftsmith.families.registry import load_network, load_trained
-from draftsmith.targets import resolve
+from draftsmith.targets import resolve, resolve_target
 from draftsmith.train.draft_lm import DraftLMBudget, pretrain
 from draftsmith.train.fit import FitRun, fit, fit_export
 from draftsmith.train.suite import Budget, make_data
@@ -92,7 +92,7 @@ def pretrained(args: argparse.Namespace, target_dir: Path, val: Path) -> Path:
     target), saved as a plain HF dir with the targets' tokenizer, which every target's fit takes as ``init`` (a
     checkpoint would be refused for the other targets: it records the first one's fingerprint)."""
     budget = DraftLMBudget(shape=shape(args), pretrain_steps=args.pretrain_steps, lr=args.lr * 3)
-    checkpoint = pretrain(target_dir, val, args.out, budget)
+    checkpoint = pretrain(resolve_target(target_dir, quiet=True), val, args.out, budget)
     out = args.out / "drafters" / "pretrained-hf"
     network = load_network(checkpoint, Target.from_pretrained(target_dir))[0]
     network.merged().model.save_pretrained(out)
@@ -119,7 +119,9 @@ def per_target(args, name: str, target_dir: Path, data: tuple[Path, Path], init:
     run = FitRun(target=str(target_dir), train=str(data[0]), val=str(data[1]), out=args.out / "fit" / f"draft_lm-{name}",
                  steps=args.steps, batch_size=args.batch_size, lr=common["lr"], model=common["model"],
                  trainer=trainer_args(args, args.out / "fit" / f"draft_lm-{name}"))  # fmt: skip
-    return fit_export("draft_lm", run, target_dir, args.out / "drafters" / f"draft_lm-{name}", force=True)
+    return fit_export(
+        "draft_lm", run, resolve_target(target_dir, quiet=True), args.out / "drafters" / f"draft_lm-{name}", force=True
+    )
 
 
 def sorted_fit(args, target_dirs: list[Path], data: list[tuple[Path, Path]], init: Path | None) -> Path:
@@ -219,7 +221,10 @@ def main() -> None:
     target_dirs = quick_family(args.out / "targets") if args.quick else [resolve(t) for t in args.targets]
     names = [d.name for d in target_dirs] if args.quick else args.targets
     budget = Budget(args.train_prompts, args.new_tokens, args.score_prompts)
-    data = [make_data(d, args.out / "data" / name, budget) for d, name in zip(target_dirs, names, strict=True)]
+    data = [
+        make_data(resolve_target(d, quiet=True), args.out / "data" / name, budget)
+        for d, name in zip(target_dirs, names, strict=True)
+    ]
     phase("data", started)
     init = pretrained(args, target_dirs[0], data[0][1]) if args.pretrain_steps else None
     fits: dict = {"per_target": {}}

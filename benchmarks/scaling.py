@@ -68,7 +68,7 @@ from draftsmith.eval.rows import block_dicts, read_block, read_rows
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.features import default_feature_layers
-from draftsmith.targets import load_target, resolve
+from draftsmith.targets import load_target, resolve, resolve_target
 from draftsmith.train.data import generated_prefix
 from draftsmith.train.fit import FitRun, fit_export, load_recipe
 from draftsmith.train.suite import generated_once
@@ -161,7 +161,9 @@ def corpus_prompts(out: Path, magpie: int, engine: dict) -> Path:
     instructions = out / "prompts" / "magpie.jsonl"
     if not instructions.is_file():
         print(f"data: {magpie} instructions SmolLM2 writes itself (Magpie)")
-        n = write_instructions_generated(TARGET, magpie, instructions, out / "prompts" / "magpie", seed=1, **engine)
+        n = write_instructions_generated(
+            resolve_target(TARGET), magpie, instructions, out / "prompts" / "magpie", seed=1, **engine
+        )
         print(f"data: {n} distinct instructions in {instructions}")
     rows = [{"messages": list(p.messages), "source": p.source} for p in chat_prompts("train")]
     rows += [json.loads(line) for line in instructions.read_text().splitlines()]
@@ -194,10 +196,9 @@ def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_pro
     meta = out / "data" / "train" / "draftsmith.json"
     if meta.is_file() and "packed" in json.loads(meta.read_text()):
         raise SystemExit(f"scaling: {out}/data/train holds the packed corpus; generate a corpus into another --out")
-    target = Path(resolve("smollm2"))
     prompts = corpus_prompts(out, magpie, engine)
     train = generated_once(
-        target,
+        resolve_target(TARGET, quiet=True),
         out / "data" / "train",
         {"prompts": str(prompts), **SAMPLED, "max_new_tokens": max_new_tokens, "dtype": DTYPE, **engine},
     )
@@ -207,7 +208,7 @@ def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_pro
 def make_val(out: Path, val_prompts: int) -> Path:
     """Greedy answers to held-out chat prompts (``val/tau_est``)."""
     return generated_once(
-        Path(resolve("smollm2")),
+        resolve_target(TARGET, quiet=True),
         out / "data" / "val",
         {
             "prompts": "builtin:chat-heldout",
@@ -226,7 +227,7 @@ def make_features(train: Path, rows: int | None = None) -> Path:
     fits and the scoring do, and ~7x faster than in emulated bf16)."""
     layers = json.loads((Path(resolve("smollm2")) / "config.json").read_text())["num_hidden_layers"]
     return cache_features(
-        f"{resolve('smollm2')}:{DTYPE}",
+        resolve_target(f"{resolve('smollm2')}:{DTYPE}"),
         train,
         list(default_feature_layers(layers, 3)),
         max_length=MAX_LENGTH,
@@ -300,7 +301,7 @@ def fit_one(
     print(f"fit: {name}: {rows} rows, {steps} steps of {batch} ({run.trainer['precision']})")
     load = os.getloadavg()[0]
     with Stopwatch(out / "fit" / f"{name}.partial.json") as clock:  # a fit resumed later adds its time
-        fit_export(RECIPES[family], run, TARGET, export)
+        fit_export(RECIPES[family], run, resolve_target(TARGET), export)
     gc.collect()  # the fit's feature cache (GBs) before the next fit loads its own
     record = {
         "trainer": "draftsmith",
@@ -403,7 +404,7 @@ def score_size(
                 continue
             if not run:
                 continue
-            target = target or load_target(TARGET)
+            target = target or load_target(resolve_target(TARGET))
             exists = [n for n in held if n == "ngram" or (out / "drafters" / n / "config.json").is_file()]
             drafters = {
                 n: load_drafter(n if n == "ngram" else str(out / "drafters" / n), target)
@@ -528,7 +529,7 @@ def main() -> None:
                 fits[family, size] = (args.out / "drafters" / f"{family}-{label(size)}", json.loads(record.read_text()))
     if "score" not in args.stages and "report" not in args.stages:
         return
-    tokenizer = load_target(TARGET).tokenizer
+    tokenizer = load_target(resolve_target(TARGET)).tokenizer
     sets = heldout_sets(tokenizer, args.num_prompts)
     scores = {}
     for size in subsets:

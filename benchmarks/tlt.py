@@ -24,7 +24,7 @@ from common import RESULTS, machine, measured_on, write
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers.lora import Lora
-from draftsmith.targets import load_target, parse_target
+from draftsmith.targets import load_target, resolve_target
 from draftsmith.train.tlt import RolloutConfig, TLTConfig, run_tlt
 from draftsmith.train.tlt_drafter import DrafterConfig
 from draftsmith.train.tlt_policy import ALL_LINEAR, PolicyConfig
@@ -121,7 +121,7 @@ def main() -> None:
             drafter=DrafterConfig(args.drafter_version, None, args.drafter_lr, args.drafter_steps, buffer=args.buffer),
             rollout=RolloutConfig(args.problems, args.max_new_tokens, args.temperature, args.k, args.measure_every),
         )
-        target = load_target(parse_target(args.target, "float32"))
+        target = load_target(resolve_target(args.target, "float32"))
     except DraftsmithError as e:
         parser.exit(2, f"tlt.py: error: {e}\n")
     name = args.name or (

@@ -23,6 +23,7 @@ from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.registry import load_network
 from draftsmith.targets import default as default_target
+from draftsmith.targets import resolve_target
 from draftsmith.train.fit import FitRun
 from draftsmith.train.suite import Budget, make_data, train_drafter
 
@@ -62,12 +63,13 @@ def main() -> None:
     run = FitRun(steps=args.steps, lr=0.002)  # every family at one learning rate, as measured before
 
     target_dir = default_target.build()
-    data = make_data(target_dir, args.out, budget)
+    resolved = resolve_target(target_dir, quiet=True)
+    data = make_data(resolved, args.out, budget)
     target = Target.from_pretrained(target_dir)
     trained, fits = {}, {}
     for name in ("eagle3", "eagle1"):
         start = time.perf_counter()
-        export = train_drafter(name, target_dir, data, args.out, budget, force=True, run=run)
+        export = train_drafter(name, resolved, data, args.out, budget, force=True, run=run)
         seconds = time.perf_counter() - start
         network, info = load_network(export, target)
         trained[name] = network.as_drafter()

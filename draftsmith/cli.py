@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import json
 import re
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,11 +58,69 @@ COMMANDS: dict = {
 (torch, transformers, Lightning) took 5-6 s of a 2-core machine before ``--help`` or a refusal could answer."""
 
 
+TARGET_DEFAULTS = {"draftsmith.train.tlt:tlt": ("default", "float32")}
+"""Commands whose ``--target`` and ``--dtype`` have defaults (``tlt``: the default target, in float32: the adapter
+trains in full precision); a ``TargetSpec`` default in the function's signature serves too (``quickstart``)."""
+TARGET_DTYPE = (
+    "the dtype the target computes in: float32, bfloat16, float16 or auto (the checkpoint's, in bf16 only where "
+    "this machine multiplies it natively); default: the target's ``:DTYPE`` suffix, else auto."
+)
+"""``--dtype``'s help, for every command that takes a target."""
+
+
 def _load(entry: str | dict) -> Callable | dict:
     if isinstance(entry, dict):
         return {name: _load(sub) for name, sub in entry.items()}
     module, name = entry.split(":")
-    return getattr(importlib.import_module(module), name)
+    return _taking_target_text(getattr(importlib.import_module(module), name), entry)
+
+
+def _taking_target_text(fn: Callable, entry: str) -> Callable:
+    """``fn`` as its command runs it: where ``fn`` takes its ``target`` resolved (``ResolvedTarget``) or parsed
+    (``TargetSpec``: the pipeline, which resolves it on the device it chooses), the command takes the user's
+    ``--target`` text and ``--dtype`` (unless ``fn`` has a ``dtype`` of its own: ``features``' storage dtype; then
+    the target's dtype is its ``:DTYPE`` suffix, decided quietly), turned into that object here, once: the one
+    place a command's target string becomes a target (``auto`` decided for the command's ``--device``)."""
+    from draftsmith.targets import TargetSpec, parse_target, resolve_target
+
+    signature = inspect.signature(fn)
+    annotation = signature.parameters["target"].annotation if "target" in signature.parameters else None
+    if getattr(annotation, "__name__", str(annotation).rpartition(".")[2]) not in ("ResolvedTarget", "TargetSpec"):
+        return fn
+    hints = typing.get_type_hints(fn)
+    kind = hints["target"]
+    own_dtype = "dtype" in signature.parameters
+    target_default, dtype_default = TARGET_DEFAULTS.get(entry, (inspect.Parameter.empty, None))
+    params = [
+        p.replace(annotation=str, default=str(p.default) if isinstance(p.default, TargetSpec) else target_default)
+        if p.name == "target"
+        else p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in signature.parameters.values()
+    ]
+    doc = fn.__doc__ or ""
+    if not own_dtype:
+        dtype = inspect.Parameter("dtype", inspect.Parameter.KEYWORD_ONLY, default=dtype_default, annotation=str | None)
+        params.append(dtype)
+        head, args, rest = doc.partition("\n    Args:\n")
+        entries, blank, tail = rest.partition("\n\n")
+        doc = f"{head}{args}{entries}\n        dtype: {TARGET_DTYPE}{blank}{tail}" if args else doc
+
+    def command(**kwargs: object) -> object:
+        text = kwargs.pop("target")
+        dtype = None if own_dtype else kwargs.pop("dtype")
+        if kind is TargetSpec:
+            return fn(target=parse_target(text, dtype), **kwargs)
+        device = kwargs.get("device", "cpu")
+        if device == "auto":  # as the commands read it: CUDA where there is one
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return fn(target=resolve_target(text, dtype, device, quiet=own_dtype), **kwargs)
+
+    command.__name__, command.__qualname__, command.__module__ = fn.__name__, fn.__qualname__, fn.__module__
+    command.__doc__ = doc
+    command.__signature__ = signature.replace(parameters=params, return_annotation=hints.get("return", signature.empty))
+    return command
 
 
 def _described(entry: str | dict) -> Callable | dict:

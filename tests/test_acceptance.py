@@ -31,6 +31,7 @@ from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.registry import load_network
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.module import OptimConfig
+from draftsmith.targets import resolve_target
 from draftsmith.train.acceptance_head import train_head
 from draftsmith.train.data import GeneratedDataModule
 
@@ -63,7 +64,7 @@ def setup(tmp_path_factory) -> dict[str, Path]:
             " ".join(f"w{i}" for i in torch.randint(0, VOCAB - 2, (2 + j % 7,), generator=g).tolist()) for j in range(n)
         ]
         (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": r}) + "\n" for r in rows))
-        generate(str(root / "target"), str(root / f"{name}.jsonl"), root / f"data-{name}", temperature=0.0,
+        generate(resolve_target(str(root / "target")), str(root / f"{name}.jsonl"), root / f"data-{name}", temperature=0.0,
                  max_new_tokens=24, device="cpu")  # fmt: skip
     data = GeneratedDataModule(str(root / "data-train"), str(root / "data-val"), batch_size=8, max_length=64)
     torch.manual_seed(0)

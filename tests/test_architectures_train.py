@@ -33,6 +33,7 @@ from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.families.registry import load_trained
 from draftsmith.layers.module import DrafterModule, OptimConfig
 from draftsmith.layers.tree_draft import TreePolicy
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,7 +60,7 @@ def data(request, tmp_path_factory) -> dict[str, Path]:
         lines = "".join(json.dumps({"prompt": words(g, 3 + i % 6)}) + "\n" for i in range(n))
         (root / f"{split}.jsonl").write_text(lines)
         generate(
-            str(root / "target"),
+            resolve_target(str(root / "target")),
             str(root / f"{split}.jsonl"),
             root / split,
             0.0,

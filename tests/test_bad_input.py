@@ -20,6 +20,7 @@ from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.families.specs import load_drafter
+from draftsmith.targets import resolve_target
 
 
 def run_cli(capsys, *args) -> str:
@@ -181,7 +182,7 @@ def test_unknown_dtype_is_one_line_naming_the_flag_and_the_choices(model_dirs, p
     with pytest.raises(DraftsmithError, match="features: dtype must be one of float16, bfloat16 .*got 'float32'"):
         from draftsmith.data.feature_cache import cache_features
 
-        cache_features(str(model_dirs["target"]), tmp_path / "none", [1], dtype="float32")
+        cache_features(resolve_target(str(model_dirs["target"])), tmp_path / "none", [1], dtype="float32")
 
 
 @pytest.mark.parametrize("threshold", ["x", "1.5", "-0.1"])

@@ -459,7 +459,7 @@ def test_auto_dtype_is_the_checkpoints_in_bf16_only_where_native(tmp_path, monke
     assert targets.checkpoint_dtype(targets.parse_target("smollm2"), tmp_path) == "bfloat16"
 
 
-def test_a_resolved_target_is_taken_as_it_is_below_the_entry(tmp_path, monkeypatch, capsys):
+def test_a_resolved_target_is_loaded_as_it_is_below_the_entry(tmp_path, monkeypatch, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
     monkeypatch.setattr(machine, "native_bf16", lambda device="cpu": (True, "the CPU has avx512_bf16"))
     resolved = targets.resolve_target(str(tmp_path))
@@ -467,15 +467,17 @@ def test_a_resolved_target_is_taken_as_it_is_below_the_entry(tmp_path, monkeypat
     assert capsys.readouterr().out.count("--dtype auto") == 1  # the auto choice is made, and said, once
     # below the entry nothing is decided again: were it, the machine would now say float32
     monkeypatch.setattr(machine, "native_bf16", lambda device="cpu": (False, "the CPU has no native bf16"))
-    assert targets.resolve_target(resolved) is resolved and targets.resolve_target(resolved, "auto") is resolved
-    assert targets.resolve(resolved) == tmp_path and targets.target_dtype(resolved, tmp_path) == "bfloat16"
-    assert targets.parse_target(resolved) == targets.TargetSpec(str(tmp_path), "bfloat16")
-    assert "--dtype auto" not in capsys.readouterr().out
+    loaded = []
+    monkeypatch.setattr(
+        targets.Target, "from_pretrained", lambda path, dtype, device, **_: loaded.append((path, dtype))
+    )
+    targets.load_target(resolved)
+    assert loaded == [(tmp_path, "bfloat16")] and "--dtype auto" not in capsys.readouterr().out
     # str() is the concrete spec a fit's config carries: it resolves to the same directory and dtype
     assert targets.resolve_target(str(resolved)) == targets.ResolvedTarget(
         targets.TargetSpec(str(tmp_path), "bfloat16"), tmp_path, "bfloat16"
     )
-    assert targets.resolve_target(resolved, "float32").dtype == "float32"  # a --dtype asked for is honoured
+    assert targets.resolve_target(resolved.spec, "float32").dtype == "float32"  # a --dtype asked for is honoured
 
 
 def test_machine_record_names_the_cpu_and_whether_bf16_is_native():

@@ -28,6 +28,7 @@ from draftsmith.families.clover.network import CloverConfig, CloverModel
 from draftsmith.families.registry import load_trained
 from draftsmith.layers.module import OptimConfig
 from draftsmith.layers.tree_draft import TreePolicy
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,7 +68,14 @@ def trained(setup, tmp_path_factory):  # noqa: F811
     """Clover trained 40 steps on the target's greedy continuations (as ``test_heads``), its validation metrics
     before and after, and its native export."""
     greedy = tmp_path_factory.mktemp("greedy") / "data"
-    generate(str(setup["target"]), str(setup["train.jsonl"]), greedy, temperature=0.0, max_new_tokens=24, device="cpu")
+    generate(
+        resolve_target(str(setup["target"])),
+        str(setup["train.jsonl"]),
+        greedy,
+        temperature=0.0,
+        max_new_tokens=24,
+        device="cpu",
+    )
     torch.manual_seed(0)
     model = CloverModule(str(setup["target"]), num_heads=3, distill=True, optim=OPTIM)
     data = GeneratedDataModule(str(greedy), str(setup["data-val"]), batch_size=8, max_length=64)

@@ -22,6 +22,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
 from draftsmith.families.specs import load_drafter
+from draftsmith.targets import resolve_target
 
 
 def byte_bpe(texts: list[str], vocab: int = 300) -> PreTrainedTokenizerFast:
@@ -202,7 +203,9 @@ def hybrid(tmp_path_factory) -> dict:
         model.save_pretrained(path)
         tok.save_pretrained(path)
     (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t[:30]}) + "\n" for t in texts))
-    generate(str(target_dir), str(root / "prompts.jsonl"), root / "data", temperature=1.0, max_new_tokens=24)
+    generate(
+        resolve_target(str(target_dir)), str(root / "prompts.jsonl"), root / "data", temperature=1.0, max_new_tokens=24
+    )
     return {"target": target_dir, "draft": draft_dir, "data": root / "data", "target_tok": target_tok,
             "draft_tok": draft_tok, "target_model": target_model}  # fmt: skip
 

@@ -24,6 +24,7 @@ from draftsmith.families.registry import load_network
 from draftsmith.layers import losses
 from draftsmith.layers.lora import Lora
 from draftsmith.layers.module import OptimConfig
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule
 
 ROOT = Path(__file__).parent.parent
@@ -142,9 +143,16 @@ def setup(tmp_path_factory) -> dict[str, Path]:
         (root / f"{name}.jsonl").write_text(lines)
     common = {"max_new_tokens": 24, "device": "cpu", "shard_size": 64}
     generate(
-        str(root / "target"), str(root / "train.jsonl"), root / "data-train", temperature=1.0, store_topk=8, **common
+        resolve_target(str(root / "target")),
+        str(root / "train.jsonl"),
+        root / "data-train",
+        temperature=1.0,
+        store_topk=8,
+        **common,
     )
-    generate(str(root / "target"), str(root / "val.jsonl"), root / "data-val", temperature=0.0, **common)
+    generate(
+        resolve_target(str(root / "target")), str(root / "val.jsonl"), root / "data-val", temperature=0.0, **common
+    )
     return {k: root / k for k in ("target", "student", "data-train", "data-val")}
 
 

@@ -24,6 +24,7 @@ from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleMo
 from draftsmith.families.registry import load_network
 from draftsmith.layers.losses import TOKEN_LOSSES, lk_hybrid, masked_mean, neg_log_acceptance, soft_cross_entropy
 from draftsmith.layers.module import shift
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -218,8 +219,8 @@ def generated(tmp_path_factory) -> Path:
         lines = [" ".join(f"w{i}" for i in torch.randint(0, 94, (2 + r % 7,), generator=g).tolist()) for r in range(n)]
         (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": line}) + "\n" for line in lines))
     common = {"max_new_tokens": 20, "device": "cpu", "shard_size": 64}
-    generate(str(root / "target"), str(root / "train.jsonl"), root / "train", temperature=1.0, **common)
-    generate(str(root / "target"), str(root / "val.jsonl"), root / "val", temperature=0.0, **common)
+    generate(resolve_target(str(root / "target")), str(root / "train.jsonl"), root / "train", temperature=1.0, **common)
+    generate(resolve_target(str(root / "target")), str(root / "val.jsonl"), root / "val", temperature=0.0, **common)
     return root
 
 

@@ -35,6 +35,7 @@ from draftsmith.families.pard.module import PardModule
 from draftsmith.families.peagle.module import PEagleModule
 from draftsmith.families.registry import load_trained
 from draftsmith.layers.module import OptimConfig
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule
 from engines import vllm_check
 
@@ -96,7 +97,7 @@ def served(tmp_path_factory) -> dict:
         )
         temperature = 1.0 if name == "train" else 0.0
         generate(
-            str(root / "target"),
+            resolve_target(str(root / "target")),
             str(root / f"{name}.jsonl"),
             root / name,
             temperature=temperature,
@@ -230,9 +231,16 @@ def served_smollm2(tmp_path_factory) -> dict:
     except DraftsmithError as e:
         pytest.skip(f"the smollm2 target is not available: {e}")
     root = tmp_path_factory.mktemp("engine-smollm2")
-    generate(str(target_dir), "builtin:chat-train", root / "train", num_prompts=16, temperature=0.7, top_p=0.9,
+    generate(resolve_target(str(target_dir)), "builtin:chat-train", root / "train", num_prompts=16, temperature=0.7, top_p=0.9,
              max_new_tokens=32, batch_size=16)  # fmt: skip
-    generate(str(target_dir), "builtin:chat-heldout", root / "val", num_prompts=4, temperature=0.0, max_new_tokens=32)
+    generate(
+        resolve_target(str(target_dir)),
+        "builtin:chat-heldout",
+        root / "val",
+        num_prompts=4,
+        temperature=0.0,
+        max_new_tokens=32,
+    )
     data = GeneratedDataModule(str(root / "train"), str(root / "val"), batch_size=4, max_length=384)
     torch.manual_seed(0)
     module = EagleModule(str(target_dir), 3, draft_vocab_size=1024, optim=OptimConfig(lr=3e-3, warmup_steps=2))

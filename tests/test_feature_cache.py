@@ -14,6 +14,7 @@ from test_train import module, setup  # noqa: F401 - the shared tiny target + da
 
 from draftsmith.data.feature_cache import FeatureCache, cache_features
 from draftsmith.errors import DraftsmithError
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import CachedRows, GeneratedDataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def cache(setup, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("cache") / "features"
     kwargs = {"max_length": 64, "shard_rows": 32, "dtype": "float16"}
-    return cache_features(str(setup["target"]), setup["data-train"], [1, 2, 3], out, **kwargs)
+    return cache_features(resolve_target(str(setup["target"])), setup["data-train"], [1, 2, 3], out, **kwargs)
 
 
 def cached_data(setup, cache, **kwargs) -> GeneratedDataModule:  # noqa: F811
@@ -72,7 +73,7 @@ def test_training_from_the_cache_follows_online_training(setup, cache, tmp_path)
 
 def test_killed_cache_run_resumes_to_the_same_files(setup, cache, tmp_path):  # noqa: F811
     out = tmp_path / "features"
-    args = (str(setup["target"]), setup["data-train"], [1, 2, 3], out, "float16")
+    args = (resolve_target(str(setup["target"])), setup["data-train"], [1, 2, 3], out, "float16")
     cache_features(*args, max_length=64, shard_rows=32)
     (out / "shard-00001.safetensors").unlink()  # as if killed while writing the second shard
     meta = json.loads((out / "features.json").read_text())
@@ -88,7 +89,9 @@ def test_killed_cache_run_resumes_to_the_same_files(setup, cache, tmp_path):  # 
 
 def test_cache_for_other_layers_data_or_length_is_refused(setup, cache, tmp_path):  # noqa: F811
     model = module(setup, 3)
-    short = cache_features(str(setup["target"]), setup["data-train"], [1], tmp_path / "short", max_length=32)
+    short = cache_features(
+        resolve_target(str(setup["target"])), setup["data-train"], [1], tmp_path / "short", max_length=32
+    )
     with pytest.raises(DraftsmithError, match=r"holds layers \[1, 4\], not \[2, 3\]"):
         cached_data(setup, short, max_length=32).check_target(model.target)
     with pytest.raises(DraftsmithError, match="truncated to 64 tokens"):
@@ -97,18 +100,22 @@ def test_cache_for_other_layers_data_or_length_is_refused(setup, cache, tmp_path
     with pytest.raises(DraftsmithError, match="other data"):
         other.check_target(model.target)
     with pytest.raises(DraftsmithError, match="other settings"):
-        cache_features(str(setup["target"]), setup["data-train"], [2], cache, max_length=64, shard_rows=32)
+        cache_features(
+            resolve_target(str(setup["target"])), setup["data-train"], [2], cache, max_length=64, shard_rows=32
+        )
 
 
 def test_storage_dtype_defaults_to_bf16_for_a_float32_target_and_float16_refuses_overflow(setup, tmp_path):  # noqa: F811
     from transformers import AutoModelForCausalLM
 
     target, data = str(setup["target"]), setup["data-train"]
-    default = cache_features(target, data, [2], tmp_path / "default", max_length=16)
+    default = cache_features(resolve_target(target), data, [2], tmp_path / "default", max_length=16)
     meta = json.loads((default / "features.json").read_text())
     assert meta["dtype"] == "bfloat16" and meta["target"]["dtype"] == "float32"
     assert load_file(str(default / "shard-00000.safetensors"))["hidden_2"].dtype == torch.bfloat16
-    named = cache_features(f"{target}:float32", data, [2], tmp_path / "named", max_length=16, dtype="fp16")
+    named = cache_features(
+        resolve_target(f"{target}:float32"), data, [2], tmp_path / "named", max_length=16, dtype="fp16"
+    )
     assert load_file(str(named / "shard-00000.safetensors"))["hidden_2"].dtype == torch.float16
     # a target whose residual stream exceeds float16's range (as LLMs' massive activations can): its embeddings x 1e6
     shutil.copytree(target, tmp_path / "loud")  # its tokenizer and config: the same target's identity
@@ -118,7 +125,14 @@ def test_storage_dtype_defaults_to_bf16_for_a_float32_target_and_float16_refuses
     with pytest.raises(
         DraftsmithError, match="layer 2 holds values up to .* beyond float16's range; cache in bfloat16"
     ):
-        cache_features(str(tmp_path / "loud"), data, [2], tmp_path / "loud-features", max_length=16, dtype="float16")
+        cache_features(
+            resolve_target(str(tmp_path / "loud")),
+            data,
+            [2],
+            tmp_path / "loud-features",
+            max_length=16,
+            dtype="float16",
+        )
 
 
 def test_bf16_data_caches_in_bf16_trains_a_bf16_drafter_and_refuses_the_float32_target(setup, tmp_path):  # noqa: F811
@@ -128,12 +142,14 @@ def test_bf16_data_caches_in_bf16_trains_a_bf16_drafter_and_refuses_the_float32_
 
     target = str(setup["target"])
     common = {"max_new_tokens": 8, "device": "cpu", "num_prompts": 8}
-    data = generate(f"{target}:bf16", str(setup["train.jsonl"]), tmp_path / "data", temperature=1.0, **common)
+    data = generate(
+        resolve_target(f"{target}:bf16"), str(setup["train.jsonl"]), tmp_path / "data", temperature=1.0, **common
+    )
     assert read_metadata(data)["target"]["dtype"] == "bfloat16"
-    cache = cache_features(target, data, [2], tmp_path / "features", max_length=32)  # the data's dtype
+    cache = cache_features(resolve_target(target), data, [2], tmp_path / "features", max_length=32)  # the data's dtype
     assert json.loads((cache / "features.json").read_text())["target"]["dtype"] == "bfloat16"
     with pytest.raises(DraftsmithError, match="in bfloat16 but is used with it in float32.*--dtype bfloat16"):
-        cache_features(f"{target}:float32", data, [2], tmp_path / "features32", max_length=32)
+        cache_features(resolve_target(f"{target}:float32"), data, [2], tmp_path / "features32", max_length=32)
     model = EagleModule(f"{target}:bfloat16", version=1)
     assert model.target.dtype == "bfloat16" and not model.target.batch_invariant  # whole sequences: fast kernels
     batch = first_batch(GeneratedDataModule(str(data), str(data), batch_size=4, max_length=32))
@@ -184,7 +200,7 @@ def test_train_rows_trains_on_a_prefix_the_full_cache_serves(setup, cache):  # n
 
 def test_prefix_cache_serves_its_first_rows_and_grows_in_place(setup, cache, tmp_path):  # noqa: F811
     out, model = tmp_path / "features", module(setup, 3)
-    args = (str(setup["target"]), setup["data-train"], [1, 2, 3], out, "float16")
+    args = (resolve_target(str(setup["target"])), setup["data-train"], [1, 2, 3], out, "float16")
     cache_features(*args, max_length=64, shard_rows=32, rows=40)  # rounded up to whole shards: 64 rows
     assert json.loads((out / "features.json").read_text())["rows"] == 64
     assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000.safetensors", "shard-00001.safetensors"]

@@ -20,6 +20,7 @@ from test_train import setup  # noqa: F401  (the module's toy target and its gen
 from draftsmith.cli import main
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.compare import training_table
+from draftsmith.targets import resolve_target
 from draftsmith.train.cli import CALLBACKS
 from draftsmith.train.fit import FitRun, export_native, fit, latest_checkpoint, load_recipe
 
@@ -147,7 +148,7 @@ def test_a_drafter_that_cannot_learn_is_flagged_in_one_line_in_its_result_and_it
     said = [line for line in out.splitlines() if "did not learn" in line]
     assert len(said) == 1 and "step 4" in said[0] and "1.05" in said[0]
     assert result.did_not_learn is not None and "1.05" in result.did_not_learn
-    native = export_native(result, setup["target"], tmp_path / "dead")
+    native = export_native(result, resolve_target(setup["target"]), tmp_path / "dead")
     assert json.loads((native / "config.json").read_text())["did_not_learn"] == result.did_not_learn
     never_served(native, setup["target"], tmp_path / "run", capsys)
 

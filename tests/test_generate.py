@@ -23,6 +23,7 @@ from draftsmith.data.prompts import Prompt, encode
 from draftsmith.data.shards import snapshot
 from draftsmith.decode.verifier import plain_decode
 from draftsmith.errors import DraftsmithError
+from draftsmith.targets import resolve_target
 
 EOS = VOCAB - 2
 CONTEXT = 64
@@ -54,7 +55,7 @@ def prompt_path(tmp_path_factory) -> Path:
 
 def run(target_dir: Path, prompts: Path, out: Path, **kwargs) -> tuple[datasets.Dataset, dict]:
     kwargs = {"max_new_tokens": 12, "shard_size": 4, "device": "cpu", **kwargs}
-    generate(str(target_dir), str(prompts), out, **kwargs)
+    generate(resolve_target(str(target_dir)), str(prompts), out, **kwargs)
     return load_generated(out)
 
 
@@ -257,7 +258,14 @@ def test_magpie_through_generate_writes_what_the_magpie_loop_writes(target_dir, 
     n, rows = 100, 400  # neither reaches n: both decode rows 0..399 and keep every finished one
     write_instructions(Target.from_pretrained(chat_dir), n, loop, seed=3, max_new_tokens=24, batch_size=rows)
     written = write_instructions_generated(
-        str(chat_dir), n, generated, tmp_path / "work", seed=3, max_new_tokens=24, oversample=rows / n, batch_size=16
+        resolve_target(str(chat_dir)),
+        n,
+        generated,
+        tmp_path / "work",
+        seed=3,
+        max_new_tokens=24,
+        oversample=rows / n,
+        batch_size=16,
     )
     kept = [json.loads(line)["messages"] for line in generated.read_text().splitlines()]
     assert 0 < written == len(kept) < n

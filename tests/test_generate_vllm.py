@@ -19,6 +19,7 @@ import pytest
 from conftest import kill_after_first_shard
 
 from draftsmith.data.generate import generate, is_greedy, load_generated
+from draftsmith.targets import resolve_target
 from engines import vllm_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -48,7 +49,7 @@ def target() -> str:
 def run(out: Path, engine: str, python: Path | None, target: str, **kwargs):
     settings = {"prompts": "builtin:heldout", "max_new_tokens": MAX_NEW, "num_prompts": 24, "shard_size": 8}
     extra = {"vllm_python": str(python), "vllm_eager": True} if engine == "vllm" else {"device": "cpu"}
-    generate(target, out=out, engine=engine, **{**settings, **extra, **kwargs})
+    generate(resolve_target(target), out=out, engine=engine, **{**settings, **extra, **kwargs})
     return load_generated(out)
 
 

@@ -14,6 +14,8 @@ import torch
 import yaml
 from conftest import VOCAB, make_llama, make_tokenizer
 
+from draftsmith.targets import resolve_target
+
 ROOT = Path(__file__).resolve().parents[1]
 ABSENT = ("datasets", "jsonargparse", "wandb", "gguf", "deepspeed")
 """Packages draftsmith installs that the GPU machine's image lacks (``/work/.library/device/KINDS.md``)."""
@@ -93,7 +95,7 @@ def packed_corpus(tmp_path_factory) -> Path:
     for name, n, temperature in [("train", 24, 1.0), ("val", 4, 0.0)]:
         words = (" ".join(f"w{i}" for i in torch.randint(0, 90, (2 + j % 5,), generator=g).tolist()) for j in range(n))
         (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": w}) + "\n" for w in words))
-        generate(str(root / "target"), str(root / f"{name}.jsonl"), root / name, temperature=temperature,
+        generate(resolve_target(str(root / "target")), str(root / f"{name}.jsonl"), root / name, temperature=temperature,
                  max_new_tokens=16, device="cpu", shard_size=8)  # fmt: skip
         pack(root / name, root / f"{name}.tar.xz")
     recipe = yaml.safe_load((ROOT / "configs" / "smollm2" / "eagle3.yaml").read_text())

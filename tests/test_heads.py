@@ -19,6 +19,7 @@ from draftsmith.families.registry import load_trained
 from draftsmith.layers.lora import Lora
 from draftsmith.layers.module import OptimConfig
 from draftsmith.layers.tree_draft import TreePolicy, static_tree
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule
 
 OPTIM = OptimConfig(lr=3e-3, warmup_steps=5)
@@ -47,7 +48,14 @@ def trained(setup, tmp_path_factory):  # noqa: F811
     tiny target the sampled ones carry too little signal about 2+ tokens ahead for 40 steps.
     """
     greedy = tmp_path_factory.mktemp("greedy") / "data"
-    generate(str(setup["target"]), str(setup["train.jsonl"]), greedy, temperature=0.0, max_new_tokens=24, device="cpu")
+    generate(
+        resolve_target(str(setup["target"])),
+        str(setup["train.jsonl"]),
+        greedy,
+        temperature=0.0,
+        max_new_tokens=24,
+        device="cpu",
+    )
     out = {}
     for name, make in FAMILIES.items():
         torch.manual_seed(0)

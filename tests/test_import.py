@@ -26,6 +26,7 @@ from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import write_export
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.registry import load_network, load_trained
+from draftsmith.targets import resolve_target
 from engines import peer_check
 
 LAYERS, STEPS, T = [1, 2, 3], 3, 20
@@ -393,7 +394,9 @@ def test_an_imported_drafter_is_fine_tuned_from_its_own_weights(env, tmp_path):
     (tmp_path / "p.jsonl").write_text(
         "".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2}"}) + "\n" for i in range(8))
     )
-    generate(str(env["root"] / "target"), str(tmp_path / "p.jsonl"), tmp_path / "data", max_new_tokens=12)
+    generate(
+        resolve_target(str(env["root"] / "target")), str(tmp_path / "p.jsonl"), tmp_path / "data", max_new_tokens=12
+    )
     module = EagleModule(str(env["root"] / "target"), 3, init=str(tmp_path / "imported"), optim=OptimConfig(lr=1e-2))
     before = {k: v.clone() for k, v in module.drafter.state_dict().items()}
     assert all(torch.equal(before[k], v) for k, v in start.state_dict().items())
@@ -496,7 +499,9 @@ def test_an_import_records_the_dtype_its_target_spec_computes_in(env, tmp_path):
     import_drafter(tmp_path / "export", f"{target}:bfloat16", tmp_path / "bf16")
     _, info = load_network(tmp_path / "bf16")
     assert info["target"]["dtype"] == "bfloat16"
-    load_trained(tmp_path / "bf16", load_target(f"{target}:bfloat16"))  # what score does: no dtype mismatch
+    load_trained(
+        tmp_path / "bf16", load_target(resolve_target(f"{target}:bfloat16"))
+    )  # what score does: no dtype mismatch
     import_drafter(tmp_path / "export", f"{target}:bfloat16", tmp_path / "f32", dtype="float32")  # --dtype wins
     assert load_network(tmp_path / "f32")[1]["target"]["dtype"] == "float32"
     released = tmp_path / "released-bf16"

@@ -16,6 +16,7 @@ from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.judge import JudgeHead, load_judge, save_judge
 from draftsmith.families.specs import DraftModel, build_drafter
+from draftsmith.targets import resolve_target
 from draftsmith.train.judge import JudgeConfig, fit_head, make_labels
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -151,7 +152,7 @@ def test_score_reports_judged_rows_as_lossy_with_their_checks(model_dirs, tmp_pa
             for i in range(3)
         )
     )
-    report = score(str(model_dirs["target"]), [f"d={model_dirs['drafter']}"], prompts=str(prompts), max_new_tokens=12,
+    report = score(resolve_target(str(model_dirs["target"])), [f"d={model_dirs['drafter']}"], prompts=str(prompts), max_new_tokens=12,
                    judge=str(tmp_path / "judge"), out=tmp_path / "score")  # fmt: skip
     rows = {r["name"]: r for r in report["drafters"]}
     assert set(rows) == {"d", "d+judge"}
@@ -162,8 +163,13 @@ def test_score_reports_judged_rows_as_lossy_with_their_checks(model_dirs, tmp_pa
     unchecked = tmp_path / "plain.jsonl"
     unchecked.write_text('{"prompt": "w1 w2"}\n')
     with pytest.raises(DraftsmithError, match="--judge is lossy"):
-        score(str(model_dirs["target"]), ["d=ngram"], prompts=str(unchecked), judge=str(tmp_path / "judge"))
+        score(
+            resolve_target(str(model_dirs["target"])),
+            ["d=ngram"],
+            prompts=str(unchecked),
+            judge=str(tmp_path / "judge"),
+        )
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "w1", "check": {"kind": "regex"}}\n')
     with pytest.raises(DraftsmithError, match="bad.jsonl:1: 'check' must be"):
-        score(str(model_dirs["target"]), ["d=ngram"], prompts=str(bad))
+        score(resolve_target(str(model_dirs["target"])), ["d=ngram"], prompts=str(bad))

@@ -15,6 +15,7 @@ from draftsmith.data.feature_cache import data_identity
 from draftsmith.data.generate import generate, load_generated
 from draftsmith.data.packed import pack, unpack
 from draftsmith.errors import DraftsmithError
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +34,8 @@ def corpus(tmp_path_factory):
         )
         (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": w}) + "\n" for w in words))
     common = {"max_new_tokens": 16, "device": "cpu", "shard_size": 8}
-    generate(str(root / "target"), str(root / "train.jsonl"), root / "train", temperature=1.0, **common)
-    generate(str(root / "target"), str(root / "val.jsonl"), root / "val", temperature=0.0, **common)
+    generate(resolve_target(str(root / "target")), str(root / "train.jsonl"), root / "train", temperature=1.0, **common)
+    generate(resolve_target(str(root / "target")), str(root / "val.jsonl"), root / "val", temperature=0.0, **common)
     return root
 
 

@@ -24,6 +24,7 @@ from draftsmith.families.eagle.module import EagleModule, unroll
 from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.layers.attention import document_mask
 from draftsmith.layers.module import shift
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule, PackedBatchSampler, collate, collate_packed, pack_first_fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -217,7 +218,11 @@ def data(target, tmp_path_factory) -> dict[str, Path]:
         (root / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": w}) + "\n" for w in words))
         common = {"max_new_tokens": 12, "device": "cpu", "shard_size": 64}
         generate(
-            target, str(root / f"{name}.jsonl"), root / name, temperature=1.0 if name == "train" else 0.0, **common
+            resolve_target(target),
+            str(root / f"{name}.jsonl"),
+            root / name,
+            temperature=1.0 if name == "train" else 0.0,
+            **common,
         )
     return {"train": root / "train", "val": root / "val"}
 

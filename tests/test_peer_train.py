@@ -21,7 +21,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export.imports import import_drafter
 from draftsmith.families.registry import load_trained
-from draftsmith.targets import load_target
+from draftsmith.targets import load_target, resolve_target
 from engines import peer_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -46,7 +46,7 @@ def test_speculators_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes
     assert fit["hyperparameters"]["draft_attn_impl"] == "sdpa"
 
     imported = import_drafter(fit["checkpoint"], "smollm2", tmp_path / "imported")
-    target = load_target("smollm2")
+    target = load_target(resolve_target("smollm2"))
     drafter = load_trained(imported, target)
     decoder = SpeculativeDecoder(target, drafter, k=3, sampling=Sampling(0.0))
     rows = [json.loads(line) for line in (out / "rows" / "val.jsonl").read_text().splitlines()]

@@ -20,7 +20,7 @@ from draftsmith.data.shards import load_generated
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export.imports import import_drafter
 from draftsmith.families.registry import load_network, load_trained
-from draftsmith.targets import load_target, resolve
+from draftsmith.targets import load_target, resolve, resolve_target
 from engines import peer_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -49,7 +49,7 @@ def test_specforge_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes_e
     network, info = load_network(imported)
     assert info["imported_from"]["layout"] == "sglang"
     assert network.method == "eagle3"
-    target = load_target("smollm2")
+    target = load_target(resolve_target("smollm2"))
     decoder = SpeculativeDecoder(target, load_trained(imported, target), k=4, sampling=Sampling(0.0))
     val, _ = load_generated(ROOT / "benchmarks" / "data" / "smollm2-val.tar.xz")
     for row in val.select(range(2)):

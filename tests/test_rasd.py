@@ -28,6 +28,7 @@ from draftsmith.families.rasd.drafter import RasdDrafter, fuse
 from draftsmith.families.rasd.retrieval import SEPARATOR, ContextIndex, SuffixIndex, select
 from draftsmith.families.specs import Named, Rasd, load_drafter, parse_spec
 from draftsmith.layers.tree_draft import TreePolicy
+from draftsmith.targets import resolve_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -287,7 +288,7 @@ def corpus(tmp_path_factory, model_dirs):
     root = tmp_path_factory.mktemp("rasd")
     (root / "prompts.jsonl").write_text("".join(f'{{"prompt": "w{i} w{i + 1} w{i + 2}"}}\n' for i in range(0, 30, 5)))
     generate(
-        str(model_dirs["target"]),
+        resolve_target(str(model_dirs["target"])),
         str(root / "prompts.jsonl"),
         root / "gen",
         temperature=0.0,

@@ -29,6 +29,7 @@ from conftest import eagle3_case, make_llama, make_tokenizer
 
 from draftsmith.cli import main
 from draftsmith.export.registry import write_export
+from draftsmith.targets import resolve_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # 2 threads on 2 shared cores: 10x slower scoring
 
@@ -152,8 +153,10 @@ def checkout(tmp_path_factory) -> dict:
         prompts = work / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 3} w{i + 7}"}) + "\n" for i in range(16)))
         data = work / "runs" / "quickstart-smollm2" / "data"
-        generate("smollm2", str(prompts), data / "train", max_new_tokens=16)
-        generate("smollm2", str(prompts), data / "val", max_new_tokens=16, temperature=0.0, num_prompts=8)
+        generate(resolve_target("smollm2"), str(prompts), data / "train", max_new_tokens=16)
+        generate(
+            resolve_target("smollm2"), str(prompts), data / "val", max_new_tokens=16, temperature=0.0, num_prompts=8
+        )
         yield {"work": work, "smollm2": small, "native": case["root"] / "native", "draft_lm": work / "draft-lm"}
 
 

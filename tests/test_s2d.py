@@ -29,6 +29,7 @@ from draftsmith.families.sorted_draft_lm.module import export_subnetwork, pair_l
 from draftsmith.families.sorted_draft_lm.network import SortedDraftLM, SortedDraftLMConfig, SortedDraftLMNetwork
 from draftsmith.layers.losses import distillation_loss
 from draftsmith.layers.module import shift
+from draftsmith.targets import resolve_target
 from draftsmith.train.fit import FitRun, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -313,7 +314,7 @@ def test_a_sorted_draft_lm_is_refused_for_a_target_it_was_not_trained_for(saved,
     for target in saved["targets"]:  # and taken for each target it was
         assert isinstance(load_trained(saved["root"] / "sorted", target), SortedDraftLM)
     with pytest.raises(DraftsmithError, match=r"--depth 4: .* have \[1, 2, 3\] layers"):
-        export_subnetwork(saved["root"] / "sorted", 4, str(saved["dirs"][0]), tmp_path / "x")
+        export_subnetwork(saved["root"] / "sorted", 4, resolve_target(str(saved["dirs"][0])), tmp_path / "x")
 
 
 def words(g: torch.Generator, n: int) -> str:
@@ -330,7 +331,9 @@ def test_one_fit_trains_every_pair_on_each_targets_data(saved, tmp_path):
     for d in dirs:
         for name, temperature in [("train", 1.0), ("val", 0.0)]:
             out = tmp_path / f"{d.name}-{name}"
-            generate(str(d), str(tmp_path / f"{name}.jsonl"), out, temperature=temperature, max_new_tokens=12)
+            generate(
+                resolve_target(str(d)), str(tmp_path / f"{name}.jsonl"), out, temperature=temperature, max_new_tokens=12
+            )
             data[name].append(str(out))
     shape = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64}
     run = FitRun(out=tmp_path / "fit", steps=4, model={"targets": [str(d) for d in dirs], "init": None, "shape": shape,

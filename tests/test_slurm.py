@@ -23,6 +23,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.pipeline.slurm.requeue import RequeueOnSignal
 from draftsmith.pipeline.slurm.resources import time_seconds
 from draftsmith.pipeline.slurm.sbatch import job_info
+from draftsmith.targets import resolve_target
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -58,13 +59,22 @@ def test_rank_sharded_generation_merges_into_the_single_process_dataset(model_di
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
     common = {"max_new_tokens": 8, "shard_size": 3, "device": "cpu"}  # 4 shards: rank 0 gets 0 and 2
-    generate(str(model_dirs["target"]), str(prompts), tmp_path / "single", **common)
+    generate(resolve_target(str(model_dirs["target"])), str(prompts), tmp_path / "single", **common)
     for rank in (1, 0):
-        out = generate(str(model_dirs["target"]), str(prompts), tmp_path / "ranks", rank=rank, world_size=2, **common)
+        out = generate(
+            resolve_target(str(model_dirs["target"])),
+            str(prompts),
+            tmp_path / "ranks",
+            rank=rank,
+            world_size=2,
+            **common,
+        )
         assert out == tmp_path / "ranks" / "ranks" / f"rank-{rank:05d}"
         saved = sorted(p.name for p in (out / "shards").iterdir())
         assert saved == [f"shard-{s:05d}" for s in range(4) if s % 2 == rank]
-    generate(str(model_dirs["target"]), str(prompts), tmp_path / "ranks", resume=True, **common)  # the merge
+    generate(
+        resolve_target(str(model_dirs["target"])), str(prompts), tmp_path / "ranks", resume=True, **common
+    )  # the merge
     merged, single = (datasets.load_from_disk(str(tmp_path / d)) for d in ("ranks", "single"))
     assert merged.to_dict() == single.to_dict()
     assert not (tmp_path / "ranks" / "ranks").exists()

@@ -28,6 +28,7 @@ from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.registry import load_network
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.module import OptimConfig
+from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule, LengthBucketSampler
 
 TESTS = Path(__file__).parent
@@ -49,8 +50,12 @@ def setup(tmp_path_factory) -> dict[str, Path]:
         lines = "".join(json.dumps({"prompt": words(g, 2 + i % 7)}) + "\n" for i in range(n))
         (root / f"{name}.jsonl").write_text(lines)
     common = {"max_new_tokens": 24, "device": "cpu", "shard_size": 64}
-    generate(str(root / "target"), str(root / "train.jsonl"), root / "data-train", temperature=1.0, **common)
-    generate(str(root / "target"), str(root / "val.jsonl"), root / "data-val", temperature=0.0, **common)
+    generate(
+        resolve_target(str(root / "target")), str(root / "train.jsonl"), root / "data-train", temperature=1.0, **common
+    )
+    generate(
+        resolve_target(str(root / "target")), str(root / "val.jsonl"), root / "data-val", temperature=0.0, **common
+    )
     other = make_llama(seed=1, layers=4)
     other.config.hidden_act = "gelu"  # same shapes, another model
     other.save_pretrained(root / "other")
@@ -414,10 +419,12 @@ def test_fit_api_takes_a_shipped_recipe_and_typed_overrides_and_records_the_run(
     assert manifest["recipe"].endswith("configs/eagle3.yaml") and manifest["versions"]["torch"] == torch.__version__
     assert manifest["seed"] is not None
 
-    native = export_native(result, setup["target"], tmp_path / "eagle3")
+    native = export_native(result, resolve_target(setup["target"]), tmp_path / "eagle3")
     assert json.loads((native / "config.json").read_text())["val_tau_est"] == result.score
     specs = [Named("ngram", NGram()), Named("eagle3", Trained(str(native)))]
-    report = score_specs(setup["target"], specs, ScoreConfig(str(setup["train.jsonl"]), num_prompts=3), tmp_path / "s")
+    report = score_specs(
+        resolve_target(setup["target"]), specs, ScoreConfig(str(setup["train.jsonl"]), num_prompts=3), tmp_path / "s"
+    )
     assert [r["name"] for r in report["drafters"]] == ["ngram", "eagle3"]
     assert all(r["greedy_exact"] == 3 for r in report["drafters"])
     assert (tmp_path / "s" / "manifest.json").is_file()

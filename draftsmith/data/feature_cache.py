@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from tqdm.auto import tqdm
 from draftsmith.core.dtypes import canonical_dtype
 from draftsmith.core.files import write_whole
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target, parse_target
+from draftsmith.targets import AUTO, ResolvedTarget, load_target
 
 FORMAT = "draftsmith.features/1"
 META = "features.json"
@@ -48,7 +49,7 @@ def data_identity(metadata: dict) -> str:
 
 
 def cache_features(
-    target: str,
+    target: ResolvedTarget,
     data: str | Path,
     layers: list[int],
     out: str | Path | None = None,
@@ -66,7 +67,8 @@ def cache_features(
 
     Args:
         target: the target that generated ``data`` (a local dir, ``default`` or ``smollm2``), in the dtype the data
-            was generated in unless a ``:DTYPE`` suffix says otherwise.
+            was generated in unless a ``:DTYPE`` suffix says otherwise (from Python a ``targets.ResolvedTarget``:
+            ``draftsmith.cli`` resolves it once).
         data: a ``draftsmith generate`` output dir.
         layers: hidden-state indices the drafters to train need (EAGLE-3: its three; EAGLE-1/Medusa/Hydra: the last).
         out: the cache dir (default: ``<data>-features``).
@@ -86,9 +88,9 @@ def cache_features(
 
     dtype = canonical_dtype(dtype, "features: dtype", DTYPES) if dtype is not None else None
     ds, metadata = load_generated(data)
-    spec = parse_target(target)  # no dtype given: the one the data was generated in
-    compute = metadata["target"].get("dtype", "float32") if spec.dtype == "auto" else None
-    t = load_target(spec, dtype=compute, device=device, batch_invariant=False)  # whole sequences: the fastest kernels
+    if target.spec.dtype == AUTO:  # named with no dtype: the one the data was generated in
+        target = replace(target, dtype=metadata["target"].get("dtype", "float32"))
+    t = load_target(target, device=device, batch_invariant=False)  # whole sequences: the fastest kernels
     dtype = dtype or (t.dtype if t.dtype in DTYPES else "bfloat16")
     check_dataset_target(metadata, t, f"generated dataset {data}")
     resolved = sorted({*t._check_layers(tuple(layers)), t.num_layers})

@@ -30,7 +30,7 @@ from draftsmith.data.engines import HFEngine, Request, VLLMEngine, check_engine,
 from draftsmith.data.prompts import continuable, encode, load_prompts
 from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import Targetlike, load_target, resolve, resolve_target
+from draftsmith.targets import ResolvedTarget, load_target
 
 __all__ = ["GenerateRun", "GenerateSettings", "check_dataset_target", "generate", "generate_data", "load_generated"]
 
@@ -150,7 +150,7 @@ def _shard_columns(rows: list[tuple[int, int]], encoded: list[list[int]], result
 
 
 def generate(
-    target: str,
+    target: ResolvedTarget,
     prompts: str = "builtin:train",
     out: Path = Path("runs/data"),
     temperature: float = 1.0,
@@ -168,7 +168,6 @@ def generate(
     resume: bool = False,
     overwrite: bool = False,
     device: str = "auto",
-    dtype: str | None = None,
     rank: int = 0,
     world_size: int = 1,
     engine: str = "hf",
@@ -190,7 +189,7 @@ def generate(
 
     Args:
         target: ``default``, ``smollm2`` or a local Hugging Face model directory, optionally ``:DTYPE`` (from Python
-            also a ``targets.ResolvedTarget``, resolved once by the caller).
+            a ``targets.ResolvedTarget``: ``draftsmith.cli`` resolves it once, with ``--dtype``).
         prompts: ``builtin:train`` / ``builtin:heldout`` (the default target's prompts), a JSONL file
             (``{"prompt": ...}`` or chat ``{"messages": [...]}`` per line) or a local dataset dir / data file.
         out: output directory (must be empty unless --resume or --overwrite).
@@ -209,8 +208,6 @@ def generate(
         resume: continue an interrupted run in ``out`` from its completed shards.
         overwrite: delete an earlier ``generate`` run in ``out`` first.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``, ...
-        dtype: the dtype the target computes in: float32, bfloat16, float16 or auto (the checkpoint's, in bf16 only
-            where this machine multiplies it natively); default: the target's ``:DTYPE`` suffix, else auto.
         rank: this process's index among ``world_size`` (``$SLURM_PROCID`` in ``pipeline/slurm/templates/generate.sbatch``).
         world_size: with N > 1, this process generates only shards ``s`` with ``s % N == rank``, into
             ``out/ranks/rank-<R>``; the same command without rank/world size and with ``--resume`` then
@@ -233,7 +230,6 @@ def generate(
     load_prompts(
         str(prompts), prompt_field, num_prompts
     )  # the cheap input first: a built-in target may build for minutes
-    target = resolve_target(target, dtype)  # once: the layers below take the resolved target
     settings = GenerateSettings(
         prompts=str(prompts),
         prompt_field=prompt_field,
@@ -257,9 +253,13 @@ def generate(
     return generate_data(target, Path(out), settings, run)
 
 
-def generate_data(target: Targetlike, out: Path, settings: GenerateSettings, run: GenerateRun = GenerateRun()) -> Path:
-    """``generate`` with typed settings: the target's continuations of ``settings.prompts`` into ``out``."""
-    target = resolve_target(target, settings.dtype)
+def generate_data(
+    target: ResolvedTarget, out: Path, settings: GenerateSettings, run: GenerateRun = GenerateRun()
+) -> Path:
+    """``generate`` with typed settings: the target's continuations of ``settings.prompts`` into ``out``
+    (``settings.dtype``: the target's)."""
+    if settings.dtype != target.dtype:
+        raise DraftsmithError(f"generate: settings.dtype {settings.dtype} is not the target's {target.dtype}")
     sampling = _validate(settings, run.batch_size)
     if run.tensor_parallel_size < 1:
         raise DraftsmithError(f"--tensor-parallel-size must be a positive integer, got {run.tensor_parallel_size}")
@@ -276,11 +276,11 @@ def generate_data(target: Targetlike, out: Path, settings: GenerateSettings, run
     python = None
     if settings.engine == "vllm":  # vLLM loads the weights in its own process
         python = vllm_python(run.vllm_python)  # missing: say so before any work
-        t = Target.from_config(resolve(target), dtype=settings.dtype)
+        t = Target.from_config(target.path, dtype=target.dtype)
     else:
         device = run.device if run.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
         # the fastest kernels: data needs no batch invariance (only decoding compared with plain decoding does)
-        t = load_target(target, dtype=settings.dtype, device=device, batch_invariant=False)
+        t = load_target(target, device=device, batch_invariant=False)
     if settings.store_topk > t.vocab_size:
         raise DraftsmithError(f"--store-topk {settings.store_topk} exceeds the target's vocabulary size {t.vocab_size}")
     encoded = [encode(p, t.tokenizer, settings.chat_template) for p in loaded]
@@ -352,10 +352,18 @@ def _with_datastore(out: Path, run: GenerateRun) -> Path:
     return out
 
 
-def _engine(settings: GenerateSettings, run: GenerateRun, target, t: Target, context, out: Path, python: Path | None):
+def _engine(
+    settings: GenerateSettings,
+    run: GenerateRun,
+    target: ResolvedTarget,
+    t: Target,
+    context,
+    out: Path,
+    python: Path | None,
+):
     if python is not None:  # --engine vllm
         return VLLMEngine(
-            resolve(target), python, settings.dtype, context or 4096, run.batch_size,
+            target.path, python, settings.dtype, context or 4096, run.batch_size,
             run.tensor_parallel_size, settings.store_topk, out / "vllm.log", run.vllm_eager,
         )  # fmt: skip
     return HFEngine(t, run.batch_size)

@@ -19,7 +19,7 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.decode import decode_batch, row_seed
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import load_target
+from draftsmith.targets import ResolvedTarget, load_target, resolve_target
 
 SENTINEL = "\x00MAGPIE\x00"
 
@@ -106,7 +106,7 @@ def write_instructions(
 
 
 def write_instructions_generated(
-    target: str,
+    target: ResolvedTarget,
     n: int,
     out: Path,
     work: Path,
@@ -125,9 +125,8 @@ def write_instructions_generated(
     from transformers import AutoTokenizer
 
     from draftsmith.data.generate import generate, load_generated
-    from draftsmith.targets import resolve
 
-    tok = AutoTokenizer.from_pretrained(resolve(target))
+    tok = AutoTokenizer.from_pretrained(target.path)
     ids = user_prefix(tok)
     prefix = tok.decode(ids)
     if tok(prefix, add_special_tokens=False)["input_ids"] != ids:
@@ -141,7 +140,7 @@ def write_instructions_generated(
     generate(target, str(prompts), data, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
              seed=seed, chat_template=False, shard_size=256, resume=resume, **generate_args)  # fmt: skip
     ds, _ = load_generated(data)
-    stop = stop_tokens(tok, Target.from_config(resolve(target)).eos_token_ids)
+    stop = stop_tokens(tok, Target.from_config(target.path).eos_token_ids)
     seen, kept = set(), []
     for row in ds.select_columns(["input_ids", "prompt_len", "prompt_index"]):
         text = finished_instruction(row["input_ids"][row["prompt_len"] :], stop, tok, seen)
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
-    target = load_target(args.target)
+    target = load_target(resolve_target(args.target))  # this script's entry: the target named once
     count = write_instructions(target, args.n, args.out, seed=args.seed, batch_size=args.batch_size)
     print(f"wrote {count} instructions to {args.out}")
 

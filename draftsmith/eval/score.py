@@ -30,7 +30,7 @@ from draftsmith.families.rasd.drafter import RasdDrafter
 from draftsmith.families.sorted_draft_lm import exits as s2d
 from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
-from draftsmith.targets import Targetlike, load_target, parse_target
+from draftsmith.targets import ResolvedTarget, load_target
 
 
 def score_drafters(
@@ -350,7 +350,7 @@ class ScoreConfig:
 
 
 def score(
-    target: str,
+    target: ResolvedTarget,
     drafter: list[str],
     prompts: str = "builtin:heldout",
     k: int | str = 4,
@@ -366,7 +366,6 @@ def score(
     tree_size: int = 16,
     tree_top_k: int = 4,
     compile: bool = False,
-    dtype: str | None = None,
     batch_invariant: bool | None = None,
     verify: str = "specinfer",
     tree_branching: str = "2,2,1,1",
@@ -378,7 +377,8 @@ def score(
     """Score drafters against a target by real speculative decoding.
 
     Args:
-        target: ``default``, ``smollm2`` or a local Hugging Face model directory, optionally ``:DTYPE``.
+        target: ``default``, ``smollm2`` or a local Hugging Face model directory, optionally ``:DTYPE`` (from Python
+            a ``targets.ResolvedTarget``: ``draftsmith.cli`` resolves it once, with ``--dtype``).
         drafter: one or more drafters, each ``[NAME=]SPEC`` with SPEC ``ngram[:N]``, ``target``, a
             trained drafter's ``.ckpt`` or native dir, or a Hugging Face draft-model directory.
         prompts: ``builtin:heldout``, ``builtin:chat-heldout``, ``builtin:mt-bench`` (its 80 first turns, scored per
@@ -404,8 +404,6 @@ def score(
         tree_top_k: dynamic trees: nodes expanded per depth, children per expanded node.
         compile: ``torch.compile`` the target's and the draft LMs' forwards (plain decoding included); a warm-up
             (the first two prompts, decoded untimed before the scored pass) pays the compilation.
-        dtype: the dtype the target computes in: float32, bfloat16, float16 or auto (its checkpoint's, in bf16
-            only where this machine multiplies bf16 natively); default: the target's ``:DTYPE``, else auto.
         batch_invariant: the target computes each row as it would alone, so greedy output is exact in bf16 too
             (default: on for bf16/fp16 targets; ``--batch_invariant false`` for the fastest kernels, whose
             divergences the report then locates and measures).
@@ -441,15 +439,14 @@ def score(
         prompts, prompt_field, num_prompts, k, sampling, max_new_tokens, seed, online_adapt,
         policy, compile, batch_invariant, rule, judge, judge_threshold, device,
     )  # fmt: skip
-    return score_specs(parse_target(target, dtype), [parse_spec(d) for d in drafter], config, Path(out))
+    return score_specs(target, [parse_spec(d) for d in drafter], config, Path(out))
 
 
 def score_specs(
-    target: Targetlike, drafters: list[Named], cfg: ScoreConfig, out: Path, stage: dict | None = None
+    target: ResolvedTarget, drafters: list[Named], cfg: ScoreConfig, out: Path, stage: dict | None = None
 ) -> dict:
-    """Score ``drafters`` on ``target`` (a built-in name or model dir, ``:DTYPE`` optional, or a resolved target) as
-    ``cfg`` says; writes
-    ``out/report.{json,md}`` and its manifest (``stage``: the inputs ``is_current`` compares), returns the report."""
+    """Score ``drafters`` on ``target`` as ``cfg`` says; writes ``out/report.{json,md}`` and its manifest (``stage``:
+    the inputs ``is_current`` compares), returns the report."""
     check_paths(drafters)  # the cheap inputs first: a built-in target may build for minutes
     loaded_prompts = load_prompts(cfg.prompts, cfg.prompt_field, cfg.num_prompts)
     t = load_target(target, batch_invariant=cfg.batch_invariant, device=cfg.device)

@@ -65,6 +65,13 @@ def read_init(init: str, *methods: str) -> tuple[dict, dict]:
     return start
 
 
+def config_target(text: str) -> targets.ResolvedTarget:
+    """A target as a fit's config carries it: ``DIR:DTYPE`` (``str`` of the ``ResolvedTarget`` the caller resolved)
+    or, in a hand-written recipe, a user's ``NAME_OR_DIR[:DTYPE]``; the fit process's one place where a target
+    string becomes a target (its families' other targets too: ``sorted_draft_lm``'s ``model.targets``)."""
+    return targets.resolve_target(text)
+
+
 class DrafterModule(L.LightningModule):
     """Base of the drafter LightningModules: frozen target, trainable ``self.drafter``.
 
@@ -77,7 +84,7 @@ class DrafterModule(L.LightningModule):
         self.optim = optim or OptimConfig()
         self.estimate = estimate or EstimateConfig()
         # training runs the target on whole sequences, never one row: the fastest kernels, no batch invariance
-        resolved = targets.resolve_target(target)  # the fit's config carries it as a string (``DIR:DTYPE``)
+        resolved = config_target(target)  # the fit's config carries it as a string (``DIR:DTYPE``)
         layers = self.feature_layers_for(str(resolved.path))
         self.target = targets.load_target(resolved, feature_layers=layers, batch_invariant=False)
         self.drafter = self.build_drafter()

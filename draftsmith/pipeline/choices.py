@@ -25,23 +25,30 @@ the packed corpus: τ higher on every held-out set, the spread between prompts i
 
 @dataclass(frozen=True)
 class TargetInfo:
-    """What the pipeline's choices are made from: the target's ``config.json``."""
+    """What the pipeline's choices are made from: the target's ``config.json``, and the target resolved."""
 
-    dir: Path
+    target: targets.ResolvedTarget
+    """The target every stage takes: its directory, its dtype decided for the device the pipeline chose."""
     model_type: str
     layers: int
     hidden: int
     vocab: int
     chat_template: bool
 
+    @property
+    def dir(self) -> Path:
+        """The target's directory."""
+        return self.target.path
 
-def inspect_target(target: targets.Targetlike) -> TargetInfo:
-    """The target's directory (a built-in is built or converted on first use) and shape; a directory that is not a
-    causal LM with a tokenizer is refused in one line."""
+
+def inspect_target(spec: targets.TargetSpec, device: str = "cpu", path: Path | None = None) -> TargetInfo:
+    """The target's directory (a built-in is built or converted on first use; ``path``: the one a caller built) and
+    shape, and the target resolved on ``device`` (its ``auto`` dtype decided, once, for every stage); a directory
+    that is not a causal LM with a tokenizer is refused in one line."""
     from transformers import AutoConfig, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    path = targets.resolve(target)
+    path = targets.resolve(spec) if path is None else path
     if not (path / "config.json").is_file():
         raise DraftsmithError(f"--target {path}: not a model directory (no config.json)")
     try:
@@ -61,7 +68,7 @@ def inspect_target(target: targets.Targetlike) -> TargetInfo:
         raise DraftsmithError(f"--target {path}: no tokenizer loads from it ({str(e).splitlines()[0]})") from None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return TargetInfo(
-        path,
+        targets.resolve_target(spec, device=device, path=path),
         config.model_type,
         text.num_hidden_layers,
         text.hidden_size,
@@ -120,7 +127,7 @@ def scaled_runs(families: list[str], plan: Plan, info: TargetInfo) -> tuple[dict
     return runs, why
 
 
-def check_families(plan: Plan, target: str, runs: dict[str, FitRun]) -> None:
+def check_families(plan: Plan, target: targets.ResolvedTarget, runs: dict[str, FitRun]) -> None:
     """Build each family's module on the target before any data is made, so a family the target cannot feed is
     refused in one line now rather than after the data."""
     from jsonargparse import ArgumentParser
@@ -129,7 +136,7 @@ def check_families(plan: Plan, target: str, runs: dict[str, FitRun]) -> None:
     from draftsmith.train.fit import configure
 
     for name in plan.drafters:
-        config = configure(plan.recipe(name), replace(runs.get(name, FitRun()), target=target))
+        config = configure(plan.recipe(name), replace(runs.get(name, FitRun()), target=str(target)))
         parser = ArgumentParser(exit_on_error=False)
         parser.add_subclass_arguments(LightningModule, "model")
         try:

@@ -22,7 +22,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.doctor import CHECK_NAMES, FAIL, NOT_RUN, Check, markdown, run_checks, trained_norms
 from draftsmith.export.imports import import_drafter
 from draftsmith.families.registry import build
-from draftsmith.targets import load_target, resolve_target
+from draftsmith.targets import ResolvedTarget, load_target
 
 
 def read_drafter(path: Path, target: str, workdir: Path) -> tuple[dict, dict, str]:
@@ -119,13 +119,12 @@ def refused(message: str) -> list[Check]:
 
 def doctor(
     src: Path,
-    target: str,
+    target: ResolvedTarget,
     prompts: str = "builtin:heldout",
     out: Path | None = Path("runs/doctor"),
     num_prompts: int = 16,
     max_new_tokens: int = 48,
     k: int = 4,
-    dtype: str | None = None,
     prompt_field: str = "prompt",
     device: str = "cpu",
 ) -> None:
@@ -145,31 +144,29 @@ def doctor(
     Args:
         src: the drafter: a native drafter dir, a ``.ckpt``, or a peer's checkpoint in any layout ``draftsmith
             import`` reads (imported on the fly into a temporary dir).
-        target: ``default``, ``smollm2`` or a local Hugging Face model directory, optionally ``:DTYPE``.
+        target: ``default``, ``smollm2`` or a local Hugging Face model directory, optionally ``:DTYPE`` (from Python
+            a ``targets.ResolvedTarget``: ``draftsmith.cli`` resolves it once).
         prompts: ``builtin:heldout``, ``builtin:chat-heldout``, ``builtin:mt-bench``, a JSONL file or a local dataset.
         out: directory for doctor.json and doctor.md (none written when null).
         num_prompts: how many prompts to use (the first N).
         max_new_tokens: tokens the target generates greedily per prompt (the text every check measures on).
         k: tokens drafted per round by the verifier.
-        dtype: the dtype the target computes in: float32, bfloat16, float16 or auto; default: the target's
-            ``:DTYPE``, else auto.
         prompt_field: the prompt's field name in JSONL / dataset sources.
         device: where the target and the drafter run: ``cpu``, or ``cuda`` / ``cuda:N``.
     """
-    report = diagnose(src, target, prompts, out, num_prompts, max_new_tokens, k, dtype, prompt_field, device)
+    report = diagnose(src, target, prompts, out, num_prompts, max_new_tokens, k, prompt_field, device)
     if report["failed"]:
         raise SystemExit(1)
 
 
 def diagnose(
     src: Path,
-    target: str,
+    target: ResolvedTarget,
     prompts: str = "builtin:heldout",
     out: Path | None = Path("runs/doctor"),
     num_prompts: int = 16,
     max_new_tokens: int = 48,
     k: int = 4,
-    dtype: str | None = None,
     prompt_field: str = "prompt",
     device: str = "cpu",
 ) -> dict:
@@ -181,16 +178,15 @@ def diagnose(
         raise DraftsmithError(f"doctor: {drafter} holds no config.json (not a drafter dir, checkpoint or export)")
     if k < 1:
         raise DraftsmithError(f"doctor --k: tokens drafted per round must be positive, got {k}")
-    texts = load_prompts(prompts, prompt_field, num_prompts)  # the cheap checks first: a target may build for minutes
-    resolved = resolve_target(target, dtype, device)
+    texts = load_prompts(prompts, prompt_field, num_prompts)  # the cheap checks first: the target loads for seconds
     with tempfile.TemporaryDirectory(prefix="draftsmith-doctor-") as tmp:
         try:
-            info, state, source = read_drafter(drafter, str(resolved), Path(tmp))
+            info, state, source = read_drafter(drafter, str(target), Path(tmp))
         except DraftsmithError as e:
             if drafter.is_file() or native.is_native(drafter):
                 raise
             info, state, source, checks = None, None, "peer checkpoint", refused(str(e))
-        model = load_target(resolved, device=device)
+        model = load_target(target, device=device)
         if info is not None:
             network = build_as_trained(info, state, str(drafter))
             tokenizer = model.tokenizer
@@ -212,7 +208,7 @@ def diagnose(
         "checks": [c.to_dict() for c in checks],
         "failed": [c.name for c in checks if c.status == FAIL],
     }
-    print(f"doctor: {drafter} ({source}) against {resolved.name} on {len(texts)} prompts")
+    print(f"doctor: {drafter} ({source}) against {target.name} on {len(texts)} prompts")
     for c in checks:
         print(c.line())
     if out is not None:

@@ -75,12 +75,11 @@ def _record(prompt) -> dict:
 
 
 def pipeline(
-    target: str,
+    target: targets.TargetSpec,
     prompts: str = "builtin:chat-train",
     heldout_prompts: str | None = None,
     out: Path | None = None,
     families: list[str] | None = None,
-    dtype: str = "auto",
     prompt_field: str = "prompt",
     num_prompts: int | None = None,
     hours: float = 1.0,
@@ -99,7 +98,9 @@ def pipeline(
     the fastest drafter for serving, the report. Every choice is printed; every stage reused when current.
 
     Args:
-        target: ``default``, ``smollm2`` or a local Hugging Face causal-LM directory, optionally ``:DTYPE``.
+        target: ``default``, ``smollm2`` or a local Hugging Face causal-LM directory, optionally ``:DTYPE`` (from
+            Python a ``targets.TargetSpec``: ``draftsmith.cli`` parses it, with ``--dtype``; resolved here, once, on
+            the device chosen).
         prompts: the training prompts: a JSONL file, a local dataset, or ``builtin:chat-train`` / ``builtin:train``;
             without ``--heldout-prompts``, ``--heldout`` of them are held out for validation and scoring.
         heldout_prompts: a separate held-out prompt set (e.g. ``builtin:mt-bench``; default for a built-in training
@@ -108,7 +109,6 @@ def pipeline(
         families: drafter families, e.g. ``eagle3,eagle1,draft_lm`` (default: eagle3, eagle1, medusa1, hydrapp,
             draft_lm; for the ``smollm2`` recipe set, eagle3_31 in place of eagle3); any recipe of the chosen set,
             and ``draft_lm``.
-        dtype: the dtype the target computes in (``auto``: its checkpoint's, bf16 only where this CPU has it).
         prompt_field: the prompt's field name in JSONL / dataset sources.
         num_prompts: training prompts used (the first N); default: the most that fit ``hours``.
         hours: the time the run may take on this machine when ``num_prompts`` is not given: the training prompts
@@ -130,7 +130,7 @@ def pipeline(
             float32), ``cpu`` (forced) or ``cuda`` (refused without a GPU); ``core.machine.choose_device``.
     """
     chosen = local_device(device)  # a device this machine cannot give: one line before any work
-    spec = targets.parse_target(target, dtype)
+    spec = target
     if num_prompts is not None and num_prompts < 1:
         raise DraftsmithError(f"--num-prompts must be positive, got {num_prompts}")
     if not hours > 0:
@@ -156,8 +156,8 @@ def pipeline(
             counts[source] = len(load_prompts(source, prompt_field))
     print("[choices] (each can be overridden; see draftsmith pipeline --help)")
     device_choice(chosen)
-    info = inspect_target(spec)
-    resolved = targets.resolve_target(spec, path=info.dir, device=chosen.torch)  # once, for every stage
+    info = inspect_target(spec, chosen.torch)
+    resolved = info.target  # once, for every stage
     print(
         f"  target {info.dir}: {info.model_type}, {info.layers} layers, hidden {info.hidden}, vocab {info.vocab}, "
         f"{'a' if info.chat_template else 'no'} chat template"

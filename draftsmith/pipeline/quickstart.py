@@ -23,10 +23,13 @@ from pathlib import Path
 from draftsmith import targets
 from draftsmith.core.machine import local_device
 from draftsmith.errors import DraftsmithError
-from draftsmith.pipeline.choices import device_choice
+from draftsmith.pipeline.choices import device_choice, inspect_target
 from draftsmith.pipeline.runner import run_pipeline
 from draftsmith.targets import default as default_target
 from draftsmith.train.suite import FAST, PLANS
+
+DEMO = targets.TargetSpec("demo")
+"""The quickstart's target unless told another."""
 
 
 def _target_dir(target: str, fast: bool) -> Path:
@@ -54,8 +57,7 @@ def quickstart(
     out: Path | None = None,
     fast: bool = False,
     k: int = 4,
-    target: str = "demo",
-    dtype: str = "auto",
+    target: targets.TargetSpec = DEMO,
     device: str = "auto",
 ) -> Path:
     """Build (or reuse) a built-in target, generate on-policy data, train every drafter family, score them all
@@ -68,26 +70,27 @@ def quickstart(
         k: tokens drafted per round in the main table (also scored: the plan's other K).
         target: ``demo`` (the embedded target in a real LLM's deep, narrow shape, where a one-layer drafter costs a
             few percent of a step; minutes), ``default`` (its 4-layer shape, where every drafter costs a third of a
-            step) or ``smollm2`` (SmolLM2-135M-Instruct, about an hour on 2 CPU cores).
-        dtype: the dtype the target computes in everywhere (``auto``: its released one, bf16 for ``smollm2``, in
-            bf16 only where this machine multiplies it natively).
+            step) or ``smollm2`` (SmolLM2-135M-Instruct, about an hour on 2 CPU cores), optionally ``:DTYPE``, with
+            ``--dtype`` (``auto``: its released one, bf16 for ``smollm2``, in bf16 only where this machine multiplies
+            it natively); resolved here once the device is chosen.
         device: where every stage runs: ``auto`` (a CUDA GPU when there is one, the fits on every local GPU; else
             the CPU), ``cpu`` (forced) or ``cuda`` (refused without a GPU); ``draftsmith pipeline --help`` says more.
     """
     chosen = local_device(device)  # a device this machine cannot give: one line before any work
-    if target not in PLANS:
+    if target.source not in PLANS:
         raise DraftsmithError(
-            f"quickstart: --target must be one of {', '.join(PLANS)}, got {target!r} "
+            f"quickstart: --target must be one of {', '.join(PLANS)}, got {target.source!r} "
             "(draftsmith pipeline --target DIR runs the same stages on any causal LM)"
         )
-    plan = PLANS[target]
-    out = Path(out or ("runs/quickstart" if target == "demo" else f"runs/quickstart-{target}"))
+    name = target.source
+    plan = PLANS[name]
+    out = Path(out or ("runs/quickstart" if name == "demo" else f"runs/quickstart-{name}"))
     budget = FAST if fast else plan.budget
-    print(f"quickstart: the pipeline on the built-in target {target!r}")
+    print(f"quickstart: the pipeline on the built-in target {name!r}")
     device_choice(chosen)
-    target_dir = _target_dir(target, fast)
-    resolved = targets.resolve_target(target, dtype, device=chosen.torch, path=target_dir)  # once, for every stage
+    target_dir = _target_dir(name, fast)
+    resolved = inspect_target(target, chosen.torch, target_dir).target  # once, for every stage
     if resolved.dtype != targets.checkpoint_dtype(targets.TargetSpec(str(target_dir)), target_dir):
         plan = replace(plan, dtype=resolved.dtype)
     print(f"  computing in {resolved.dtype}")
-    return run_pipeline(resolved, plan, out, budget, fast, k, record={"quickstart": target}, device=chosen)
+    return run_pipeline(resolved, plan, out, budget, fast, k, record={"quickstart": name}, device=chosen)

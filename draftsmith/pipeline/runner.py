@@ -41,7 +41,7 @@ def _check_out(out: Path, fingerprint: dict) -> None:
 
 
 def run_pipeline(
-    target: targets.ResolvedTarget | Path,
+    target: targets.ResolvedTarget,
     plan: Plan,
     out: Path,
     budget: Budget,
@@ -52,9 +52,8 @@ def run_pipeline(
     sizing: Sizing | None = None,
     device: Device | None = None,
 ) -> Path:
-    """The pipeline's stages on ``target`` (resolved once by the caller, or a model dir resolved here in the plan's
-    dtype) as ``plan`` says; every stage takes the resolved target; returns the report's
-    path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records;
+    """The pipeline's stages on ``target`` (resolved once by the caller) as ``plan`` says; every stage takes the
+    resolved target; returns the report's path. ``runs``: per family, settings on top of its recipe; ``record``: what the run's manifest records;
     ``sizing``: the training prompts chosen by time once the target's speed is measured (``size_budget``) instead
     of ``budget``'s; ``device``: where every stage runs (default: this machine's, ``core.machine.local_device``).
     The libraries' logging is quieted for the run only (``quiet_libraries``)."""
@@ -84,7 +83,7 @@ def quiet_libraries() -> Iterator[None]:
 
 
 def _run_stages(
-    target: targets.ResolvedTarget | Path,
+    target: targets.ResolvedTarget,
     plan: Plan,
     out: Path,
     budget: Budget,
@@ -97,7 +96,6 @@ def _run_stages(
 ) -> Path:
     progress = Progress(list(STAGES))
     progress.start("target")
-    target = plan.resolved(target)
     target_dir = target.path
     loaded = targets.load_target(target, batch_invariant=False, device=device.torch)
     fingerprint, dtype = loaded.fingerprint, loaded.dtype
@@ -105,7 +103,7 @@ def _run_stages(
     speeds = measure_speeds(loaded)
     del loaded
     if plan.drafters:
-        check_families(plan, str(target), runs or {})
+        check_families(plan, target, runs or {})
     print(
         f"  one decoding step {1e3 * speeds.step_s:.1f} ms; 16 sequences {1e3 * speeds.batch_step_s:.1f} ms; "
         f"forward {speeds.forward_tokens_s:.0f} tokens/s (on {device.torch})"

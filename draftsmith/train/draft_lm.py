@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from draftsmith.core.files import made_whole
 from draftsmith.core.machine import Device
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.families.draft_lm.module import StudentShape
+from draftsmith.targets import ResolvedTarget
 from draftsmith.train.fit import FitRun, configure, fit, fit_export
 
 
@@ -44,18 +45,16 @@ a minute more when pre-training a fresh student too)."""
 
 
 def pretrain(
-    target: str | Path,
+    target: ResolvedTarget,
     val: Path,
     out: Path,
     budget: DraftLMBudget = DraftLMBudget(),
     force: bool = False,
     device: Device | None = None,
 ) -> Path:
-    """Pre-train a fresh student on the corpus of ``target`` (a dir or ``DIR:DTYPE``; next-token cross-entropy);
+    """Pre-train a fresh student on the corpus of ``target`` (next-token cross-entropy);
     returns its best checkpoint by ``val/tau_est`` on ``val`` (greedy generated data), reused unless ``force``;
     ``device``: where it trains (default: the recipe's ``auto``)."""
-    from draftsmith.targets import resolve
-
     root = out / "fit" / "draft_lm_pretrain"
     best = root / "best.ckpt"
     run = FitRun(
@@ -65,7 +64,7 @@ def pretrain(
         lr=budget.lr,
         model={"loss": "ce", "shape": asdict(budget.shape)},
         data={
-            "tokenizer": str(resolve(target)),
+            "tokenizer": str(target.path),
             "val": str(val),
             "batch_size": budget.pretrain_batch_size,
             "max_tokens": budget.pretrain_steps * budget.pretrain_batch_size * 128,
@@ -81,7 +80,7 @@ def pretrain(
 
 
 def distill(
-    target: str | Path,
+    target: ResolvedTarget,
     data: tuple[Path, Path],
     init: Path,
     out: Path,
@@ -93,7 +92,7 @@ def distill(
     device: Device | None = None,
 ) -> Path:
     """Distil the student at ``init`` into the target on ``data`` (train, val) with ``loss`` and on-policy
-    share λ = ``on_policy`` (``target``: a dir or ``DIR:DTYPE``); exports the best checkpoint to ``out/drafters/<name>`` (reused unless ``force``)."""
+    share λ = ``on_policy``; exports the best checkpoint to ``out/drafters/<name>`` (reused unless ``force``)."""
     return fit_export(
         "draft_lm",
         FitRun(
@@ -113,8 +112,9 @@ def distill(
     )
 
 
-def export_pretrained(target_dir: Path, checkpoint: Path, out: Path, name: str = "draft_lm_pretrained") -> Path:
-    """The pre-trained (undistilled) student as a native drafter dir ``out/drafters/<name>``."""
+def export_pretrained(target: ResolvedTarget, checkpoint: Path, out: Path, name: str = "draft_lm_pretrained") -> Path:
+    """The pre-trained (undistilled) student as a native drafter dir ``out/drafters/<name>``, beside ``target`` in
+    the dtype the checkpoint records it was trained against."""
     import torch
 
     from draftsmith.core.native import save_native
@@ -122,7 +122,8 @@ def export_pretrained(target_dir: Path, checkpoint: Path, out: Path, name: str =
     from draftsmith.targets import load_target
 
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    target = load_target(target_dir, dtype=saved.get("draftsmith", {}).get("target", {}).get("dtype", "float32"))
+    recorded = saved.get("draftsmith", {}).get("target", {}).get("dtype", "float32")
+    target = load_target(replace(target, dtype=recorded))
     network, _ = load_network(checkpoint, target)
     score = saved["callbacks"]
     best = next((v["best_model_score"] for k, v in score.items() if "ModelCheckpoint" in k), None)
@@ -131,7 +132,7 @@ def export_pretrained(target_dir: Path, checkpoint: Path, out: Path, name: str =
 
 
 def train_distilled_draft_lm(
-    target: str | Path,
+    target: ResolvedTarget,
     data: tuple[Path, Path],
     out: Path,
     budget: DraftLMBudget = QUICK,

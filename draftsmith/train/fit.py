@@ -25,7 +25,7 @@ from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import load_network
-from draftsmith.targets import load_target
+from draftsmith.targets import ResolvedTarget, load_target
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs"
 """The shipped recipes (package data; the checkout's top-level ``configs`` links here)."""
@@ -210,7 +210,7 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def export_native(result: FitResult, target: str | Path, out: str | Path, stage: dict | None = None) -> Path:
+def export_native(result: FitResult, target: ResolvedTarget, out: str | Path, stage: dict | None = None) -> Path:
     """The fit's best checkpoint as a native drafter dir, recording the checkpoint, its ``val_tau_est``, the
     top-k accuracies static trees are built from and, if so, why it ``did_not_learn``; ``stage``: the inputs
     recorded for ``is_current``."""
@@ -226,7 +226,7 @@ def export_native(result: FitResult, target: str | Path, out: str | Path, stage:
     return Path(out)
 
 
-def fit_export(recipe: str | Path, run: FitRun, target: str | Path, out: str | Path, force: bool = False) -> Path:
+def fit_export(recipe: str | Path, run: FitRun, target: ResolvedTarget, out: str | Path, force: bool = False) -> Path:
     """``fit`` then ``export_native`` to ``out``, unless ``out`` is current: exported from the same resolved config
     (``core.manifest.is_current``)."""
     stage = {"fit": configure(recipe, run)}

@@ -31,6 +31,7 @@ from draftsmith.data.prompts import encode
 from draftsmith.data.records import Prompt
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.judge import JudgeHead, save_judge
+from draftsmith.targets import ResolvedTarget
 
 LABELS = "labels.pt"
 L2_GRID = (1e-2, 1e-1, 1.0, 10.0)
@@ -208,12 +209,11 @@ def train_judge(target: Target, prompts: list[Prompt], out: Path, cfg: JudgeConf
 
 
 def judge(
-    target: str,
+    target: ResolvedTarget,
     prompts: str = "builtin:checkable-train",
     out: Path = Path("runs/judge"),
     num_prompts: int | None = None,
     prompt_field: str = "prompt",
-    dtype: str | None = None,
     alternatives: int = 2,
     max_new_tokens: int = 48,
     batch_size: int = 16,
@@ -223,13 +223,13 @@ def judge(
     """Train a judge for Judge decoding (lossy: ``score --judge OUT`` scores drafters with and without it).
 
     Args:
-        target: ``default``, ``smollm2`` or a local model dir, optionally ``:DTYPE``; the judge is for it alone.
+        target: ``default``, ``smollm2`` or a local model dir, optionally ``:DTYPE`` (score in the same dtype); the
+            judge is for it alone (from Python a ``targets.ResolvedTarget``: ``draftsmith.cli`` resolves it once).
         prompts: prompts with checkable answers: ``builtin:checkable-train`` or a JSONL / dataset with a ``check``
             field per record (``data/checks.py``).
         out: the judge dir (its labels are kept there and reused).
         num_prompts: use the first N prompts (all by default).
         prompt_field: the prompt's field name in JSONL / dataset sources.
-        dtype: the target's dtype (default: its ``:DTYPE``, else auto); score with the same one.
         alternatives: the target's next most likely tokens labelled at each answer position.
         max_new_tokens: answer length labelled.
         batch_size: forced continuations generated together.
@@ -237,8 +237,8 @@ def judge(
         seed: seed of the held-out split and the fit.
     """
     from draftsmith.data.prompts import load_prompts
-    from draftsmith.targets import load_target, parse_target
+    from draftsmith.targets import load_target
 
-    t = load_target(parse_target(target, dtype))
+    t = load_target(target)
     cfg = JudgeConfig(alternatives, max_new_tokens, batch_size, max_false_accept=max_false_accept, seed=seed)
     return train_judge(t, load_prompts(prompts, prompt_field, num_prompts), Path(out), cfg)

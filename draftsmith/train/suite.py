@@ -19,7 +19,7 @@ from draftsmith.data import shards
 from draftsmith.data.engines import EngineChoice, generation_engine
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
-from draftsmith.targets import ResolvedTarget, resolve_target
+from draftsmith.targets import ResolvedTarget
 from draftsmith.train import draft_lm
 from draftsmith.train.fit import FitRun, fit_export, load_recipe
 
@@ -93,11 +93,6 @@ class Plan:
         """The target spec every stage loads: ``target_dir`` in this plan's dtype."""
         return str(target_dir) if self.dtype == "auto" else f"{target_dir}:{self.dtype}"
 
-    def resolved(self, target: Path | ResolvedTarget) -> ResolvedTarget:
-        """``target`` as the stages take it: a resolved target as it is (the pipeline resolves once), a directory
-        (a benchmark's) resolved here in this plan's dtype."""
-        return target if isinstance(target, ResolvedTarget) else resolve_target(self.target(target), quiet=True)
-
 
 SMOLLM2 = Plan(
     # 30-layer target at ~12 tokens/s greedy on 2 CPU cores: data ~5 min, training ~35 min, scoring ~7 min
@@ -117,18 +112,20 @@ PLANS = {"demo": DEMO, "default": Plan(FULL), "smollm2": SMOLLM2}
 
 
 def generated_once(
-    target: Path | ResolvedTarget, path: Path, settings: dict, device: str = "auto", engine: EngineChoice | None = None
+    target: ResolvedTarget, path: Path, settings: dict, device: str = "auto", engine: EngineChoice | None = None
 ) -> Path:
-    """Generate ``path`` with ``settings`` unless it is current (the same settings and target); ``device``: where the
-    target generates (``generate``'s; not part of the settings: it does not change what is generated); ``engine``:
-    what generates (``data.engines.generation_engine``; default HF): vLLM's name joins the settings (its sampled
-    data follows its own random streams), its interpreter does not."""
-    if not isinstance(target, ResolvedTarget):
-        target = resolve_target(target, settings.get("dtype"), quiet=True)
+    """Generate ``path`` with ``settings`` (``generate``'s arguments; a ``dtype`` among them: the target's, recorded)
+    unless it is current (the same settings and target); ``device``: where the target generates (``generate``'s; not
+    part of the settings: it does not change what is generated); ``engine``: what generates
+    (``data.engines.generation_engine``; default HF): vLLM's name joins the settings (its sampled data follows its
+    own random streams), its interpreter does not."""
+    if settings.get("dtype", target.dtype) != target.dtype:
+        raise DraftsmithError(f"generate: settings' dtype {settings['dtype']} is not the target's {target.dtype}")
     run: dict = {"device": device}
     if engine is not None and engine.engine == "vllm":
         settings, run = {**settings, "engine": "vllm"}, {**run, "vllm_python": str(engine.python)}
     stage = {"generate": settings, "target": str(target.path)}
+    settings = {k: v for k, v in settings.items() if k != "dtype"}  # the target's own
     if not is_current(path, stage):
         if _partial(path):  # an interrupted run: continue from its saved shards if it was made with these settings
             try:
@@ -149,7 +146,7 @@ def _partial(path: Path) -> bool:
 
 
 def make_data(
-    target: Path | ResolvedTarget,
+    target: ResolvedTarget,
     out: Path,
     budget: Budget,
     plan: Plan = PLANS["default"],
@@ -157,7 +154,7 @@ def make_data(
 ) -> tuple[Path, Path]:
     """Sampled training data on built-in prompts, greedy validation data on the held-out scoring prompts, generated
     on ``device`` (default: this machine's, ``core.machine.local_device``)."""
-    target, device = plan.resolved(target), device or local_device()
+    device = device or local_device()
     sampled = {"temperature": plan.temperature} | ({"top_p": plan.top_p} if plan.top_p < 1 else {})
     runs = {
         "train": {"prompts": plan.prompts[0], **sampled, "num_prompts": budget.train_prompts},
@@ -174,7 +171,7 @@ def make_data(
 
 
 def make_head_data(
-    target: Path | ResolvedTarget,
+    target: ResolvedTarget,
     out: Path,
     budget: Budget,
     plan: Plan = PLANS["default"],
@@ -185,7 +182,7 @@ def make_head_data(
     settings = {"prompts": plan.prompts[0], "temperature": 0.0, "num_prompts": budget.head_prompts} | _dtype(plan)
     device = (device or local_device()).torch
     return generated_once(
-        plan.resolved(target),
+        target,
         out / "data" / "head",
         {**settings, "max_new_tokens": budget.new_tokens},
         device,
@@ -209,7 +206,7 @@ def recipe_steps(recipe: str, budget: Budget) -> int:
 
 def train_drafter(
     recipe: str,
-    target_dir: Path,
+    target: ResolvedTarget,
     data: tuple[Path, Path],
     out: Path,
     budget: Budget,
@@ -217,20 +214,18 @@ def train_drafter(
     force: bool = False,
     features: Path | None = None,
     run: FitRun | None = None,
-    target: str | None = None,
     device: Device | None = None,
 ) -> Path:
     """Fit ``recipe`` (its steps scaled by ``budget``) on ``data`` (train, val) and export its best checkpoint by
     ``val/tau_est`` to ``out/drafters/<name>`` (default: the recipe's name); an export of the same resolved config is
     reused unless ``force``. ``features``: a feature cache of the training data to train from; ``run``: further settings;
-    ``target``: the target spec to train against (default: ``target_dir`` in its checkpoint's dtype); ``device``: where
-    it trains (default: the recipe's ``auto``, this machine's)."""
-    name, run, target = name or Path(recipe).stem, run or FitRun(), target or str(target_dir)
+    ``device``: where it trains (default: the recipe's ``auto``, this machine's)."""
+    name, run = name or Path(recipe).stem, run or FitRun()
     steps = run.steps or recipe_steps(recipe, budget)
     return fit_export(
         recipe,
         FitRun(
-            target=target,
+            target=str(target),  # the fit's config carries it as DIR:DTYPE (``layers.module.config_target``)
             train=str(data[0]),
             val=str(data[1]),
             features=str(features) if features else None,
@@ -249,7 +244,12 @@ def train_drafter(
 
 
 def train_acceptance_head(
-    target: str | Path, drafter: Path, data: tuple[Path, Path], out: Path, budget: Budget, device: Device | None = None
+    target: ResolvedTarget,
+    drafter: Path,
+    data: tuple[Path, Path],
+    out: Path,
+    budget: Budget,
+    device: Device | None = None,
 ) -> Path:
     """A SpecDec++ acceptance head on ``drafter`` (``drafters/<drafter>-head``), trained on ``data`` (train,
     val); reused when current.
@@ -270,7 +270,7 @@ def train_acceptance_head(
 
 
 def train_all(
-    target: Path | ResolvedTarget,
+    target: ResolvedTarget,
     data: tuple[Path, Path],
     out: Path,
     budget: Budget,
@@ -283,7 +283,6 @@ def train_all(
     the acceptance head as ``eagle1-head``. ``runs``: per family, settings on top of its recipe; ``device``: where
     the feature cache and every fit run (default: this machine's, ``core.machine.local_device``)."""
     trained, features, runs, device = {}, None, runs or {}, device or local_device()
-    target = plan.resolved(target)
     if plan.features:
         from draftsmith.data.feature_cache import cache_features
         from draftsmith.layers.features import default_feature_layers
@@ -291,28 +290,19 @@ def train_all(
         layers = json.loads((target.path / "config.json").read_text())["num_hidden_layers"]
         print("  the target's hidden states over the training data (feature cache)")
         layers = list(default_feature_layers(layers, 3))
-        features = cache_features(str(target.path), data[0], layers, overwrite=True, device=device.torch)
+        features = cache_features(target, data[0], layers, overwrite=True, device=device.torch)
     for name in plan.drafters:
         recipe = plan.recipe(name)
         print(f"  {name} ({recipe_steps(recipe, budget)} steps, recipe {recipe})")
         trained[name] = train_drafter(
-            recipe,
-            target.path,
-            data,
-            out,
-            budget,
-            name=name,
-            features=features,
-            run=runs.get(name),
-            target=str(target),
-            device=device,
+            recipe, target, data, out, budget, name=name, features=features, run=runs.get(name), device=device
         )
     if plan.draft_lm:
         trained["draft_lm"] = _draft_lm(target, data, out, plan, fast, device)
     if plan.acceptance_head:
         print("  eagle1 acceptance head (SpecDec++)")
         head_data = (make_head_data(target, out, budget, plan, device), data[1])
-        trained["eagle1-head"] = train_acceptance_head(str(target), trained["eagle1"], head_data, out, budget, device)
+        trained["eagle1-head"] = train_acceptance_head(target, trained["eagle1"], head_data, out, budget, device)
     return trained
 
 
@@ -330,4 +320,4 @@ def _draft_lm(
         what = "the target's sibling, pre-trained on its corpus" if init else "a student pre-trained on the corpus"
     print(f"  draft_lm (DistillSpec on-policy distillation of {what})")
     lm_budget = draft_lm.FAST if fast else draft_lm.QUICK
-    return draft_lm.train_distilled_draft_lm(str(target), data, out, lm_budget, init=init, device=device)
+    return draft_lm.train_distilled_draft_lm(target, data, out, lm_budget, init=init, device=device)

@@ -37,6 +37,7 @@ from draftsmith.decode.metrics import drafter_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.online.drafter import windows
+from draftsmith.targets import ResolvedTarget
 from draftsmith.train.tlt_drafter import AdaptiveDrafter, DrafterConfig, Rollout
 from draftsmith.train.tlt_policy import Policy, PolicyConfig
 from draftsmith.train.tlt_task import ArithmeticTask, Problem, reward
@@ -269,9 +270,8 @@ DEFAULT_TASK, DEFAULT_POLICY, DEFAULT_DRAFTER, DEFAULT_ROLLOUT = (
 
 
 def tlt(
-    target: str = "default",
+    target: ResolvedTarget,
     out: Path = Path("runs/tlt"),
-    dtype: str = "float32",
     steps: int = 200,
     warmup_steps: int = 8,
     seed: int = 0,
@@ -288,9 +288,10 @@ def tlt(
     drafter is saved at the end (``docs/tlt.md``).
 
     Args:
-        target: ``default``, ``smollm2`` or a local Hugging Face causal-LM directory.
+        target: ``default``, ``smollm2`` or a local Hugging Face causal-LM directory, in float32 unless ``--dtype``
+            says otherwise (the adapter trains in full precision; from Python a ``targets.ResolvedTarget``:
+            ``draftsmith.cli`` resolves it once).
         out: run directory: ``log.jsonl`` (a line per step), ``tlt.json``, ``target/`` (trained), ``drafter/``.
-        dtype: the target's dtype while it trains and decodes (float32: the adapter trains in full precision).
         steps: training steps of the target.
         warmup_steps: drafter-only steps on the initial target first (the frozen drafter is the result).
         seed: seed of the sampling and of torch.
@@ -300,7 +301,7 @@ def tlt(
         rollout: problems per step, rollout length, temperature, K, how often the baselines are measured.
         overwrite: replace a finished run in ``out``.
     """
-    from draftsmith.targets import load_target, parse_target
+    from draftsmith.targets import load_target
 
     out = Path(out)
     if (out / "tlt.json").exists() and not overwrite:
@@ -308,7 +309,7 @@ def tlt(
     if out.exists() and not out.is_dir():
         raise DraftsmithError(f"--out {out} is a file, not a directory")
     cfg = TLTConfig(steps, warmup_steps, seed, task, policy, drafter, rollout)
-    run = run_tlt(load_target(parse_target(target, dtype)), cfg, out)
+    run = run_tlt(load_target(target), cfg, out)
     s = run.record["summary"]
     print(f"τ over the second half's measured steps: adapted {s['tau_adapted_tail']:.2f}, "
           f"frozen {s['tau_frozen_tail']:.2f}; rollouts {s['speedup_adapted']:.2f}x plain decoding's speed")  # fmt: skip

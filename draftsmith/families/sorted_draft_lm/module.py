@@ -34,7 +34,8 @@ from draftsmith.families.draft_lm.module import StudentShape, fresh_config, load
 from draftsmith.families.sorted_draft_lm.network import SortedDraftLMConfig, SortedDraftLMNetwork, check_exits
 from draftsmith.layers.estimate import acceptance_prob, replay_rounds, tau_from_rounds
 from draftsmith.layers.losses import DIVERGENCES, distillation_loss, masked_mean
-from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
+from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, config_target, shift
+from draftsmith.targets import ResolvedTarget
 
 LOSSES = ("ce", *DIVERGENCES)
 
@@ -134,7 +135,7 @@ class SortedDraftLMModule(DrafterModule):
         super().__init__(str(targets[0]), optim, estimate)
         self.save_hyperparameters()
         self.loss, self.temperature, self.beta = loss, temperature, beta
-        others = [builtin.load_target(t, batch_invariant=False) for t in targets[1:]]
+        others = [builtin.load_target(config_target(t), batch_invariant=False) for t in targets[1:]]
         self.family: list[Target] = [self.target, *others]
         """Every target, in ``targets``' order (plain attributes: neither trained nor saved)."""
         for name, t in zip(targets[1:], others, strict=True):
@@ -265,7 +266,7 @@ class SortedDraftLMModule(DrafterModule):
         return torch.stack([shift(accept, j + 1) for j in steps]), valid
 
 
-def export_subnetwork(src: str | Path, depth: int, target: str, out: Path, overwrite: bool = False) -> Path:
+def export_subnetwork(src: str | Path, depth: int, target: ResolvedTarget, out: Path, overwrite: bool = False) -> Path:
     """Write sub-network ``depth`` of a trained sorted draft LM as an ordinary draft LM for ``target`` (one of the
     targets it was trained with): a native ``draft_lm`` dir (``--drafter OUT``; ``draftsmith export OUT --to hf``)
     and, in ``OUT/hf``, a plain Hugging Face model dir with the target's tokenizer, which ``transformers`` serves as
@@ -274,7 +275,8 @@ def export_subnetwork(src: str | Path, depth: int, target: str, out: Path, overw
     Args:
         src: the sorted draft LM's checkpoint (``.ckpt``) or native dir.
         depth: the sub-network's decoder layers (one of the draft's exits).
-        target: the target it will draft for: a built-in name or a model dir, optionally ``:DTYPE``.
+        target: the target it will draft for: a built-in name or a model dir, optionally ``:DTYPE`` (from Python a
+            ``targets.ResolvedTarget``: ``draftsmith.cli`` resolves it once).
         out: the directory to write.
         overwrite: replace an existing ``out`` (the old one stays until the new one is whole).
     """
