@@ -30,6 +30,7 @@ from draftsmith.families.specs import load_drafter
 from draftsmith.layers.module import OptimConfig
 from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule, LengthBucketSampler
+from draftsmith.train.fit import RECIPES, load_recipe
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -276,6 +277,22 @@ def test_a_missing_config_file_is_one_line_naming_it(tmp_path, capsys, form):
         main(["fit", form, missing] if form == "--config" else ["fit", form + missing])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err == f"draftsmith: error: fit --config {missing}: no such file\n"
+
+
+def test_a_config_with_a_key_given_twice_is_one_line_naming_it(tmp_path, capsys):
+    """A recipe pasted over another (two ``model:`` sections): PyYAML and jsonargparse kept the second silently, so
+    the file trained another recipe than its name and first section said (configs/smollm2/peers/ did, 87f173a)."""
+    recipe = (RECIPES / "eagle3.yaml").read_text()
+    pasted = tmp_path / "pasted.yaml"
+    pasted.write_text(recipe + "model:\n  class_path: draftsmith.families.eagle.module.EagleModule\n")
+    line, second = 1 + recipe.splitlines().index("model:"), 1 + len(recipe.splitlines())
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", str(pasted)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert f"fit --config {pasted}: key 'model' given twice (lines {line} and {second})" in err
+    with pytest.raises(DraftsmithError, match=f"recipe {pasted}: key 'model' given twice"):
+        load_recipe(pasted)
 
 
 def test_data_from_another_target_is_refused_naming_both(setup, tmp_path, capsys):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from draftsmith import targets
 from draftsmith.core.machine import Device
+from draftsmith.core.yaml_file import read_yaml
 from draftsmith.data.engines import EngineChoice, generation_engine
 from draftsmith.errors import DraftsmithError, user_error
 from draftsmith.train.fit import RECIPES, FitRun, load_recipe
@@ -94,9 +95,8 @@ def _trains_on_generated_data(recipe: Path) -> bool:
     """A recipe the pipeline trains as a family: a drafter of the target fed the pipeline's generated data (not the
     draft LM's own stages, the acceptance head, nor a recipe of another data module: FastDraft's pre-training,
     cross-vocabulary distillation)."""
-    import yaml
 
-    data = (yaml.safe_load(recipe.read_text()) or {}).get("data") or {}
+    data = (read_yaml(recipe) or {}).get("data") or {}
     return recipe.stem not in ("draft_lm", "acceptance_head") and "class_path" not in data
 
 

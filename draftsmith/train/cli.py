@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import write_manifest
+from draftsmith.core.yaml_file import read_yaml
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers.module import DrafterModule
 
@@ -197,8 +198,13 @@ def check_configs(args: list[str]) -> None:
     for i, arg in enumerate(args):
         path = args[i + 1] if arg == "--config" and i + 1 < len(args) else arg.removeprefix("--config=")
         inline = path.lstrip().startswith("{") or "\n" in path or ": " in path  # jsonargparse takes YAML text too
-        if (arg == "--config" or arg.startswith("--config=")) and not inline and not Path(path).is_file():
-            raise DraftsmithError(f"fit --config {path}: no such file")
+        if (arg == "--config" or arg.startswith("--config=")) and not inline:
+            if not Path(path).is_file():
+                raise DraftsmithError(f"fit --config {path}: no such file")
+            try:
+                read_yaml(path)  # a key given twice: jsonargparse would keep the last silently
+            except DraftsmithError as e:
+                raise DraftsmithError(f"fit --config {e}") from None
 
 
 def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI:

@@ -18,11 +18,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
 from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.native import save_native
+from draftsmith.core.yaml_file import read_yaml
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import load_network
 from draftsmith.targets import ResolvedTarget, load_target
@@ -48,9 +47,9 @@ def recipe_path(recipe: str | Path) -> Path:
 def load_recipe(recipe: str | Path) -> dict:
     path = recipe_path(recipe)
     try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise DraftsmithError(f"recipe {path}: not valid YAML ({e})") from None
+        config = read_yaml(path)
+    except DraftsmithError as e:
+        raise DraftsmithError(f"recipe {e}") from None
     if not isinstance(config, dict) or "model" not in config:
         raise DraftsmithError(f"recipe {path}: expected a mapping with a 'model' section")
     return config
