@@ -2,7 +2,10 @@
 
     cli  <-  pipeline  <-  data · train · eval · export  <-  families  <-  decode  <-  layers  <-  targets  <-  core
 
-No package imports one of a higher layer, no package cycle, no circle of files, no import of another
+An algorithm's training loop lives in its family's folder yet ranks with ``train/``: a module named ``train.py`` or
+``train_*.py`` in ``families/<family>/`` (``families/xvocab/train.py``) is of the ``train`` layer: it may import
+``train/`` and ``data/``, and nothing in ``families/`` or below may import it (the CLI, the pipeline and ``train/``
+may). No package imports one of a higher layer, no package cycle, no circle of files, no import of another
 module's private name nor use of one as a module's attribute (``plots._save``); benchmarks use only the public
 library API (no pipeline, no private names).
 """
@@ -97,7 +100,16 @@ def imported_module(module: str, name: str | None) -> str:
     return f"{module}.{name}" if name and f"{module}.{name}" in MODULES else module
 
 
+def trains(module: str) -> bool:
+    """A family's training loop: ``draftsmith.families.<family>.train`` or ``...train_<name>`` (of the train layer)."""
+    parts = module.split(".")
+    return parts[1:2] == ["families"] and len(parts) == 4 and (parts[3] == "train" or parts[3].startswith("train_"))
+
+
 def top(module: str) -> str:
+    """The layer a module is of: its package under ``draftsmith``; a family's training loop is of ``train``."""
+    if trains(module):
+        return "train"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -145,14 +157,45 @@ def test_every_package_has_a_layer():
     assert {top(m) for m in MODULES} <= set(RANK), {top(m) for m in MODULES} - set(RANK)
 
 
-def test_imports_never_reach_a_higher_layer():
-    bad = [
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in ``graph`` (module -> the modules it imports) that reaches a higher layer."""
+    return [
         f"{m} ({top(m)}) imports {t} ({top(t)})"
-        for m, targets in edges().items()
+        for m, targets in graph.items()
         for t in targets
         if RANK[top(t)] > RANK[top(m)]
     ]
+
+
+def test_imports_never_reach_a_higher_layer():
+    bad = upward(edges())
     assert not bad, "\n".join(bad)
+
+
+def test_a_family_s_training_loop_ranks_with_train():
+    """A family's ``train.py`` / ``train_*.py`` may import ``train/`` and ``data/``; its ordinary modules (network,
+    module, drafter, export) may not, nor may any of them import its training loop, while the CLI, the pipeline and
+    ``train/`` may."""
+    allowed = {
+        "draftsmith.families.xvocab.train": {
+            "draftsmith.train.fit",
+            "draftsmith.data.shards",
+            "draftsmith.families.xvocab.module",
+        },
+        "draftsmith.families.s2d.train_data": {"draftsmith.train.data"},
+        "draftsmith.cli": {"draftsmith.families.xvocab.train"},
+        "draftsmith.pipeline.runner": {"draftsmith.families.s2d.train_data"},
+        "draftsmith.train.suite": {"draftsmith.families.xvocab.train"},
+    }
+    assert upward(allowed) == []
+    refused = {
+        "draftsmith.families.xvocab.module": {"draftsmith.train.fit"},  # an ordinary module imports train/
+        "draftsmith.families.xvocab.drafter": {"draftsmith.families.xvocab.train"},  # ... or its training loop
+        "draftsmith.families.s2d.network": {"draftsmith.families.s2d.train_data"},
+        "draftsmith.families.xvocab.trainer": {"draftsmith.train.data"},  # only train / train_* rank with train
+        "draftsmith.layers.module": {"draftsmith.families.judge.train"},
+    }
+    assert len(upward(refused)) == len(refused)
 
 
 def test_no_package_cycle():
