@@ -77,13 +77,15 @@ def resolve_target(
     inspecting it) and its dtype decided for ``device`` (``auto``: printed, unless ``quiet``); ``dtype`` (a
     ``--dtype`` flag) overrides the spec's. Called once where a command takes the target (``draftsmith.cli``, the
     pipeline, a fit's config); the layers below take the result."""
-    spec = _in_dtype(target, dtype) if isinstance(target, TargetSpec) else parse_target(str(target), dtype)
+    spec = _in_dtype(target, dtype) if isinstance(target, TargetSpec) else parse_target(target, dtype)
     path = path if path is not None or builtin(spec.source) else resolve(spec)
     return ResolvedTarget(spec, path, target_dtype(spec, path, device, quiet))
 
 
-def parse_target(target: str, dtype: str | None = None) -> TargetSpec:
-    """A user's ``target`` as a ``TargetSpec``; ``dtype`` (a ``--dtype`` flag) overrides a ``:DTYPE`` suffix."""
+def parse_target(target: str | Path, dtype: str | None = None) -> TargetSpec:
+    """A user's ``target`` (or a model directory) as a ``TargetSpec``; ``dtype`` (a ``--dtype`` flag) overrides a
+    ``:DTYPE`` suffix."""
+    target = str(target)
     head, sep, tail = target.rpartition(":")
     known = tail == AUTO or tail in DTYPES or tail in ALIASES
     if sep and head and not known and DTYPE_LIKE.fullmatch(tail) and not Path(target).exists():
