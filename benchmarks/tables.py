@@ -38,7 +38,7 @@ MARKDOWN = {
     "bf16_target_avx2_probed": "bf16_target",
     "bf16_target_prepacked": "bf16_target",
     "bf16_target_sdpa": "bf16_target",
-    "crossvocab": "crossvocab",
+    "xvocab": "xvocab",
     "draftlm": "draftlm",
     "dspark_smollm2": "dspark",
     "export_vllm": "export_vllm",

@@ -39,7 +39,7 @@ COMMANDS: dict = {
     "datastore": "draftsmith.data.datastore:build_datastore",
     "score": "draftsmith.eval.score:score",
     "judge": "draftsmith.train.judge:judge",
-    "xvocab": "draftsmith.train.crossvocab:xvocab",
+    "xvocab": "draftsmith.families.xvocab.train:xvocab",
     "tlt": "draftsmith.train.tlt:tlt",
     "report": "draftsmith.eval.compare:report",
     "export": "draftsmith.export.registry:export",

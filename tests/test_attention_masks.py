@@ -22,7 +22,6 @@ from conftest import VOCAB, make_llama, make_tokenizer
 from draftsmith.core.native import save_native
 from draftsmith.families.acceptance_head.module import AcceptanceHeadModule
 from draftsmith.families.clover.module import CloverModule
-from draftsmith.families.crossvocab.module import CrossVocabModule
 from draftsmith.families.dflash.module import DFlashModule
 from draftsmith.families.draft_lm.module import DraftLMModule, StudentShape
 from draftsmith.families.dspark.module import DSparkModule
@@ -36,6 +35,7 @@ from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.families.pard.module import PardModule
 from draftsmith.families.peagle.module import PEagleModule
 from draftsmith.families.sorted_draft_lm.module import SortedDraftLMModule
+from draftsmith.families.xvocab.module import XVocabModule
 from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.lora import Lora
 
@@ -114,7 +114,7 @@ FAMILIES: dict[str, Callable[[dict], torch.nn.Module]] = {
     "draft_lm_lora": lambda d: DraftLMModule(d["target"], init=d["draft"], lora=Lora(r=4, alpha=8)),
     "acceptance_head": lambda d: AcceptanceHeadModule(d["target"], drafter=d["eagle1"], steps=3),
     "s2d": lambda d: SortedDraftLMModule([d["target"]], shape=StudentShape(2, 64, 2, 128)),
-    "xvocab": lambda d: CrossVocabModule(d["target"], draft=d["draft"]),
+    "xvocab": lambda d: XVocabModule(d["target"], draft=d["draft"]),
 }
 """Each family's training module on the toy target, in every variant whose attention differs."""
 
@@ -199,7 +199,7 @@ def test_every_shipped_recipe_family_is_walked():
     walked = {
         "EagleModule", "MedusaModule", "HydraModule", "CloverModule", "FalconModule", "KangarooModule", "PardModule",
         "PEagleModule", "DFlashModule", "DSparkModule", "DraftLMModule", "AcceptanceHeadModule",
-        "SortedDraftLMModule", "CrossVocabModule",
+        "SortedDraftLMModule", "XVocabModule",
     }  # fmt: skip
     assert shipped <= walked, f"not walked here: {sorted(shipped - walked)}"
 

@@ -281,7 +281,7 @@ def test_the_package_never_imports_the_engine_harnesses():
 BUILT_ON = {
     "acceptance_head": {"draft_lm", "eagle"},  # SpecDec++'s head stops the drafter it wraps
     "clover": {"hydra"},  # Hydra++'s prefix layer and drafter
-    "crossvocab": {"draft_lm"},
+    "xvocab": {"draft_lm"},
     "dspark": {"dflash"},
     "falcon": {"eagle"},  # EAGLE-1's network
     "online": {"draft_lm"},

@@ -85,9 +85,9 @@ class SkipLayers:
 
 
 @dataclass(frozen=True)
-class CrossVocab:
+class XVocab:
     """A Hugging Face causal LM directory with its own tokenizer (another vocabulary): drafts translated through text
-    (``families/crossvocab``)."""
+    (``families/xvocab``)."""
 
     path: str
 
@@ -113,7 +113,7 @@ class Rasd:
     """The model drafter's depth per round (None: the round's K); retrieval's paths go as deep as K."""
 
 
-DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers | CrossVocab | Rasd
+DrafterSpec = NGram | Trained | DraftModel | SelfDraft | Adaptive | Confident | SkipLayers | XVocab | Rasd
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class Named:
 def named_paths(spec: DrafterSpec) -> list[str]:
     """The files and directories ``spec`` names (a nested ``rasd:`` drafter's included)."""
     match spec:
-        case Trained(path) | DraftModel(path) | CrossVocab(path):
+        case Trained(path) | DraftModel(path) | XVocab(path):
             return [path]
         case Adaptive(head):
             return [head]
@@ -184,7 +184,7 @@ def _parse(text: str) -> DrafterSpec:
     if text.startswith("rasd:"):
         return _rasd(text)
     if text.startswith("xvocab:"):
-        return CrossVocab(text.removeprefix("xvocab:"))
+        return XVocab(text.removeprefix("xvocab:"))
     if text == "skip" or text.startswith("skip:"):
         return _skip(text)
     path = Path(text)
@@ -294,11 +294,11 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
             store = None if spec.datastore is None else SuffixIndex.load(spec.datastore, target.fingerprint)[0]
             inner = build_drafter(_parse(spec.drafter), target)
             return RasdDrafter(inner, store, spec.context, spec.nodes, spec.ngram, spec.prune, depth=spec.depth)
-        case CrossVocab(path):
-            from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
+        case XVocab(path):
+            from draftsmith.families.xvocab.drafter import XVocabDrafter
 
             _check_model_dir(f"xvocab:{path}", Path(path), "a model directory with config.json")
-            return CrossVocabDrafter.from_pretrained(path, target.tokenizer, device=str(target.device))
+            return XVocabDrafter.from_pretrained(path, target.tokenizer, device=str(target.device))
         case DraftModel(path):
             _check_model_dir(path, Path(path), "'ngram', 'target' or a model directory with config.json")
             return DraftLM.from_pretrained(path, device=str(target.device))

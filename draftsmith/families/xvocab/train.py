@@ -1,8 +1,8 @@
 """Distilling a draft LM of another vocabulary to the target: OmniDraft's hybrid distillation on the target's text.
 
 The target's generated data (``draftsmith generate``) is decoded to text with the target's tokenizer and encoded with
-the draft's (``draft_rows``); ``CrossVocabDataModule`` serves those rows to ``families.crossvocab.module``'s
-``CrossVocabModule`` (its losses: sequence-level cross-entropy, and token-level where both tokenizations start a
+the draft's (``draft_rows``); ``XVocabDataModule`` serves those rows to ``families.xvocab.module``'s
+``XVocabModule`` (its losses: sequence-level cross-entropy, and token-level where both tokenizations start a
 token at the same character, over the tokens both vocabularies hold with the same text, ``shared_vocabulary``). The
 target's side of the token-level loss is computed once per row (``TOP_K`` most likely shared tokens kept,
 renormalised) by running the target over the generated rows.
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.data.shards import check_dataset_target, load_generated
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.crossvocab.module import DraftRow, collate_rows
+from draftsmith.families.xvocab.module import DraftRow, collate_rows
 from draftsmith.train.data import ResumesMidEpoch
 from draftsmith.train.fit import FitRun, fit
 
@@ -107,8 +107,8 @@ def data_fingerprint(data: str | Path) -> str:
     return hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.is_file() else str(data)
 
 
-class CrossVocabDataModule(ResumesMidEpoch, L.LightningDataModule):
-    """The target's generated data in a draft LM's own tokens, for ``CrossVocabModule``, which hands over the two
+class XVocabDataModule(ResumesMidEpoch, L.LightningDataModule):
+    """The target's generated data in a draft LM's own tokens, for ``XVocabModule``, which hands over the two
     tokenizers and the target when it is set up (``encode``).
 
     Args:
@@ -227,7 +227,7 @@ def distill_across_vocab(
 
 
 def export(checkpoint: Path, out: Path, settings: dict) -> Path:
-    """The draft LM of a ``CrossVocabModule`` checkpoint saved with its tokenizer to ``out``, and ``distill.json``:
+    """The draft LM of a ``XVocabModule`` checkpoint saved with its tokenizer to ``out``, and ``distill.json``:
     the settings, what the data made (rows, shared vocabulary, aligned share) and the training losses up to it."""
     from transformers import AutoTokenizer
 

@@ -20,8 +20,8 @@ from draftsmith.decode import verifier as verifier_module
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
 from draftsmith.families.specs import load_drafter
+from draftsmith.families.xvocab.drafter import XVocabDrafter
 from draftsmith.targets import resolve_target
 
 
@@ -52,26 +52,26 @@ def distil_on_text(model, tokenizer, texts: list[str], steps: int = 150) -> None
 
 
 @pytest.fixture(scope="module")
-def crossvocab(target, tokenizer):
+def xvocab_drafter(target, tokenizer):
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 90, (n,), generator=g).tolist() for n in (4, 6, 8, 5, 7, 9)]
     texts = [tokenizer.decode(p + plain_decode(target, p, 32, Sampling()).tokens) for p in prompts]
     draft_tok = byte_bpe(texts)
     model = make_llama(seed=3, layers=1, hidden=48, vocab=len(draft_tok))
     distil_on_text(model, draft_tok, texts)
-    return CrossVocabDrafter(model, draft_tok, tokenizer), draft_tok, prompts
+    return XVocabDrafter(model, draft_tok, tokenizer), draft_tok, prompts
 
 
-def test_the_draft_vocabulary_differs_from_the_targets(crossvocab, tokenizer):
-    _, draft_tok, prompts = crossvocab
+def test_the_draft_vocabulary_differs_from_the_targets(xvocab_drafter, tokenizer):
+    _, draft_tok, prompts = xvocab_drafter
     text = tokenizer.decode(prompts[0])
     assert len(draft_tok) != len(tokenizer)
     assert draft_tok.encode(text, add_special_tokens=False) != tokenizer.encode(text, add_special_tokens=False)
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_cross_vocabulary_greedy_equals_plain_greedy_and_drafts_get_accepted(target, crossvocab, k):
-    drafter, _, prompts = crossvocab
+def test_cross_vocabulary_greedy_equals_plain_greedy_and_drafts_get_accepted(target, xvocab_drafter, k):
+    drafter, _, prompts = xvocab_drafter
     decoder = SpeculativeDecoder(target, drafter, k, Sampling())
     accepted = drafted = 0
     for prompt in prompts:
@@ -82,8 +82,8 @@ def test_cross_vocabulary_greedy_equals_plain_greedy_and_drafts_get_accepted(tar
     assert drafted > 0 and accepted / drafted > 0.5
 
 
-def test_translation_reforms_the_boundary_and_memoizes(crossvocab, tokenizer):
-    drafter = CrossVocabDrafter(crossvocab[0].lm.model, crossvocab[1], tokenizer)
+def test_translation_reforms_the_boundary_and_memoizes(xvocab_drafter, tokenizer):
+    drafter = XVocabDrafter(xvocab_drafter[0].lm.model, xvocab_drafter[1], tokenizer)
     tail = tokenizer.encode("w1 w2 w3", add_special_tokens=False)
     assert drafter._translate("w1 w2 w3", " w5 w61", tail) == tokenizer.encode("w5 w61", add_special_tokens=False)
     assert drafter._translate("w1 w2 w3", " w5 w61", tail) == tokenizer.encode("w5 w61", add_special_tokens=False)
@@ -98,10 +98,10 @@ def soft_pair():
     g = torch.Generator().manual_seed(0)
     texts = [" ".join(f"w{int(i)}" for i in torch.randint(0, SMALL_V - 2, (30,), generator=g)) for _ in range(20)]
     draft_tok = byte_bpe(texts, vocab=270)
-    return target, CrossVocabDrafter(make_llama(seed=5, layers=1, hidden=32, vocab=len(draft_tok)), draft_tok, words)
+    return target, XVocabDrafter(make_llama(seed=5, layers=1, hidden=32, vocab=len(draft_tok)), draft_tok, words)
 
 
-def xvocab_pairs(target: Target, drafter: CrossVocabDrafter, sampling: Sampling) -> torch.Tensor:
+def xvocab_pairs(target: Target, drafter: XVocabDrafter, sampling: Sampling) -> torch.Tensor:
     """Counts of (x1, x2) over 1,500 decodes: x2 from verifying the translated draft (a point mass, q = None)."""
     decoder = SpeculativeDecoder(target, drafter, 2, sampling)
     counts, drafted = torch.zeros(SMALL_V * SMALL_V), 0
@@ -132,8 +132,8 @@ def test_chi_square_catches_a_point_mass_verified_as_a_smoothed_distribution(sof
     assert chi_square_pvalue(counts, exact_pair_distribution(target, [1, 2, 3], sampling)) < 1e-3
 
 
-def test_xvocab_spec_scores_and_bad_drafts_fail_in_one_line(target, crossvocab, tmp_path, prompts):
-    drafter, draft_tok, _ = crossvocab
+def test_xvocab_spec_scores_and_bad_drafts_fail_in_one_line(target, xvocab_drafter, tmp_path, prompts):
+    drafter, draft_tok, _ = xvocab_drafter
     good = tmp_path / "draft"
     drafter.lm.model.save_pretrained(good)
     draft_tok.save_pretrained(good)
@@ -217,7 +217,13 @@ def test_hybrid_distillation_aligns_both_vocabularies_and_learns_the_targets_sha
     import json
 
     from draftsmith.data.shards import load_generated
-    from draftsmith.train.crossvocab import TOP_K, distill_across_vocab, draft_rows, shared_vocabulary, token_targets
+    from draftsmith.families.xvocab.train import (
+        TOP_K,
+        distill_across_vocab,
+        draft_rows,
+        shared_vocabulary,
+        token_targets,
+    )
 
     target_tok, draft_tok, target_model = hybrid["target_tok"], hybrid["draft_tok"], hybrid["target_model"]
     target_dir, draft_dir, data = hybrid["target"], hybrid["draft"], hybrid["data"]
@@ -262,8 +268,8 @@ def test_an_interrupted_xvocab_fit_resumes_where_it_stopped(hybrid, tmp_path, mo
 
     from safetensors.torch import load_file
 
-    from draftsmith.families.crossvocab.module import CrossVocabModule
-    from draftsmith.train.crossvocab import distill_across_vocab
+    from draftsmith.families.xvocab.module import XVocabModule
+    from draftsmith.families.xvocab.train import distill_across_vocab
 
     def run(out):
         return distill_across_vocab(hybrid["draft"], hybrid["target"], hybrid["data"], out, steps=16, batch_size=8,
@@ -275,7 +281,7 @@ def test_an_interrupted_xvocab_fit_resumes_where_it_stopped(hybrid, tmp_path, mo
         if module.global_step == 10:
             raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(CrossVocabModule, "on_train_batch_end", interrupt)
+    monkeypatch.setattr(XVocabModule, "on_train_batch_end", interrupt)
     with pytest.raises(RuntimeError, match="interrupted"):
         run(tmp_path / "resumed")
     monkeypatch.undo()

@@ -35,14 +35,14 @@ CONTEXT_TEXT = 8
 
 
 @dataclass
-class CrossVocabState:
+class XVocabState:
     ids: list[int]
     """Committed target tokens."""
     draft: DraftLMState
     """The draft LM's state over the committed text in its own tokens (``ids``) and its cache."""
 
 
-class CrossVocabDrafter(Drafter):
+class XVocabDrafter(Drafter):
     """A draft LM of another vocabulary drafting for the target (``xvocab:DIR`` in drafter specs).
 
     Args:
@@ -58,7 +58,7 @@ class CrossVocabDrafter(Drafter):
         self.memo_size, self.memo_hits, self.translations = memo_size, 0, 0
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, target_tokenizer, device: str = "cpu") -> CrossVocabDrafter:
+    def from_pretrained(cls, path: str | Path, target_tokenizer, device: str = "cpu") -> XVocabDrafter:
         path = model_dir(path, "drafter")
         if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
             raise DraftsmithError(
@@ -80,10 +80,10 @@ class CrossVocabDrafter(Drafter):
                 f"{again!r}), so its drafts cannot be translated into the target's tokens"
             )
 
-    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> CrossVocabState:
-        return CrossVocabState(ids=tokens.tolist(), draft=DraftLMState(ids=[], cache=new_cache()))
+    def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> XVocabState:
+        return XVocabState(ids=tokens.tolist(), draft=DraftLMState(ids=[], cache=new_cache()))
 
-    def propose(self, state: CrossVocabState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
+    def propose(self, state: XVocabState, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
         context = self.tokenizer.encode(self.target_tokenizer.decode(state.ids), add_special_tokens=False)
         if not context or k <= 0:
             return Draft.empty()
@@ -127,7 +127,7 @@ class CrossVocabDrafter(Drafter):
                 self.memo.popitem(last=False)
         return out
 
-    def advance(self, state: CrossVocabState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+    def advance(self, state: XVocabState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
         state.ids.extend(tokens.tolist())
 
     def extra_metrics(self, results) -> dict:

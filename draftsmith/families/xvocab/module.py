@@ -1,6 +1,6 @@
-"""``CrossVocabModule``: OmniDraft's hybrid distillation of a draft LM with its own tokenizer, trained through ``fit``.
+"""``XVocabModule``: OmniDraft's hybrid distillation of a draft LM with its own tokenizer, trained through ``fit``.
 
-The target's generated data, re-tokenized in the draft's vocabulary (``train.crossvocab.CrossVocabDataModule``),
+The target's generated data, re-tokenized in the draft's vocabulary (``families.xvocab.train.XVocabDataModule``),
 trains the draft LM with two losses (Ramakrishnan et al. 2025, OmniDraft):
 
 - **sequence-level**: cross-entropy of the draft LM on its own tokens of the generated part (the prompt is context
@@ -9,7 +9,7 @@ trains the draft LM with two losses (Ramakrishnan et al. 2025, OmniDraft):
   models then predict the next token after the same text), a KL from the target's next-token distribution to the
   draft's over the tokens both vocabularies hold with the same text (``token_loss``).
 
-The drafter is the HF draft LM itself (it drafts as ``xvocab:DIR``, ``families.crossvocab.drafter``); checkpoints
+The drafter is the HF draft LM itself (it drafts as ``xvocab:DIR``, ``families.xvocab.drafter``); checkpoints
 hold its weights, and ``draftsmith xvocab`` saves the best one as a model dir with its tokenizer.
 """
 
@@ -38,7 +38,7 @@ class DraftRow:
     ids: list[int]
     prompt_len: int
     aligned: Aligned = field(default_factory=list)
-    """Token-level targets (``Aligned``), filled by ``train.crossvocab.token_targets``."""
+    """Token-level targets (``Aligned``), filled by ``families.xvocab.train.token_targets``."""
 
 
 def collate_rows(rows: list[DraftRow]) -> dict:
@@ -72,7 +72,7 @@ def token_loss(logits: torch.Tensor, aligned: list[Aligned], shared_draft: torch
     return -(p * log_q.gather(1, index)).sum(-1).mean()
 
 
-class CrossVocabModule(DrafterModule):
+class XVocabModule(DrafterModule):
     """A draft LM with its own tokenizer distilled to a frozen target (``configs/xvocab.yaml``).
 
     Args:

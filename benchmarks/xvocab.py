@@ -1,18 +1,18 @@
 """Drafting across vocabularies: the default target's LM (4k-token BPE) drafting for SmolLM2 (49k), draftsmith against
 HF's universal assisted generation with the same draft model, same prompts, same run.
 
-    python benchmarks/crossvocab.py [--num-prompts 10] [--max-new-tokens 64] [-k 4] [--steps 300]
+    python benchmarks/xvocab.py [--num-prompts 10] [--max-new-tokens 64] [-k 4] [--steps 300]
         [--token-weight 1.0] [--data runs/multidraft/smollm2/data/train] [--dtype float32]
 
 Rows, greedy, interleaved per prompt (the order rotating) after a warm-up prompt (``baselines.run``), each checked
 token for token against draftsmith's plain decoding: draftsmith plain, HF ``generate``, and for each draft model
-draftsmith's ``xvocab:`` drafter (``families/crossvocab``) beside HF's ``generate(assistant_model=...,
+draftsmith's ``xvocab:`` drafter (``families/xvocab``) beside HF's ``generate(assistant_model=...,
 tokenizer=..., assistant_tokenizer=...)`` with a constant K and no confidence threshold. Draft models: the default
 target's LM as built, and the same model distilled across vocabularies on SmolLM2's own generated answers
-(``train.crossvocab.distill_across_vocab``, ``--steps``; data made by ``benchmarks/multidraft.py --target smollm2`` or
+(``families.xvocab.train.distill_across_vocab``, ``--steps``; data made by ``benchmarks/multidraft.py --target smollm2`` or
 any ``draftsmith generate`` run on SmolLM2): sequence-level only ("distilled"), and OmniDraft's hybrid of sequence-
 and token-level losses ("hybrid", ``--token-weight``; ``draftsmith xvocab``). Writes
-``benchmarks/results/crossvocab.{json,md}``.
+``benchmarks/results/xvocab.{json,md}``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.data import shards
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.decode.verifier import SpeculativeDecoder
-from draftsmith.families.crossvocab.drafter import CrossVocabDrafter
+from draftsmith.families.xvocab.drafter import XVocabDrafter
+from draftsmith.families.xvocab.train import distill_across_vocab
 from draftsmith.targets import load_target, resolve, resolve_target
-from draftsmith.train.crossvocab import distill_across_vocab
 
 
 def rows(target_dir: Path, dtype: str, drafts: dict[str, Path], k: int, max_new: int) -> dict:
@@ -48,7 +48,7 @@ def rows(target_dir: Path, dtype: str, drafts: dict[str, Path], k: int, max_new:
         "HF generate": hf_decoder(hf_model, counters, base),
     }
     for name, path in drafts.items():
-        drafter = CrossVocabDrafter.from_pretrained(path, tokenizer)
+        drafter = XVocabDrafter.from_pretrained(path, tokenizer)
         assistant = AutoModelForCausalLM.from_pretrained(path).eval()
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -116,7 +116,7 @@ def main() -> None:
     parser.add_argument("--token-weight", type=float, default=1.0, help="hybrid distillation (0: no hybrid row)")
     parser.add_argument("--data", type=Path, default=Path("runs/multidraft/smollm2/data/train"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--out", type=Path, default=Path("runs/crossvocab"))
+    parser.add_argument("--out", type=Path, default=Path("runs/xvocab"))
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     target_dir, draft_dir = resolve("smollm2"), resolve("default")
@@ -143,7 +143,7 @@ def main() -> None:
         "rows": run(decoders, prompts, args.repeats),
     }
     data["load"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    write("crossvocab", data, markdown(data))
+    write("xvocab", data, markdown(data))
 
 
 if __name__ == "__main__":
