@@ -17,7 +17,7 @@ One draft LM of ``--student-layers`` layers is pre-trained on the corpus (FastDr
 
 Each target is then scored on its held-out prompts, greedy and at T = 0.7 (lossless sampling), K = ``--k``, with its
 per-target draft LM, the sorted draft LM (``score`` picking its sub-network for the target by the measured cost model,
-``families/sorted_draft_lm/exits.py``), and each sub-network alone. The goal: S2D's τ within 5% of the per-target draft LM's on each target.
+``families/s2d/exits.py``), and each sub-network alone. The goal: S2D's τ within 5% of the per-target draft LM's on each target.
 """
 
 from __future__ import annotations

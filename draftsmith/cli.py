@@ -43,7 +43,7 @@ COMMANDS: dict = {
     "tlt": "draftsmith.train.tlt:tlt",
     "report": "draftsmith.eval.compare:report",
     "export": "draftsmith.export.registry:export",
-    "s2d": {"export": "draftsmith.families.sorted_draft_lm.module:export_subnetwork"},
+    "s2d": {"export": "draftsmith.families.s2d.module:export_subnetwork"},
     "import": "draftsmith.export.imports:import_drafter",
     "doctor": "draftsmith.pipeline.doctor:doctor",
     "pipeline": "draftsmith.pipeline.local:pipeline",

@@ -34,7 +34,7 @@ from draftsmith.families.kangaroo.module import KangarooModule
 from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.families.pard.module import PardModule
 from draftsmith.families.peagle.module import PEagleModule
-from draftsmith.families.sorted_draft_lm.module import SortedDraftLMModule
+from draftsmith.families.s2d.module import S2DModule
 from draftsmith.families.xvocab.module import XVocabModule
 from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.lora import Lora
@@ -113,7 +113,7 @@ FAMILIES: dict[str, Callable[[dict], torch.nn.Module]] = {
     "draft_lm": lambda d: DraftLMModule(d["target"], shape=TINY, on_policy=1.0),  # its own generation walked too
     "draft_lm_lora": lambda d: DraftLMModule(d["target"], init=d["draft"], lora=Lora(r=4, alpha=8)),
     "acceptance_head": lambda d: AcceptanceHeadModule(d["target"], drafter=d["eagle1"], steps=3),
-    "s2d": lambda d: SortedDraftLMModule([d["target"]], shape=StudentShape(2, 64, 2, 128)),
+    "s2d": lambda d: S2DModule([d["target"]], shape=StudentShape(2, 64, 2, 128)),
     "xvocab": lambda d: XVocabModule(d["target"], draft=d["draft"]),
 }
 """Each family's training module on the toy target, in every variant whose attention differs."""
@@ -199,7 +199,7 @@ def test_every_shipped_recipe_family_is_walked():
     walked = {
         "EagleModule", "MedusaModule", "HydraModule", "CloverModule", "FalconModule", "KangarooModule", "PardModule",
         "PEagleModule", "DFlashModule", "DSparkModule", "DraftLMModule", "AcceptanceHeadModule",
-        "SortedDraftLMModule", "XVocabModule",
+        "S2DModule", "XVocabModule",
     }  # fmt: skip
     assert shipped <= walked, f"not walked here: {sorted(shipped - walked)}"
 

@@ -287,7 +287,7 @@ BUILT_ON = {
     "online": {"draft_lm"},
     "pard": {"draft_lm"},
     "peagle": {"eagle"},
-    "sorted_draft_lm": {"draft_lm"},
+    "s2d": {"draft_lm"},
 }
 
 

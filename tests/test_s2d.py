@@ -23,10 +23,10 @@ from draftsmith.decode.metrics import drafter_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.registry import load_trained
-from draftsmith.families.sorted_draft_lm.exits import pick_exit
-from draftsmith.families.sorted_draft_lm.module import export_subnetwork, pair_losses, sorted_loss
-from draftsmith.families.sorted_draft_lm.network import SortedDraftLM, SortedDraftLMConfig, SortedDraftLMNetwork
+from draftsmith.families.registry import load_network, load_trained
+from draftsmith.families.s2d.exits import pick_exit
+from draftsmith.families.s2d.module import export_subnetwork, pair_losses, sorted_loss
+from draftsmith.families.s2d.network import S2DConfig, S2DDrafter, S2DNetwork
 from draftsmith.layers.losses import distillation_loss
 from draftsmith.layers.module import shift
 from draftsmith.targets import resolve_target
@@ -35,9 +35,9 @@ from draftsmith.train.fit import FitRun, fit
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def sorted_draft(layers: int = 3, seed: int = 5, vocab: int = VOCAB, hidden: int = 32) -> SortedDraftLMNetwork:
+def sorted_draft(layers: int = 3, seed: int = 5, vocab: int = VOCAB, hidden: int = 32) -> S2DNetwork:
     model = make_llama(seed=seed, layers=layers, hidden=hidden, vocab=vocab)
-    return SortedDraftLMNetwork(SortedDraftLMConfig(model.config.to_dict(), tuple(range(1, layers + 1))), model)
+    return S2DNetwork(S2DConfig(model.config.to_dict(), tuple(range(1, layers + 1))), model)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_each_exit_is_its_truncated_sub_network_run_as_a_model_of_its_own():
 def test_exits_must_end_at_the_whole_draft():
     model = make_llama(seed=5, layers=3, hidden=32)
     with pytest.raises(DraftsmithError, match=r"model.exits: exits \[1, 2\] must be layer counts in 1..3"):
-        SortedDraftLMNetwork(SortedDraftLMConfig(model.config.to_dict(), (1, 2)), model)
+        S2DNetwork(S2DConfig(model.config.to_dict(), (1, 2)), model)
 
 
 # -- the loss over (sub-network, target) pairs --------------------------------------------------------
@@ -179,7 +179,7 @@ def test_score_drafts_each_target_with_the_sub_network_its_measured_costs_favour
         for name, w in model.model.layers[1].named_parameters():
             if "o_proj" in name or "down_proj" in name:
                 w.mul_(8.0)
-    drafter = SortedDraftLMNetwork(SortedDraftLMConfig(model.config.to_dict(), (1, 2)), model).as_drafter()
+    drafter = S2DNetwork(S2DConfig(model.config.to_dict(), (1, 2)), model).as_drafter()
     assert drafter.layers == 2
     plain, rows = score_drafters(target, {"s2d": drafter}, prompts, 4, Sampling(), 16, progress=False)
     chosen = rows[0].extra["s2d"]
@@ -202,7 +202,7 @@ def test_the_sub_network_is_chosen_on_the_first_held_out_prompts_not_one(monkeyp
     """S2D's sub-network choice measures each sub-network on the first ``CALIBRATION_PROMPTS`` prompts (as ``--k
     auto`` does): one prompt whose drafts were all accepted decided it alone before."""
     from draftsmith.eval import score
-    from draftsmith.families.sorted_draft_lm import exits
+    from draftsmith.families.s2d import exits
 
     calibrated, generate = [], SpeculativeDecoder.generate
 
@@ -213,7 +213,7 @@ def test_the_sub_network_is_chosen_on_the_first_held_out_prompts_not_one(monkeyp
 
     monkeypatch.setattr(SpeculativeDecoder, "generate", recording)
     target = Target(make_llama(seed=21, layers=1, hidden=32), make_tokenizer())
-    drafter = SortedDraftLMNetwork(SortedDraftLMConfig(make_llama(seed=22, layers=2, hidden=32).config.to_dict(),
+    drafter = S2DNetwork(S2DConfig(make_llama(seed=22, layers=2, hidden=32).config.to_dict(),
                                                        (1, 2)), make_llama(seed=22, layers=2, hidden=32)).as_drafter()  # fmt: skip
     prompts = [[3, 4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18]]
     _, [row] = score_drafters(target, {"s2d": drafter}, prompts, 4, Sampling(), 8, progress=False)
@@ -233,7 +233,7 @@ def test_greedy_output_of_every_sub_network_equals_plain_greedy(family, prompts)
             assert spec == plain, (target.name, n)
 
 
-class StaleQ(SortedDraftLM):
+class StaleQ(S2DDrafter):
     """Broken: drafts with sub-network 1 but reports the deepest sub-network's distribution as q (the q of the
     network it drafted with before switching)."""
 
@@ -305,16 +305,34 @@ def test_a_sub_network_exports_as_an_ordinary_draft_lm_that_drafts_as_it_did(sav
     assert (tmp_path / "sub2" / "hf" / "tokenizer_config.json").is_file()
 
 
-def test_a_sorted_draft_lm_is_refused_for_a_target_it_was_not_trained_for(saved, tmp_path):
+def test_an_s2d_drafter_is_refused_for_a_target_it_was_not_trained_for(saved, tmp_path):
     other = tmp_path / "other"
     make_llama(seed=99, layers=5, hidden=32).save_pretrained(other)  # a family member it was not trained for
     make_tokenizer().save_pretrained(other)
     with pytest.raises(DraftsmithError, match="was made for target"):
         load_trained(saved["root"] / "sorted", Target.from_pretrained(other))
     for target in saved["targets"]:  # and taken for each target it was
-        assert isinstance(load_trained(saved["root"] / "sorted", target), SortedDraftLM)
+        assert isinstance(load_trained(saved["root"] / "sorted", target), S2DDrafter)
     with pytest.raises(DraftsmithError, match=r"--depth 4: .* have \[1, 2, 3\] layers"):
         export_subnetwork(saved["root"] / "sorted", 4, resolve_target(str(saved["dirs"][0])), tmp_path / "x")
+
+
+def test_a_drafter_saved_under_the_former_method_name_sorted_draft_lm_still_loads(saved, tmp_path):
+    """S2D was registered as ``sorted_draft_lm`` before it took one name; the drafters saved then say so in their
+    ``config.json`` and load as ``s2d`` drafters."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(saved["root"] / "sorted", old)
+    record = json.loads((old / "config.json").read_text())
+    assert record["method"] == "s2d"
+    (old / "config.json").write_text(json.dumps({**record, "method": "sorted_draft_lm"}))
+    network, info = load_network(old, saved["targets"][0])
+    assert info["method"] == "s2d" and isinstance(network, S2DNetwork)
+    for target in saved["targets"]:
+        assert isinstance(load_trained(old, target), S2DDrafter)
+    export_subnetwork(old, 2, resolve_target(str(saved["dirs"][1])), tmp_path / "sub2")
+    assert json.loads((tmp_path / "sub2" / "config.json").read_text())["method"] == "draft_lm"
 
 
 def words(g: torch.Generator, n: int) -> str:
@@ -359,13 +377,13 @@ def test_one_fit_trains_every_pair_on_each_targets_data(saved, tmp_path):
 
 
 def test_targets_with_another_tokenizer_are_refused(saved, tmp_path):
-    from draftsmith.families.sorted_draft_lm.module import SortedDraftLMModule
+    from draftsmith.families.s2d.module import S2DModule
 
     foreign = tmp_path / "foreign"
     make_llama(seed=3, layers=2, hidden=32).save_pretrained(foreign)
     make_tokenizer(salt="x").save_pretrained(foreign)
     with pytest.raises(DraftsmithError, match="model.targets: .*foreign has another vocabulary or tokenizer"):
-        SortedDraftLMModule([str(saved["dirs"][0]), str(foreign)])
+        S2DModule([str(saved["dirs"][0]), str(foreign)])
 
 
 def test_default_n_names_a_member_of_the_default_family_unless_a_dir_has_that_name(tmp_path, monkeypatch):
@@ -402,12 +420,12 @@ def test_the_benchmark_runs_end_to_end_on_its_quick_setting(tmp_path):
 
 def test_the_draft_starts_from_a_draft_lm_pretrained_for_another_member_of_the_family(saved, tmp_path):
     from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
-    from draftsmith.families.sorted_draft_lm.module import SortedDraftLMModule
+    from draftsmith.families.s2d.module import S2DModule
 
     student = make_llama(seed=4, layers=3, hidden=32)
     start = save_native(DraftLMNetwork(DraftLMConfig(student.config.to_dict()), student), saved["targets"][0],
                         tmp_path / "pretrained")  # fmt: skip
-    module = SortedDraftLMModule([str(d) for d in saved["dirs"][1:]], init=str(start))  # not the target it was made for
+    module = S2DModule([str(d) for d in saved["dirs"][1:]], init=str(start))  # not the target it was made for
     assert module.drafter.exits == (1, 2, 3)
     assert all(torch.equal(a, b) for a, b in zip(module.drafter.model.state_dict().values(),
                                                  student.state_dict().values(), strict=True))  # fmt: skip
@@ -415,4 +433,4 @@ def test_the_draft_starts_from_a_draft_lm_pretrained_for_another_member_of_the_f
     other = Target(make_llama(seed=4, layers=3, hidden=32), foreign, name="foreign")
     save_native(DraftLMNetwork(DraftLMConfig(student.config.to_dict()), student), other, tmp_path / "foreign")
     with pytest.raises(DraftsmithError, match="model.init: .* another vocabulary or tokenizer"):
-        SortedDraftLMModule([str(saved["dirs"][0])], init=str(tmp_path / "foreign"))
+        S2DModule([str(saved["dirs"][0])], init=str(tmp_path / "foreign"))

@@ -27,7 +27,7 @@ from draftsmith.eval.report import auto_k_table, markdown_table, write_report
 from draftsmith.eval.rows import PlainRow, ScoreRow, to_dicts
 from draftsmith.families.rasd import budget as rasd
 from draftsmith.families.rasd.drafter import RasdDrafter
-from draftsmith.families.sorted_draft_lm import exits as s2d
+from draftsmith.families.s2d import exits as s2d
 from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import ResolvedTarget, load_target

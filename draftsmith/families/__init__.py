@@ -24,7 +24,7 @@ from draftsmith.families import (  # noqa: F401
     online,
     pard,
     peagle,
-    sorted_draft_lm,
+    s2d,
 )
 from draftsmith.families.registry import build_network, load_network, load_trained, methods
 from draftsmith.families.specs import load_drafter

@@ -30,6 +30,10 @@ class Family:
     network: type
 
 
+RENAMED = {"sorted_draft_lm": "s2d"}
+"""A method's former name -> its name: a drafter saved under the former name still loads (read side only: a drafter
+is saved under its method's name)."""
+
 _FAMILIES: dict[str, Family] = {}
 _EXPORT_HOOKS: dict[tuple[str, str], Callable] = {}
 _UNSERVED: dict[str, str] = {}
@@ -89,6 +93,7 @@ def export_hook(method: str, fmt: str) -> Callable:
 
 
 def family(method: str, where: str = "drafter") -> Family:
+    method = RENAMED.get(method, method)
     if method not in _FAMILIES:
         raise DraftsmithError(f"{where}: unknown drafter method {method!r} (known: {', '.join(sorted(_FAMILIES))})")
     return _FAMILIES[method]
@@ -128,6 +133,7 @@ def build(info: dict, state: dict[str, torch.Tensor], where: str) -> torch.nn.Mo
 def load_network(path: str | Path, target: Target | None = None) -> tuple[torch.nn.Module, dict]:
     """A trained drafter network and its record, from a native dir or a ``.ckpt``; checked against ``target``."""
     info, state = native.read(path)
+    info = {**info, "method": RENAMED.get(info.get("method"), info.get("method"))}
     if target is not None:
         check_fingerprint(made_for(info, target), target.fingerprint, f"drafter {str(path)!r}")
     return build(info, state, str(path)).to(target.device if target is not None else "cpu"), info

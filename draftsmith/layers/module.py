@@ -68,7 +68,7 @@ def read_init(init: str, *methods: str) -> tuple[dict, dict]:
 def config_target(text: str) -> targets.ResolvedTarget:
     """A target as a fit's config carries it: ``DIR:DTYPE`` (``str`` of the ``ResolvedTarget`` the caller resolved)
     or, in a hand-written recipe, a user's ``NAME_OR_DIR[:DTYPE]``; the fit process's one place where a target
-    string becomes a target (its families' other targets too: ``sorted_draft_lm``'s ``model.targets``)."""
+    string becomes a target (its families' other targets too: ``s2d``'s ``model.targets``)."""
     return targets.resolve_target(text)
 
 

@@ -1,4 +1,4 @@
-"""``SortedDraftLMModule``: S2D's sorted draft LM, trained against several targets of one family in one run.
+"""``S2DModule``: S2D's sorted draft LM, trained against several targets of one family in one run.
 
 S2D (Kavehzadeh et al. 2024, arXiv:2407.01955, §3) trains its draft with Sorted Fine-Tuning (SoFT, Sorted LLaMA,
 arXiv:2309.08968, §3): sub-network n is the draft's first n decoder layers followed by the shared output head, and the
@@ -14,7 +14,7 @@ with L_{n,t} sub-network n's loss on a batch of target t's data: the next-token 
 from target t's distribution (``fkl``, ``rkl``, ``jsd``, ``tvd``, ``tvd++``: DistillSpec's losses, as the draft LM
 family distils). Validation replays the verifier's greedy rounds for every pair (``val/tau_est/L{n}_T{t}``);
 ``val/tau_est`` is their mean. ``score`` then drafts for each target with the sub-network of highest predicted speed
-(``families.sorted_draft_lm.exits``), and ``export_subnetwork`` writes any sub-network as an ordinary draft LM.
+(``families.s2d.exits``), and ``export_subnetwork`` writes any sub-network as an ordinary draft LM.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from draftsmith.core.sampling import Sampling, probs
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.draft_lm.module import StudentShape, fresh_config, load_student
-from draftsmith.families.sorted_draft_lm.network import SortedDraftLMConfig, SortedDraftLMNetwork, check_exits
+from draftsmith.families.s2d.network import S2DConfig, S2DNetwork, check_exits
 from draftsmith.layers.estimate import acceptance_prob, replay_rounds, tau_from_rounds
 from draftsmith.layers.losses import DIVERGENCES, distillation_loss, masked_mean
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, config_target, shift
@@ -51,7 +51,7 @@ def exit_losses(
     """Each sub-network's loss on one target's batch.
 
     Args:
-        exits: sub-network depth -> its (B, T, V) logits on ``batch`` (``SortedDraftLMNetwork.exit_logits``).
+        exits: sub-network depth -> its (B, T, V) logits on ``batch`` (``S2DNetwork.exit_logits``).
         batch: a collated batch of the target's generated data (``input_ids``, ``loss_mask``: 1 on generated tokens).
         teacher: the target's (B, T, V) logits on it (None for ``ce``).
         loss: ``ce`` or a divergence of ``layers.losses.DIVERGENCES``.
@@ -70,7 +70,7 @@ def exit_losses(
 
 
 def pair_losses(
-    network: SortedDraftLMNetwork,
+    network: S2DNetwork,
     batches: list[dict],
     teachers: list[torch.Tensor | None],
     loss: str = "fkl",
@@ -91,7 +91,7 @@ def sorted_loss(losses: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
     return torch.stack(list(losses.values())).mean()
 
 
-class SortedDraftLMModule(DrafterModule):
+class S2DModule(DrafterModule):
     """A sorted draft LM trained against several targets that share a tokenizer (``configs/s2d.yaml``).
 
     Args:
@@ -149,7 +149,7 @@ class SortedDraftLMModule(DrafterModule):
                 )
 
     # -- the draft -------------------------------------------------------------------------------
-    def build_drafter(self) -> SortedDraftLMNetwork:
+    def build_drafter(self) -> S2DNetwork:
         if self.init is None:
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed)
@@ -160,7 +160,7 @@ class SortedDraftLMModule(DrafterModule):
             hf_config = json.loads(model.config.to_json_string(use_diff=False))
         layers = hf_config["num_hidden_layers"]
         exits = check_exits(self.exits if self.exits is not None else range(1, layers + 1), layers, "model.exits")
-        return SortedDraftLMNetwork(SortedDraftLMConfig(hf_config, exits), model)
+        return S2DNetwork(S2DConfig(hf_config, exits), model)
 
     def _load_init(self, path: Path):
         """The causal LM ``init`` names: a HF dir (``load_student``), or a draft LM / sorted draft LM checkpoint or
@@ -171,7 +171,7 @@ class SortedDraftLMModule(DrafterModule):
         if not (path.exists() and (path.suffix == ".ckpt" or is_native(path))):
             return load_student(path, self.target)
         network, info = load_network(path)
-        if info["method"] not in ("draft_lm", "sorted_draft_lm"):
+        if info["method"] not in ("draft_lm", "s2d"):
             raise DraftsmithError(f"model.init: {path} holds a {info['method']} drafter, not a draft LM")
         made, ours = info["target"], self.target.fingerprint
         if (made.get("vocab_size"), made.get("tokenizer_hash")) != (ours["vocab_size"], ours["tokenizer_hash"]):
@@ -188,7 +188,7 @@ class SortedDraftLMModule(DrafterModule):
             if not hasattr(datamodule, "check_targets"):
                 raise DraftsmithError(
                     "data: a sorted draft LM trains on one data dir per target: use data.class_path "
-                    "draftsmith.train.sorted_data.SortedDataModule with data.train (and data.val) listing them"
+                    "draftsmith.families.s2d.train_data.S2DDataModule with data.train (and data.val) listing them"
                 )
             datamodule.check_targets(self.family)
 
@@ -289,8 +289,8 @@ def export_subnetwork(src: str | Path, depth: int, target: ResolvedTarget, out: 
     refuse_existing(Path(out), overwrite, "s2d export")
     target_obj = builtin.load_target(target)
     network, info = load_network(src, target_obj)
-    if info["method"] != "sorted_draft_lm":
-        raise DraftsmithError(f"--src {src} holds a {info['method']} drafter, not a sorted_draft_lm")
+    if info["method"] != "s2d":
+        raise DraftsmithError(f"--src {src} holds a {info['method']} drafter, not an s2d one")
     sub = network.subnetwork(depth)
 
     def write(tmp: Path) -> None:

@@ -24,7 +24,7 @@ from draftsmith.core.trees import TreeKind
 from draftsmith.decode import auto_k
 from draftsmith.decode.metrics import drafter_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.families.sorted_draft_lm.network import SortedDraftLM
+from draftsmith.families.s2d.network import S2DDrafter
 
 TIE = 1e-9
 """Relative: predicted speeds this close count as equal, and the shallower sub-network wins."""
@@ -94,7 +94,7 @@ def pick_exit(
 
 
 def calibrate(
-    target: Target, drafter: SortedDraftLM, prompts: Sequence[list[int]], sampling: Sampling, k: int, seed: int = 0
+    target: Target, drafter: S2DDrafter, prompts: Sequence[list[int]], sampling: Sampling, k: int, seed: int = 0
 ) -> dict[int, tuple[list[float], float]]:
     """Each sub-network's (acceptance per position, cost per drafted token in decode steps), pooled over one decode
     of each of ``prompts`` at ``k`` tokens per round, drafted as a chain; the drafter is left drafting with its
@@ -132,12 +132,12 @@ def choose_exits(
 ) -> dict[str, ExitChoice]:
     """For each sorted draft LM of ``drafters``, the sub-network of highest predicted speed on its target
     (``targets[name]``) at the best of draft lengths ``ks`` (the run's K, or 1..8 for ``--k auto``), measured on
-    ``prompts`` (the calibration prompts; r(m) on the first); each such drafter is left drafting with it, the choice recorded for its row (``SortedDraftLM.choice``).
+    ``prompts`` (the calibration prompts; r(m) on the first); each such drafter is left drafting with it, the choice recorded for its row (``S2DDrafter.choice``).
     ``verify_ratios``: ``score.verify_ratios``, which measures r(m)."""
     ks = list(ks)
     chosen = {}
     for name, drafter in drafters.items():
-        if not isinstance(drafter, SortedDraftLM):
+        if not isinstance(drafter, S2DDrafter):
             continue
         ratios, _ = verify_ratios(targets[name], prompts[0], [n + 1 for n in ks], 3)
         profiles = calibrate(targets[name], drafter, prompts, sampling, max(ks), seed)

@@ -4,10 +4,10 @@ final norm and LM head, each draft as an ordinary draft LM.
 S2D (Kavehzadeh et al. 2024, "S2D: Sorted Speculative Decoding For More Efficient Deployment of Nested Large Language
 Models", arXiv:2407.01955) trains such a draft with Sorted Fine-Tuning (SoFT; Sorted LLaMA, arXiv:2309.08968) and
 serves several targets of one family with it, each by the sub-network that suits it, instead of one drafter per
-target. ``SortedDraftLMNetwork`` is the trainable draft (every sub-network's logits from one forward,
+target. ``S2DNetwork`` is the trainable draft (every sub-network's logits from one forward,
 ``exit_logits``); ``subnetwork(n)`` is sub-network n as an ordinary ``draft_lm`` network (what exports write);
-``SortedDraftLM`` is the verifier's drafter, drafting with one sub-network at a time (``use``), the one
-``families.sorted_draft_lm.exits.choose_exits`` picks for the target being scored.
+``S2DDrafter`` is the verifier's drafter, drafting with one sub-network at a time (``use``), the one
+``families.s2d.exits.choose_exits`` picks for the target being scored.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def truncated(model: PreTrainedModel, layers: int) -> PreTrainedModel:
 
 
 @dataclass
-class SortedDraftLMConfig:
+class S2DConfig:
     """A trained sorted draft LM: its Hugging Face config and its sub-networks' depths."""
 
     hf_config: dict = field(default_factory=dict)
@@ -75,8 +75,8 @@ class SortedDraftLMConfig:
     """Decoder layers of each sub-network, shallowest first; the deepest is the whole draft."""
 
 
-@register("sorted_draft_lm", config=SortedDraftLMConfig)
-class SortedDraftLMNetwork(DrafterNetwork):
+@register("s2d", config=S2DConfig)
+class S2DNetwork(DrafterNetwork):
     """The trainable sorted draft LM: an HF causal LM whose first-n-layer sub-networks (n in ``cfg.exits``) share
     its final norm and LM head.
 
@@ -85,15 +85,15 @@ class SortedDraftLMNetwork(DrafterNetwork):
         model: an already built model for ``cfg.hf_config``; None builds a freshly initialised one.
     """
 
-    method = "sorted_draft_lm"
+    method = "s2d"
 
-    def __init__(self, cfg: SortedDraftLMConfig, model: PreTrainedModel | None = None) -> None:
+    def __init__(self, cfg: S2DConfig, model: PreTrainedModel | None = None) -> None:
         super().__init__()
         if model is None:
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg.hf_config))
         decoder_parts(model)
         self.exits = check_exits(cfg.exits, model.config.num_hidden_layers, "model.exits")
-        self.cfg = SortedDraftLMConfig(cfg.hf_config, self.exits)
+        self.cfg = S2DConfig(cfg.hf_config, self.exits)
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -137,15 +137,15 @@ class SortedDraftLMNetwork(DrafterNetwork):
     def output_size(self) -> int:
         return self.model.config.hidden_size
 
-    def as_drafter(self, topk_accuracy: list | None = None) -> SortedDraftLM:
+    def as_drafter(self, topk_accuracy: list | None = None) -> S2DDrafter:
         """The verifier's drafter over every sub-network (``topk_accuracy`` is unused: draft LMs draft chains)."""
         deepest = self.exits[-1]
-        return SortedDraftLM({n: self.model if n == deepest else truncated(self.model, n) for n in self.exits})
+        return S2DDrafter({n: self.model if n == deepest else truncated(self.model, n) for n in self.exits})
 
 
-class SortedDraftLM(DraftLM):
+class S2DDrafter(DraftLM):
     """A sorted draft LM as the verifier's drafter: an ordinary draft LM over one of its sub-networks at a time
-    (the deepest until ``use`` picks another; ``score`` picks one per target, ``families.sorted_draft_lm.exits.choose_exits``).
+    (the deepest until ``use`` picks another; ``score`` picks one per target, ``families.s2d.exits.choose_exits``).
 
     Args:
         subnetworks: depth -> the causal LM of the draft's first that many layers.
@@ -157,7 +157,7 @@ class SortedDraftLM(DraftLM):
         self.subnetworks = dict(sorted(subnetworks.items()))
         self.compiled = False
         self.choice: dict | None = None
-        """How ``families.sorted_draft_lm.exits.choose_exits`` chose the sub-network for the target being scored (the row's ``s2d``)."""
+        """How ``families.s2d.exits.choose_exits`` chose the sub-network for the target being scored (the row's ``s2d``)."""
         super().__init__(self.subnetworks[max(self.subnetworks)], tokenizer, stop_below)
         self.layers = max(self.subnetworks)
         """The depth of the sub-network that drafts."""

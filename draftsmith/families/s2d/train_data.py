@@ -1,8 +1,8 @@
-"""``SortedDataModule``: one generated data dir per target, for a sorted draft LM trained against several (S2D).
+"""``S2DDataModule``: one generated data dir per target, for a sorted draft LM trained against several (S2D).
 
 Each training step takes one batch of every target's data (Lightning's ``CombinedLoader`` over the targets' loaders,
 a shorter one cycling), so the step's loss covers every (sub-network, target) pair
-(``families.sorted_draft_lm.module``); validation runs each target's data in turn (``dataloader_idx`` = the target).
+(``families.s2d.module``); validation runs each target's data in turn (``dataloader_idx`` = the target).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.train.data import GeneratedDataModule, ResumesMidEpoch
 
 
-class SortedDataModule(ResumesMidEpoch, L.LightningDataModule):
+class S2DDataModule(ResumesMidEpoch, L.LightningDataModule):
     """The targets' generated data, ``train[i]`` (and ``val[i]``) of ``model.targets[i]``.
 
     Args:
