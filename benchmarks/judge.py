@@ -5,7 +5,7 @@
 
 Stages, each reused when done: (1) the judge (``draftsmith judge``: labels from the target's own alternatives on
 ``builtin:checkable-train``, each forced and continued by the target, checked; a logistic head on the target's final
-hidden state; ``train/judge.py``; answers of ``--label-tokens``), in ``runs/judge/<target>/judge``; (2) scoring on ``builtin:checkable-heldout``
+hidden state; ``families/judge/train.py``; answers of ``--label-tokens``), in ``runs/judge/<target>/judge``; (2) scoring on ``builtin:checkable-heldout``
 (short Python functions run against tests, and capitals; disjoint from the training tasks): plain decoding, each
 drafter verified losslessly, and each under Judge decoding at the judge's own threshold (and at each of
 ``--thresholds``), greedy, interleaved per prompt in one run (``eval.score.score_drafters``). Every row counts its
@@ -27,9 +27,9 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.judge import load_judge
+from draftsmith.families.judge.train import JudgeConfig, train_judge
 from draftsmith.families.specs import build_drafter, parse_spec
 from draftsmith.targets import load_target, resolve_target
-from draftsmith.train.judge import JudgeConfig, train_judge
 
 TRAIN, HELDOUT = "builtin:checkable-train", "builtin:checkable-heldout"
 

@@ -38,7 +38,7 @@ COMMANDS: dict = {
     "pack": "draftsmith.data.packed:pack_corpus",
     "datastore": "draftsmith.data.datastore:build_datastore",
     "score": "draftsmith.eval.score:score",
-    "judge": "draftsmith.train.judge:judge",
+    "judge": "draftsmith.families.judge.train:judge",
     "xvocab": "draftsmith.families.xvocab.train:xvocab",
     "tlt": "draftsmith.train.tlt:tlt",
     "report": "draftsmith.eval.compare:report",

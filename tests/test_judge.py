@@ -15,9 +15,9 @@ from draftsmith.data.records import Prompt
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.judge import JudgeHead, load_judge, save_judge
+from draftsmith.families.judge.train import JudgeConfig, fit_head, make_labels
 from draftsmith.families.specs import DraftModel, build_drafter
 from draftsmith.targets import resolve_target
-from draftsmith.train.judge import JudgeConfig, fit_head, make_labels
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,7 +1,7 @@
 """Judge decoding's judge (Bachmann et al. 2025): a linear head over the target's final hidden state at a draft
 token's position, trained to say whether that token is *correct* (the answer stays right) even where the target
 would not have produced it. Verification keeps a draft token the lossless rule rejects when the judge accepts it:
-faster, and lossy by design (``core.sampling.verify_chain_judged``; labels and training: ``train/judge.py``).
+faster, and lossy by design (``core.sampling.verify_chain_judged``; labels and training: ``families/judge/train.py``).
 
 A judge dir holds ``config.json`` (format, hidden size, threshold, the target's fingerprint, how it was trained) and
 ``model.safetensors``.
