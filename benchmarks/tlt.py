@@ -23,12 +23,12 @@ from pathlib import Path
 from common import RESULTS, machine, measured_on, write
 
 from draftsmith.errors import DraftsmithError
+from draftsmith.families.tlt.drafter import DrafterConfig
+from draftsmith.families.tlt.policy import ALL_LINEAR, PolicyConfig
+from draftsmith.families.tlt.task import ArithmeticTask
+from draftsmith.families.tlt.train import RolloutConfig, TLTConfig, run_tlt
 from draftsmith.layers.lora import Lora
 from draftsmith.targets import load_target, resolve_target
-from draftsmith.train.tlt import RolloutConfig, TLTConfig, run_tlt
-from draftsmith.train.tlt_drafter import DrafterConfig
-from draftsmith.train.tlt_policy import ALL_LINEAR, PolicyConfig
-from draftsmith.train.tlt_task import ArithmeticTask
 
 QUICK = {"target": "default", "steps": 2, "warmup_steps": 1, "digits": 2, "problems": 2, "max_new_tokens": 12,
          "measure_every": 1, "drafter_steps": 2}  # fmt: skip

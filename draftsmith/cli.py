@@ -40,7 +40,7 @@ COMMANDS: dict = {
     "score": "draftsmith.eval.score:score",
     "judge": "draftsmith.families.judge.train:judge",
     "xvocab": "draftsmith.families.xvocab.train:xvocab",
-    "tlt": "draftsmith.train.tlt:tlt",
+    "tlt": "draftsmith.families.tlt.train:tlt",
     "report": "draftsmith.eval.compare:report",
     "export": "draftsmith.export.registry:export",
     "s2d": {"export": "draftsmith.families.s2d.module:export_subnetwork"},
@@ -58,7 +58,7 @@ COMMANDS: dict = {
 (torch, transformers, Lightning) took 5-6 s of a 2-core machine before ``--help`` or a refusal could answer."""
 
 
-TARGET_DEFAULTS = {"draftsmith.train.tlt:tlt": ("default", "float32")}
+TARGET_DEFAULTS = {"draftsmith.families.tlt.train:tlt": ("default", "float32")}
 """Commands whose ``--target`` and ``--dtype`` have defaults (``tlt``: the default target, in float32: the adapter
 trains in full precision); a ``TargetSpec`` default in the function's signature serves too (``quickstart``)."""
 TARGET_DTYPE = (

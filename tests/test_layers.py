@@ -288,6 +288,7 @@ BUILT_ON = {
     "pard": {"draft_lm"},
     "peagle": {"eagle"},
     "s2d": {"draft_lm"},
+    "tlt": {"eagle", "online"},  # its drafter is EAGLE's, trained on OSD's windows of the rollouts
 }
 
 
