@@ -134,12 +134,14 @@ def doctor(
     Each check names a mismatch between the drafter's training and its serving. Checks: target identity
     (vocabulary, hidden size, tokenizer and special tokens, config), feature layers (the recorded ids against the
     readings one below and one above, by measured first-token acceptance), norm conventions (EAGLE-3.1's fc_norm,
-    norm_before_fc and norm_output as recorded against the norm weights held and every setting measured), position
+    norm_before_fc and norm_output, and speculators' norm_before_residual, as recorded against the norm weights held
+    and every setting measured), position
     offset (labels one before / after), training-time test (acceptance by depth on its own features against the
     target's), chat template (acceptance in the target's chat template against raw prompts, and the training data's
     prompts against that template), draft vocabulary (d2t / t2d, coverage of the target's greedy tokens) and
     prediction against measurement (τ by the real verifier beside the teacher-forced estimate and the val τ_est
-    training recorded).
+    training recorded) and engine reading (an export's or a peer's config.json as vLLM's and SGLang's loaders read
+    it, field by field against what the drafter computes).
 
     Args:
         src: the drafter: a native drafter dir, a ``.ckpt``, or a peer's checkpoint in any layout ``draftsmith
