@@ -17,6 +17,7 @@ from conftest import eagle3_case
 
 from draftsmith.eval.doctor import engine_reads
 from draftsmith.export.registry import export
+from draftsmith.families.eagle.layout import loader_default_layers
 from engines import vllm_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -68,6 +69,6 @@ def test_the_table_reads_every_export_as_vllm_parses_it(tmp_path):
         table = {k: v for k, (v, _) in loader.read(config, 4).items()}
         assert (vllm["kind"] == "SpeculatorsConfig") == (loader.layer_config is not None), name
         ids = vllm.pop("aux_ids")
-        vllm["feature_layers"] = tuple(ids) if ids else engine_reads.default_layers(4)
+        vllm["feature_layers"] = tuple(ids) if ids else loader_default_layers(4)
         disagree += [f"{name}: {k} table {table[k]!r}, vLLM {vllm[k]!r}" for k in table if table[k] != vllm[k]]
     assert not disagree, "\n".join(disagree)
