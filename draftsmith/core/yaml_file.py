@@ -29,10 +29,9 @@ def _mapping(loader: _UniqueKeys, node: yaml.MappingNode, deep: bool = False) ->
 _UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
-def read_yaml(path: Path | str, text: str | None = None):
-    """``path``'s YAML (or ``text``, read from it), every mapping with distinct keys; not valid YAML is one line too."""
-    text = Path(path).read_text() if text is None else text
-    loader = _UniqueKeys(text)
+def read_yaml(path: Path | str):
+    """``path``'s YAML, every mapping with distinct keys; not valid YAML is one line too."""
+    loader = _UniqueKeys(Path(path).read_text())
     loader.name = str(path)
     try:
         return loader.get_single_data()
