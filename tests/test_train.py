@@ -533,3 +533,16 @@ def test_an_interrupted_fit_prints_the_command_that_resumes_it(setup, tmp_path, 
     err = capsys.readouterr().err
     assert "resume with: draftsmith fit --config=" in err and "--ckpt_path last.ckpt" in err
     assert "InterruptAtStep" in err  # the command as it was given, less its --ckpt_path
+
+
+def test_a_warmup_given_as_a_share_scales_with_the_steps_a_run_gives_and_a_fixed_one_becomes_a_tenth():
+    """``optim.warmup_ratio`` (the peers' form) survives ``FitRun(steps=...)``, which replaces a fixed ``warmup_steps``
+    by a tenth of the steps (the 50k peers' controls trained 3 warm-up steps, not their configs' 1%, before it)."""
+    from draftsmith.layers.module import OptimConfig, warmup_steps
+    from draftsmith.train.fit import FitRun, configure
+
+    shared = configure("smollm2/study/eagle3_31_warm1pct", FitRun(steps=155))["model"]["init_args"]["optim"]
+    fixed = configure("smollm2/eagle3_31", FitRun(steps=155))["model"]["init_args"]["optim"]
+    assert shared == {"lr": 0.002, "warmup_ratio": 0.01} and fixed == {"lr": 0.002, "warmup_steps": 15}
+    assert warmup_steps(OptimConfig(**shared), 155) == 2 and warmup_steps(OptimConfig(**shared), 31) == 1
+    assert warmup_steps(OptimConfig(**fixed), 155) == 15

@@ -38,6 +38,9 @@ class OptimConfig:
     """AdamW betas."""
     warmup_steps: int = 20
     """Linear warmup steps."""
+    warmup_ratio: float = 0.0
+    """Linear warmup as a share of the fit's steps (the peers' form: speculators 1%, SpecForge 1.5%); when above 0 it
+    sets the warm-up, at least 1 step, instead of ``warmup_steps``."""
     min_lr_ratio: float = 0.1
     """Final learning rate as a fraction of ``lr``."""
 
@@ -269,7 +272,7 @@ class DrafterModule(L.LightningModule):
         params = self.trainable_parameters()
         opt = torch.optim.AdamW(params, lr=self.optim.lr, betas=self.optim.betas, weight_decay=self.optim.weight_decay)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup, floor = self.optim.warmup_steps, self.optim.min_lr_ratio
+        warmup, floor = warmup_steps(self.optim, total), self.optim.min_lr_ratio
 
         def factor(step: int) -> float:
             if step < warmup:
@@ -279,6 +282,11 @@ class DrafterModule(L.LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def warmup_steps(optim: OptimConfig, total: int) -> int:
+    """The warm-up of a fit of ``total`` steps: ``warmup_ratio`` of them (at least 1) when set, else ``warmup_steps``."""
+    return max(1, round(optim.warmup_ratio * total)) if optim.warmup_ratio > 0 else optim.warmup_steps
 
 
 def shift(x: torch.Tensor, s: int) -> torch.Tensor:

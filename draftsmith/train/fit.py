@@ -70,7 +70,8 @@ class FitRun:
     out: str | Path | None = None
     """Run directory (``trainer.default_root_dir``); emptied first unless ``resume``."""
     steps: int | None = None
-    """Optimizer steps; also sets warmup to a tenth of them and validation to every quarter."""
+    """Optimizer steps; also sets validation to every quarter, and the warm-up to a tenth of them unless the recipe gives
+    it as a share (``optim.warmup_ratio``), which scales with the steps by itself."""
     batch_size: int | None = None
     """Sequences per step (``data.batch_size``)."""
     lr: float | None = None
@@ -130,7 +131,7 @@ def configure(recipe: str | Path | dict, run: FitRun = FitRun()) -> dict:
     set_model = {"target": run.target} | ({"optim": {"lr": run.lr}} if run.lr is not None else {})
     set_data = {"train": run.train, "val": run.val, "features": run.features, "batch_size": run.batch_size}
     set_trainer = {"default_root_dir": str(run.out) if run.out is not None else None}
-    if run.steps is not None:
+    if run.steps is not None and not model.get("optim", {}).get("warmup_ratio"):  # a share already scales with steps
         set_model["optim"] = set_model.get("optim", {}) | {"warmup_steps": max(1, run.steps // 10)}
         set_trainer |= {"max_steps": run.steps, "max_epochs": -1, "val_check_interval": max(1, run.steps // 4)}
     model.update(_merge(model, _given(set_model) | run.model))
