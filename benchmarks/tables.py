@@ -48,17 +48,11 @@ MARKDOWN = {
     "heads_default": "heads",
     "judge": "judge",
     "heads_smollm2": "heads",
-    "linear_prepack_amx": "linear_prepack",
-    "longer_eagle3": "longer_eagle3",
     "multidraft_default": "multidraft",
     "multidraft_smollm2": "multidraft",
-    "ngram_policies": "ngram_policies",
-    "ngram_policies_smollm2": "ngram_policies",
     "parallel_default": "parallel",
     "parallel_smollm2": "parallel",
     "peers_smollm2": "peers",
-    "profile_round_default_after": "profile_round",
-    "profile_round_default_before": "profile_round",
     "quickstart": "quickstart",
     "rasd_smollm2": "rasd",
     "recipe_smollm2": "recipe",
@@ -90,8 +84,9 @@ MARKDOWN = {
     "verifier": "verifier",
 }
 """Results file -> the benchmark module whose ``markdown(result)`` wrote its Markdown. Not here: the benchmarks that
-build their Markdown inline (their ``.md`` is as they wrote it), and ``baselines_before`` (a snapshot from before
-a change, in the JSON layout of its day)."""
+build their Markdown inline (their ``.md`` is as they wrote it), ``baselines_before`` (a snapshot from before
+a change, in the JSON layout of its day), and the retired studies' (``benchmarks/RETIRED.md``: their script is gone,
+their ``.md`` is as its last run wrote it)."""
 BLOCK = re.compile(r"(<!-- table:(.+?) -->\n)(.*?)(<!-- /table -->)", re.S)
 """A generated block: ``<!-- table:KIND -->`` or ``<!-- table:KIND:ARG -->``, its table, ``<!-- /table -->``."""
 

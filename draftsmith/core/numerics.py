@@ -109,10 +109,10 @@ def _invariant_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     result kept), since one-row kernels take another path, except where this CPU's one-row kernel was probed to
     round as the many-row one (``_one_row_as_many``). A bf16 CPU weight runs pre-packed (oneDNN's blocked
     layout, as inductor's freezing emits): at 2 to 32 rows it gives ``F.linear``'s bits at about half its cost
-    (benchmarks/linear_prepack.py; ``tests/test_bf16.py`` checks both on the machine of the day), and it stays
-    row-invariant past them up to the largest verification block (65 rows), where ``F.linear`` may change paths
-    (the AMX Xeon: from 33 rows; the packed ``down_proj`` there from 150). At one row even the packed kernel may
-    differ (``down_proj``, by up to 0.125)."""
+    (``benchmarks/results/linear_prepack_amx.md``, a retired study: ``benchmarks/RETIRED.md``; ``tests/test_bf16.py``
+    checks both on the machine of the day), and it stays row-invariant past them up to the largest verification
+    block (65 rows), where ``F.linear`` may change paths (the AMX Xeon: from 33 rows; the packed ``down_proj`` there
+    from 150). At one row even the packed kernel may differ (``down_proj``, by up to 0.125)."""
     single = x.numel() == x.shape[-1]
     packed = _packs_bf16(self.weight) and x.dtype == torch.bfloat16
     one_row = single and not packed and x.device.type == "cpu"
@@ -172,7 +172,8 @@ architecture's business."""
 
 def forget_masks(model: torch.nn.Module) -> None:
     """Drop the masks kept for ``model`` (or any of its modules): the next ``invariant_attention`` call builds its
-    own (what ``benchmarks/invariant_masks.py`` does before every call to measure building them in every layer)."""
+    own (what the retired ``benchmarks/invariant_masks.py`` did before every call to measure building them in every
+    layer: ``benchmarks/RETIRED.md``)."""
     cache = getattr(model, MASK_CACHE, None)
     if cache is not None:
         cache.clear()
