@@ -190,10 +190,19 @@ def test_the_large_recipe_sets_default_is_the_recipe_studys_winner_which_differs
     assert choose_families(None, "")[0][0] == "eagle3"  # the toy target's set: its own EAGLE-3
     assert choose_families(["eagle3"], LARGE)[0] == ["eagle3"]  # still there when asked for
 
+    def place(recipe: dict, key: str) -> tuple[dict, str]:
+        """The dict holding ``key`` (``trainer.X``, ``optim.X``, else a model argument) and its last name."""
+        *path, name = key.split(".")
+        where = recipe if path[:1] == ["trainer"] else recipe["model"]["init_args"]
+        for part in path:
+            where = where.get(part, {})
+        return where, name
+
     def without(name: str, *keys: str) -> dict:
         recipe = load_recipe(f"smollm2/{name}")
         for key in keys:
-            recipe["model"]["init_args"].pop(key, None)
+            where, last = place(recipe, key)
+            where.pop(last, None)
         del recipe["trainer"]["default_root_dir"]
         return recipe
 
@@ -207,9 +216,14 @@ def test_the_large_recipe_sets_default_is_the_recipe_studys_winner_which_differs
         "eagle3_31_ttt7": ("ttt_steps",),
         "eagle3_31_nodecay": ("step_decay",),
         "eagle3_31_16k": ("draft_vocab_size",),
+        "eagle3_31_clip": ("trainer.gradient_clip_val",),
+        "eagle3_31_cos0": ("optim.min_lr_ratio",),
+        "eagle3_31_warm1pct": ("optim.warmup_steps", "optim.warmup_ratio"),
     }
     assert {p.stem for p in (RECIPES / "smollm2" / "study").glob("*.yaml")} == set(changes)
     for row, keys in changes.items():
         assert without(f"study/{row}", *keys) == without("eagle3_31", *keys), row
-        changed = load_recipe(f"smollm2/study/{row}")["model"]["init_args"]
-        assert all(changed.get(k) != load_recipe("smollm2/eagle3_31")["model"]["init_args"].get(k) for k in keys), row
+        changed, base = load_recipe(f"smollm2/study/{row}"), load_recipe("smollm2/eagle3_31")
+        assert all(
+            place(changed, k)[0].get(place(changed, k)[1]) != place(base, k)[0].get(place(base, k)[1]) for k in keys
+        ), row
