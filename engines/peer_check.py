@@ -8,6 +8,7 @@ export (``LlamaForCausalLMEagle3``, the draft class SpecForge trains and writes 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,26 @@ def peer_checkpoint(python: Path, peer: str, target: Path, out: Path) -> Path:
     """A randomly initialised EAGLE-3 for ``target`` written by the peer's own code (``peer_forward.py write``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     run_peer(python, [peer, "write", str(out), str(target)], out.parent / f"{peer}-write.log")
+    return out
+
+
+def faulted_copy(src: Path, out: Path, config=None, tensors=None) -> Path:
+    """A copy of the checkpoint dir ``src`` (``config.json`` and safetensors, as the peer wrote them) with one fault
+    injected: ``config`` edits the config dict in place, ``tensors`` the dict of one ``.safetensors`` file's
+    tensors (``draftsmith doctor``'s engine tests)."""
+    out.mkdir(parents=True)
+    for path in Path(src).iterdir():
+        if path.name == "config.json" or path.suffix == ".safetensors":
+            shutil.copy2(path, out / path.name)
+    if config is not None:
+        edited = json.loads((out / "config.json").read_text())
+        config(edited)
+        (out / "config.json").write_text(json.dumps(edited, indent=2))
+    if tensors is not None:
+        for path in sorted(out.glob("*.safetensors")):
+            state = load_file(path)
+            tensors(state)
+            save_file(state, path, metadata={"format": "pt"})
     return out
 
 

@@ -203,6 +203,30 @@ def test_permuted_d2t_fails_the_draft_vocabulary_check(case):
     assert found["feature layers"]["status"] == INFO
 
 
+def test_a_peer_checkpoint_whose_d2t_the_importer_refuses_fails_draft_vocabulary_naming_the_reordered_maps(
+    case, tmp_path
+):
+    """The healthy drafter's speculators export with its d2t permuted in the safetensors: the importer refuses it,
+    and the refusal is the draft vocabulary check's finding, with that check's cause and fix (not "cannot be
+    read")."""
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.export.registry import export
+
+    peer = tmp_path / "speculators"
+    export(case["root"] / "healthy", "speculators", peer, target=str(case["root"] / "target"))
+    weights = peer / "model.safetensors"
+    state = load_file(weights)
+    ids = torch.arange(len(state["d2t"])) + state["d2t"]
+    perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))
+    state["d2t"] = ids[perm] - torch.arange(len(ids))
+    save_file(state, weights, metadata={"format": "pt"})
+    report = run(case, peer)
+    vocab = checks(report)["draft vocabulary"]
+    assert report["failed"] == ["draft vocabulary"] and "d2t/t2d maps are inconsistent" in vocab["finding"]
+    assert "reordered d2t" in vocab["cause"] and "rebuild the maps" in vocab["fix"]
+
+
 def test_a_peer_export_is_imported_on_the_fly_and_checked_the_same(case, tmp_path, capsys):
     """The healthy drafter exported in speculators' layout, doctored from that dir through the CLI."""
     from draftsmith.export.registry import export

@@ -20,6 +20,7 @@ from draftsmith.data.magpie import user_prefix
 from draftsmith.data.prompts import Prompt, encode, load_prompts
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.doctor import CHECK_NAMES, FAIL, NOT_RUN, Check, markdown, run_checks, trained_norms
+from draftsmith.eval.doctor.serving import MAPS_CAUSE, MAPS_FIX
 from draftsmith.export.imports import import_drafter
 from draftsmith.families.registry import build
 from draftsmith.targets import ResolvedTarget, load_target
@@ -108,11 +109,15 @@ def two_ways(texts: list[Prompt], tokenizer) -> tuple[list[list[int]], list[list
 
 
 def refused(message: str) -> list[Check]:
-    """The lines for a checkpoint that could not be read: the importer's refusal under the check it belongs to."""
+    """The lines for a checkpoint that could not be read: the importer's refusal under the check it belongs to (maps
+    that disagree with the draft vocabulary check's cause and fix)."""
     name = "draft vocabulary" if "d2t" in message else "identity"
     if "another target" not in message and name == "identity":
         name = "import"
-    head = Check(name, FAIL, message, cause="the checkpoint cannot be read for this target", fix="see the finding")
+    cause, fix = "the checkpoint cannot be read for this target", "see the finding"
+    if name == "draft vocabulary" and "inconsistent" in message:
+        cause, fix = MAPS_CAUSE, MAPS_FIX
+    head = Check(name, FAIL, message, cause=cause, fix=fix)
     rest = [Check(n, NOT_RUN, "the checkpoint could not be read") for n in CHECK_NAMES if n != name]
     return [head, *rest]
 

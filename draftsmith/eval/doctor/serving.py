@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.core.fingerprint import identity_diff
 from draftsmith.core.sampling import Sampling
-from draftsmith.core.target import Target, identity_diff
+from draftsmith.core.target import Target
 from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.eval.doctor.probing import Probe, hit_rate, predictions, reads_features, teacher_forced_tau
 from draftsmith.eval.doctor.report import FAIL, INFO, NOT_RUN, PASS, Check
@@ -15,6 +16,14 @@ from draftsmith.families.eagle.network import EagleModel
 
 COVERAGE = 0.9
 """Share of the target's greedy tokens a draft vocabulary should hold."""
+
+
+MAPS_CAUSE = "a corrupted or reordered d2t / t2d (a conversion that permuted or re-based them)"
+MAPS_FIX = (
+    "rebuild the maps from the draft vocabulary's target ids (d2t[i] = id_i - i, ids ascending; t2d marks them) or "
+    "re-import the checkpoint"
+)
+"""The draft vocabulary check's verdict on maps that disagree (also a peer checkpoint the importer refuses for it)."""
 
 
 TEMPLATE_COLLAPSE = 0.5
@@ -92,9 +101,8 @@ def check_vocab(network, probe_: Probe) -> Check:
             "draft vocabulary",
             FAIL,
             "; ".join(problems),
-            cause="a corrupted or reordered d2t / t2d (a conversion that permuted or re-based them)",
-            fix="rebuild the maps from the draft vocabulary's target ids (d2t[i] = id_i - i, ids ascending; t2d marks "
-            "them) or re-import the checkpoint",
+            cause=MAPS_CAUSE,
+            fix=MAPS_FIX,
             data=data,
         )
     finding = f"d2t / t2d consistent; {len(d2t)} tokens hold {coverage:.0%} of the target's greedy tokens"
