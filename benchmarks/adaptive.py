@@ -30,10 +30,10 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.decode.metrics import drafter_metrics, plain_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.acceptance_head.network import load_adaptive
+from draftsmith.families.acceptance_head.train import train_head
 from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
 from draftsmith.families.specs import load_drafter
 from draftsmith.targets import resolve_target
-from draftsmith.train.acceptance_head import train_head
 
 
 def interleaved(target: Target, decoders: dict, prompts: list[list[int]], new_tokens: int) -> tuple[list, dict]:

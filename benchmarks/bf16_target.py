@@ -37,7 +37,8 @@ from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.decode.metrics import drafter_metrics, plain_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.eval.score import choose_shapes, divergences, verify_ratios
+from draftsmith.eval.calibration import choose_shapes, verify_ratios
+from draftsmith.eval.score import divergences
 from draftsmith.families.specs import Named, Trained, build_drafter, parse_spec
 from draftsmith.targets import resolve
 

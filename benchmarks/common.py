@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -168,7 +167,7 @@ def decoding_modes() -> dict:
     """The decoding blocks' modes, name -> (K, sampling): ``greedy`` chains at K = 4, ``auto`` (``--k auto``: each
     drafter's fastest shape on this machine), ``sampled`` at T 0.7 / top-p 0.9, K = 4."""
     from draftsmith.core.sampling import Sampling
-    from draftsmith.eval.score import AUTO_K
+    from draftsmith.eval.calibration import AUTO_K
 
     return {"greedy": (4, Sampling()), "auto": (AUTO_K, Sampling()), "sampled": (4, Sampling(0.7, 0.9))}
 
@@ -177,16 +176,11 @@ def score_block(verified: Target, references: dict, specs: dict, prompts, catego
     """One interleaved decoding block of the drafters ``specs`` (name -> ``families.specs`` spec) in ``mode``
     (``decoding_modes``), plain decoding and, for greedy modes, the ``references`` beside them; as a report saves it,
     with the load average before and after."""
-    from draftsmith.eval.rows import block_dicts
-    from draftsmith.eval.score import score_drafters
-    from draftsmith.families.specs import build_drafter
+    from draftsmith.eval import blocks
 
-    built = {name: build_drafter(spec, verified) for name, spec in specs.items()}
     k, sampling = decoding_modes()[mode]
-    load = os.getloadavg()[0]
     refs = references if sampling.greedy else None  # the fastest-plain goals are greedy ones
-    plain, rows = score_drafters(verified, built, prompts, k, sampling, n, categories=categories, references=refs)
-    return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
+    return blocks.score_block(verified, specs, prompts, k, sampling, n, categories, refs) | {"mode": mode}
 
 
 def gain_cell(base, row) -> str:

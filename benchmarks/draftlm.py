@@ -26,10 +26,10 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
+from draftsmith.families.draft_lm.train import DraftLMBudget, distill, export_pretrained, pretrain
 from draftsmith.families.registry import load_network
 from draftsmith.targets import default as default_target
 from draftsmith.targets import resolve_target
-from draftsmith.train.draft_lm import DraftLMBudget, distill, export_pretrained, pretrain
 from draftsmith.train.suite import Budget, make_data
 
 

@@ -35,7 +35,7 @@ from common import machine, write
 
 from draftsmith.core.numerics import make_batch_invariant
 from draftsmith.core.target import Target
-from draftsmith.eval.score import verify_ratios
+from draftsmith.eval.calibration import verify_ratios
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 

@@ -31,14 +31,13 @@ from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
-from draftsmith.data.feature_cache import cache_features
+from draftsmith.data.feature_cache import eagle3_features
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import ScoreRow, block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.kangaroo.module import KangarooModule
 from draftsmith.families.specs import load_drafter
-from draftsmith.layers.features import default_feature_layers
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import resolve, resolve_target
 from draftsmith.train.fit import FitRun, load_recipe
@@ -136,8 +135,7 @@ def main() -> None:
     data = make_data(resolved, out, plan.budget, plan)
     features = None
     if plan.features:  # the cache of EAGLE-3's layers and the final state: Kangaroo's exit layer is among them
-        layers = Target.from_config(target_dir).num_layers
-        features = cache_features(resolved, data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+        features = eagle3_features(resolved, data[0])
     exports, budget = {}, {}
     for name in [n for n in args.families if n in TREE_FAMILIES + CHAIN_FAMILIES]:
         family, settings = VARIANTS.get(name, (name, {}))

@@ -4,7 +4,8 @@
 
 1. Throughput, SmolLM2-135M and the shipped ``smollm2/eagle3`` drafter (one layer, TTT 3, 4,096-token draft
    vocabulary) on the packed corpus (``benchmarks/data/smollm2-1m.tar.xz``, its first ``--rows`` rows), features
-   read from a cache (``scaling.make_features``: EAGLE-3's layers, rows of 640 tokens as ``scaling.py`` trains).
+   read from a cache (``scaling.make_features``: ``feature_cache.eagle3_features``, EAGLE-3's layers, rows of 640
+   tokens as ``scaling.py`` trains).
    Padded: the recipe's 8 rows a step, length-bucketed, one document a row. Packed: ``--tokens-per-batch`` (8 x 640
    by default: 8 rows of 640) filled by first-fit decreasing. Blocks of ``--block-steps`` padded steps and as many
    packed steps alternate (load falls on both alike); a step is the module's loss, backward, clipping and AdamW on

@@ -26,13 +26,12 @@ from common import HELDOUT, machine, saved_block, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.data.feature_cache import cache_features
+from draftsmith.data.feature_cache import eagle3_features
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import load_drafter
-from draftsmith.layers.features import default_feature_layers
 from draftsmith.targets import resolve, resolve_target
 from draftsmith.train.fit import FitRun
 from draftsmith.train.suite import PLANS, make_data, train_all, train_drafter
@@ -93,8 +92,7 @@ def main() -> None:
         train_all(resolved, data, out, plan.budget, plan)
     features = None
     if plan.features:  # the cache of the recipes' layers (EAGLE-3's and the final state), reused when current
-        layers = Target.from_config(target_dir).num_layers
-        features = cache_features(resolved, data[0], list(default_feature_layers(layers, 3)), overwrite=True)
+        features = eagle3_features(resolved, data[0])
     starts = {"pard": "draft_lm", "peagle_eagle3": "eagle3"}
     for name in PARALLEL:
         run = FitRun(model={"init": str(drafters / starts[name])}) if name in starts else None

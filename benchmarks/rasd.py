@@ -34,8 +34,9 @@ from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, sav
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.datastore import build
+from draftsmith.eval.calibration import AUTO_K
 from draftsmith.eval.rows import block_dicts, read_block
-from draftsmith.eval.score import AUTO_K, score_drafters
+from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import Named, NGram, Rasd, Trained, build_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreeKind, TreePolicy
 

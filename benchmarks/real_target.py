@@ -37,9 +37,10 @@ from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval import plots
+from draftsmith.eval.calibration import verify_ratios
 from draftsmith.eval.report import auto_k_table, markdown_table
 from draftsmith.eval.rows import block_dicts, read_block, read_rows
-from draftsmith.eval.score import score_drafters, verify_ratios
+from draftsmith.eval.score import score_drafters
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 from draftsmith.targets import load_target, resolve, resolve_target

@@ -51,7 +51,7 @@ from common import (
     smollm2_targets,
     write,
 )
-from scaling import fit_epochs, tokens_of
+from scaling import tokens_of
 
 from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
@@ -59,6 +59,7 @@ from draftsmith.core.manifest import file_sha256
 from draftsmith.core.target import Target
 from draftsmith.eval.rows import read_block
 from draftsmith.families.specs import NGram, Trained
+from draftsmith.train.recorded import fit_epochs
 
 MODES = decoding_modes()
 SETS = ("mt-bench", "chat-heldout")
@@ -310,10 +311,10 @@ def same_drafter(study: Path, name: str, fit: dict) -> bool:
 
 
 def fit_records(study: Path, names: list[str], earlier: dict | None = None) -> dict:
-    """Each drafter's fit record (``scaling.fit_one``'s) with its epochs, the recipe it was trained with, its
-    weights' hash and its draft vocabulary's coverage of the study's validation answers (``vocab_coverage``); the
-    ``earlier`` report's record where it has one (``earlier_result`` kept it: the same drafter, or one the study no
-    longer holds)."""
+    """Each drafter's fit record (``scaling.fit_one``'s, ``train.recorded``'s) with its epochs, the recipe it was
+    trained with, its weights' hash and its draft vocabulary's coverage of the study's validation answers
+    (``vocab_coverage``); the ``earlier`` report's record where it has one (``earlier_result`` kept it: the same
+    drafter, or one the study no longer holds)."""
     fits = {}
     for name in names:
         record = study / "fit" / f"{name}.json"

@@ -38,9 +38,9 @@ from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.draft_lm.module import StudentShape
+from draftsmith.families.draft_lm.train import DraftLMBudget, pretrain
 from draftsmith.families.registry import load_network, load_trained
 from draftsmith.targets import resolve, resolve_target
-from draftsmith.train.draft_lm import DraftLMBudget, pretrain
 from draftsmith.train.fit import FitRun, fit, fit_export
 from draftsmith.train.suite import Budget, make_data
 
@@ -88,7 +88,7 @@ def trainer_args(args: argparse.Namespace, root: Path) -> dict:
 
 
 def pretrained(args: argparse.Namespace, target_dir: Path, val: Path) -> Path:
-    """The shared start: a fresh draft LM pre-trained on the corpus (``train.draft_lm.pretrain``, against the first
+    """The shared start: a fresh draft LM pre-trained on the corpus (``families.draft_lm.train.pretrain``, against the first
     target), saved as a plain HF dir with the targets' tokenizer, which every target's fit takes as ``init`` (a
     checkpoint would be refused for the other targets: it records the first one's fingerprint)."""
     budget = DraftLMBudget(shape=shape(args), pretrain_steps=args.pretrain_steps, lr=args.lr * 3)

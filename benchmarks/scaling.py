@@ -37,41 +37,32 @@ stage of ``benchmarks/scaling.py``".
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
-import os
 import random
-import resource
-import threading
-import time
 from pathlib import Path
 
-from common import RESULTS, draft_vocab_coverage, heldout_sets, machine, write
+from common import RESULTS, decoding_modes, draft_vocab_coverage, heldout_sets, machine, write
 
 from draftsmith.core import native
 from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
-from draftsmith.core.sampling import Sampling
-from draftsmith.core.target import ALLOW_DTYPE_MISMATCH
 from draftsmith.data.chat_prompts import chat_prompts
-from draftsmith.data.feature_cache import cache_features
+from draftsmith.data.feature_cache import eagle3_features
 from draftsmith.data.generate import load_generated
 from draftsmith.data.magpie import write_instructions_generated
-from draftsmith.data.packed import is_packed, unpack
-from draftsmith.data.packed import metadata as packed_metadata
-from draftsmith.data.shards import read_metadata, snapshot
+from draftsmith.data.packed import is_packed
+from draftsmith.data.shards import snapshot
+from draftsmith.data.stage import generated_once, unpacked_for
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import plots
+from draftsmith.eval.blocks import score_block
 from draftsmith.eval.report import auto_k_table, markdown_table
-from draftsmith.eval.rows import block_dicts, read_block, read_rows
-from draftsmith.eval.score import score_drafters
-from draftsmith.families.specs import load_drafter
-from draftsmith.layers.features import default_feature_layers
+from draftsmith.eval.rows import read_block, read_rows
 from draftsmith.targets import load_target, resolve, resolve_target
 from draftsmith.train.data import generated_prefix
-from draftsmith.train.fit import FitRun, fit_export, load_recipe
-from draftsmith.train.suite import generated_once
+from draftsmith.train.fit import FitRun, load_recipe
+from draftsmith.train.recorded import fit_epochs, recorded_fit
 
 DTYPE = "bfloat16" if native_bf16()[0] else "float32"
 TARGET = f"smollm2:{DTYPE}"
@@ -176,21 +167,13 @@ def corpus_prompts(out: Path, magpie: int, engine: dict) -> Path:
 
 def packed_data(out: Path, corpus: Path, val_prompts: int) -> tuple[Path, Path]:
     """The packed corpus unpacked into ``out/data/train`` (refused in one line where a generated corpus is there:
-    subsets, caches and fits of two corpora never mix), and the packed validation data when it fits this run."""
+    subsets, caches and fits of two corpora never mix; a CPU without native bf16 trains on the bf16 corpus as it is,
+    its target in float32), and the packed validation data when it was made as this run's would be."""
     try:
-        train = unpack(corpus, out / "data" / "train")
+        train = unpacked_for(corpus, out / "data" / "train", DTYPE)
     except DraftsmithError as e:
         raise SystemExit(f"scaling: {e}") from None
-    made = read_metadata(train)["target"].get("dtype", "float32")
-    if made != DTYPE:  # a CPU without native bf16 trains on the bf16 corpus as it is, its target in float32
-        print(
-            f"data: {corpus.name} was generated in {made}; this run's target computes in {DTYPE} ({ALLOW_DTYPE_MISMATCH}=1)"
-        )
-        os.environ[ALLOW_DTYPE_MISMATCH] = "1"
-    val = packed_metadata(PACKED_VAL) if PACKED_VAL.is_file() else None
-    if val and val["target"].get("dtype") == DTYPE and val["settings"]["num_prompts"] == val_prompts:
-        return train, unpack(PACKED_VAL, out / "data" / "val")
-    return train, make_val(out, val_prompts)
+    return train, make_val(out, val_prompts, PACKED_VAL)
 
 
 def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_prompts: int) -> tuple[Path, Path]:
@@ -206,35 +189,19 @@ def make_data(out: Path, magpie: int, engine: dict, max_new_tokens: int, val_pro
     return train, make_val(out, val_prompts)
 
 
-def make_val(out: Path, val_prompts: int) -> Path:
-    """Greedy answers to held-out chat prompts (``val/tau_est``)."""
-    return generated_once(
-        resolve_target(TARGET, quiet=True),
-        out / "data" / "val",
-        {
-            "prompts": "builtin:chat-heldout",
-            "temperature": 0.0,
-            "num_prompts": val_prompts,
-            "max_new_tokens": 128,
-            "dtype": DTYPE,
-        },
-    )
+def make_val(out: Path, val_prompts: int, packed: Path | None = None) -> Path:
+    """Greedy answers to held-out chat prompts (``val/tau_est``); ``packed``: unpacked instead where it was made so."""
+    settings = {"prompts": "builtin:chat-heldout", "temperature": 0.0, "num_prompts": val_prompts}
+    settings |= {"max_new_tokens": 128, "dtype": DTYPE}
+    return generated_once(resolve_target(TARGET, quiet=True), out / "data" / "val", settings, packed=packed)
 
 
 def make_features(train: Path, rows: int | None = None) -> Path:
     """The target's hidden states over the corpus's first ``rows`` rows (None: all; the fits read no others; a
-    cache of more rows is kept, one of fewer grown): EAGLE-3's three feature layers and the final one, computed
-    in ``DTYPE`` (the packed corpus was made in bfloat16; where bf16 is emulated the target runs in float32, as the
-    fits and the scoring do, and ~7x faster than in emulated bf16)."""
-    layers = json.loads((Path(resolve("smollm2")) / "config.json").read_text())["num_hidden_layers"]
-    return cache_features(
-        resolve_target(f"{resolve('smollm2')}:{DTYPE}"),
-        train,
-        list(default_feature_layers(layers, 3)),
-        max_length=MAX_LENGTH,
-        overwrite=True,
-        rows=rows,
-    )
+    cache of more rows is kept, one of fewer grown), in rows of ``MAX_LENGTH``, computed in ``DTYPE`` (the packed
+    corpus was made in bfloat16; where bf16 is emulated the target runs in float32, as the fits and the scoring do,
+    and ~7x faster than in emulated bf16)."""
+    return eagle3_features(resolve_target(f"{resolve('smollm2')}:{DTYPE}"), train, MAX_LENGTH, rows)
 
 
 def subset_rows(train: Path, sizes: list[int]) -> dict[int, tuple[int, int]]:
@@ -243,13 +210,6 @@ def subset_rows(train: Path, sizes: list[int]) -> dict[int, tuple[int, int]]:
     ds, _ = load_generated(train)
     masks = ds["loss_mask"]
     return {size: generated_prefix(masks, size) for size in sizes}
-
-
-def fit_epochs(fit: dict) -> float | None:
-    """Passes over its rows a fit made (``fit_one``'s record: ``steps`` of its ``batch_size``, ``BATCH`` in records
-    made before it was recorded, of its ``rows``)."""
-    batch = fit.get("batch_size", BATCH)
-    return round(fit["steps"] * batch / fit["rows"], 2) if fit.get("steps") and fit.get("rows") else None
 
 
 def label(size: int) -> str:
@@ -271,12 +231,13 @@ def fit_one(
     epochs: float,
     min_steps: int,
 ):
-    """Train ``family`` on the subset ``subset_rows`` gave (its first rows, their generated tokens; resumed from its last
-    checkpoint when interrupted); returns its export dir and a record of the fit (steps, seconds, generated tokens
-    trained per second, the process's peak RSS, load)."""
+    """Train ``family`` on the subset ``subset_rows`` gave (its first rows, their generated tokens): ``epochs`` passes
+    over them (a study row of ``EPOCHS``: its own), at least ``min_steps`` steps of its recipe's batch, P-EAGLE from
+    the EAGLE-3 of the same subset; resumed from its last checkpoint when interrupted (``recorded_fit``). Returns its
+    export dir and a record of the fit (steps, seconds, generated tokens trained per second, the process's peak RSS,
+    load)."""
     rows, generated = subset
     name = f"{family}-{label(size)}"
-    export, record_path = out / "drafters" / name, out / "fit" / f"{name}.json"
     batch = load_recipe(RECIPES[family])["data"].get("batch_size", BATCH)  # 8 rows but in the peers' controls
     steps = max(min_steps, math.ceil(EPOCHS.get(family, epochs) * rows / batch))
     bf16, _ = native_bf16()
@@ -297,65 +258,7 @@ def fit_one(
         },
         resume=True,
     )
-    if record_path.is_file() and (export / "config.json").is_file():
-        return export, json.loads(record_path.read_text())
-    print(f"fit: {name}: {rows} rows, {steps} steps of {batch} ({run.trainer['precision']})")
-    load = os.getloadavg()[0]
-    with Stopwatch(out / "fit" / f"{name}.partial.json") as clock:  # a fit resumed later adds its time
-        fit_export(RECIPES[family], run, resolve_target(TARGET), export)
-    gc.collect()  # the fit's feature cache (GBs) before the next fit loads its own
-    record = {
-        "trainer": "draftsmith",
-        "steps": steps,
-        "rows": rows,
-        "tokens": generated,
-        "batch_size": batch,
-        "epochs": round(steps * batch / rows, 2),
-        "seconds": round(clock.seconds, 1),
-        "tokens_per_s": round(generated * steps * batch / rows / clock.seconds, 1),
-        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "sessions": clock.sessions,
-        "load": [round(load, 2), round(os.getloadavg()[0], 2)],
-        "precision": run.trainer["precision"],
-        "val_tau_est": json.loads((export / "config.json").read_text()).get("val_tau_est"),
-    }
-    write_whole(record_path, json.dumps(record, indent=2))
-    return export, record
-
-
-class Stopwatch:
-    """Wall seconds of work that may be interrupted and resumed: the total so far is saved to ``path`` every
-    ``every`` seconds, and a later run adds its time to it: the wall time the work took, the steps an interruption
-    lost and redid included."""
-
-    def __init__(self, path: Path, every: float = 30.0) -> None:
-        self.path, self.every = path, every
-        saved = json.loads(path.read_text()) if path.is_file() else {}
-        self.before, self.sessions = saved.get("seconds", 0.0), saved.get("sessions", 0) + 1
-        self.done = threading.Event()
-
-    @property
-    def seconds(self) -> float:
-        return self.before + time.perf_counter() - self.start
-
-    def save(self) -> None:
-        # written whole: a kill mid-write leaves the last total
-        write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
-
-    def _tick(self) -> None:
-        while not self.done.wait(self.every):
-            self.save()
-
-    def __enter__(self) -> Stopwatch:
-        self.start = time.perf_counter()
-        self.thread = threading.Thread(target=self._tick, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join()
-        self.save()
+    return recorded_fit(RECIPES[family], run, resolve_target(TARGET), out / "drafters" / name, generated)
 
 
 def coverage(export: Path, val: Path) -> float | None:
@@ -366,11 +269,7 @@ def coverage(export: Path, val: Path) -> float | None:
     return draft_vocab_coverage(export, val)["share"]
 
 
-MODES = {
-    "greedy": (4, Sampling(0.0)),
-    "auto": ("auto", Sampling(0.0)),
-    "sampled": (4, Sampling(0.7, 0.9)),
-}
+MODES = decoding_modes()
 """Scoring modes: greedy chains at K = 4 (every subset), and for the largest subset ``--k auto`` and sampling at
 T 0.7 / top-p 0.9 (K = 4)."""
 
@@ -407,18 +306,9 @@ def score_size(
                 continue
             target = target or load_target(resolve_target(TARGET))
             exists = [n for n in held if n == "ngram" or (out / "drafters" / n / "config.json").is_file()]
-            drafters = {
-                n: load_drafter(n if n == "ngram" else str(out / "drafters" / n), target)
-                for n in block_names(names, exists)
-            }
-            load = os.getloadavg()[0]
-            plain, rows = score_drafters(target, drafters, prompts, k, sampling, max_new, categories=categories)
-            stamp = machine()
-            blocks[key] = {
-                **block_dicts(plain, rows),
-                "load": [round(load, 2), round(os.getloadavg()[0], 2)],
-                "scored": f"{stamp['git']} {stamp['date']}",
-            }
+            drafters = {n: n if n == "ngram" else str(out / "drafters" / n) for n in block_names(names, exists)}
+            block, stamp = score_block(target, drafters, prompts, k, sampling, max_new, categories), machine()
+            blocks[key] = block | {"scored": f"{stamp['git']} {stamp['date']}"}
             write_whole(path, json.dumps(blocks[key], indent=2))
     return blocks
 

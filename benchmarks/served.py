@@ -167,7 +167,7 @@ def same_inputs(result: dict, inputs: dict) -> bool:
     """Whether the report ``result`` was made from ``inputs``; of the target fingerprint the identity as
     ``identity_diff`` compares it (a config hash recorded before it left out the transformers version is the same
     target's), and the rest as recorded."""
-    from draftsmith.core.target import identity_diff
+    from draftsmith.core.fingerprint import identity_diff
 
     def rest(fingerprint: dict) -> dict:
         return {k: v for k, v in fingerprint.items() if k != "config_hash"}

@@ -26,13 +26,13 @@ from draftsmith.families.acceptance_head.module import (
     weighted_bce,
 )
 from draftsmith.families.acceptance_head.network import AdaptiveDrafter
+from draftsmith.families.acceptance_head.train import train_head
 from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.registry import load_network
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.module import OptimConfig
 from draftsmith.targets import resolve_target
-from draftsmith.train.acceptance_head import train_head
 from draftsmith.train.data import GeneratedDataModule
 
 ROOT = Path(__file__).parent.parent

@@ -54,3 +54,20 @@ def test_saved_block_scores_again_for_other_drafters_and_stamps_the_commit(tmp_p
         == ["ngram", "eagle3", "eagle3_lk"]
         == [d["name"] for d in again["drafters"]]
     )
+
+
+def test_a_scored_block_holds_its_rows_the_load_before_and_after_and_its_mode(tmp_path):
+    """``common.score_block`` over the package's ``eval.blocks.score_block`` (scaling's blocks too): the rows of the
+    drafters named, plain decoding's, the load average before and after."""
+    from common import score_block
+    from conftest import make_llama, make_tokenizer
+
+    from draftsmith.core.target import Target
+    from draftsmith.families.specs import NGram
+
+    make_llama(seed=0).save_pretrained(tmp_path / "target")
+    make_tokenizer().save_pretrained(tmp_path / "target")
+    target = Target.from_pretrained(tmp_path / "target")
+    block = score_block(target, {}, {"ngram": NGram()}, [[5, 6, 7, 5, 6]], None, 6, "greedy")
+    assert [d["name"] for d in block["drafters"]] == ["ngram"] and block["plain"]["tokens"] > 0
+    assert len(block["load"]) == 2 and block["mode"] == "greedy" and block["drafters"][0]["k"] == 4

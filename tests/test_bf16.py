@@ -18,9 +18,10 @@ from transformers.pytorch_utils import Conv1D
 from draftsmith import targets
 from draftsmith.core import machine, numerics
 from draftsmith.core.draft import DecodeResult
+from draftsmith.core.fingerprint import ALLOW_DTYPE_MISMATCH, check_fingerprint
 from draftsmith.core.numerics import INVARIANT_ATTENTION, invariant_attention, is_batch_invariant, make_batch_invariant
 from draftsmith.core.sampling import Sampling
-from draftsmith.core.target import ALLOW_DTYPE_MISMATCH, Target, check_fingerprint, rollback
+from draftsmith.core.target import Target, rollback
 from draftsmith.decode import auto_k
 from draftsmith.decode import verifier as verifier_module
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode

@@ -23,7 +23,7 @@ from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.score import choose_shapes
+from draftsmith.eval.calibration import choose_shapes
 from draftsmith.families.dflash.module import DFlashModule
 from draftsmith.families.dspark.module import DSparkModule
 from draftsmith.families.dspark.network import DSparkConfig, DSparkModel

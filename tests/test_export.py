@@ -346,7 +346,7 @@ def test_the_config_hash_outlives_a_transformers_upgrade_and_still_tells_configs
 
     import transformers.configuration_utils as configuration_utils
 
-    from draftsmith.core.target import check_fingerprint
+    from draftsmith.core.fingerprint import check_fingerprint
 
     def old_hash(config) -> str:
         cfg = {k: v for k, v in config.to_diff_dict().items() if not k.startswith("_") and k != "dtype"}

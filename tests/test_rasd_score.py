@@ -17,7 +17,7 @@ from draftsmith.core.target import Target
 from draftsmith.data.shards import load_generated
 from draftsmith.decode.verifier import plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval import score
+from draftsmith.eval import calibration, score
 from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.rasd import budget as eval_rasd
 from draftsmith.families.rasd.drafter import RasdDrafter
@@ -42,7 +42,7 @@ def machine(shape, monkeypatch) -> list[dict]:
         seen.append({m: shape(m) for m in {1, *counts}})
         return seen[-1], 1e3
 
-    monkeypatch.setattr(score, "verify_ratios", verify_ratios)
+    monkeypatch.setattr(calibration, "verify_ratios", verify_ratios)
     return seen
 
 
@@ -98,7 +98,7 @@ def test_retrieval_latency_is_reported_per_round_and_counted_in_the_drafters_cos
     step = plain.seconds / plain.target_calls
     assert row.cost_ratio * row.mean_drafted * step >= 0.01  # the drafter's time per round holds the lookup's
     assert row.extra["retrieval_nodes_per_round"] > 0 and 0 < row.extra["accepted_from_retrieval"] <= 1
-    assert score.most_verified(drafter, 4) == 5 + drafter.nodes  # r is measured up to the widest fused tree
+    assert calibration.most_verified(drafter, 4) == 5 + drafter.nodes  # r is measured up to the widest fused tree
 
 
 def test_generate_builds_the_datastore_beside_the_corpus_on_request(tmp_path, model_dirs, capsys):

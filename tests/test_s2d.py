@@ -201,7 +201,7 @@ def test_score_drafts_each_target_with_the_sub_network_its_measured_costs_favour
 def test_the_sub_network_is_chosen_on_the_first_held_out_prompts_not_one(monkeypatch):
     """S2D's sub-network choice measures each sub-network on the first ``CALIBRATION_PROMPTS`` prompts (as ``--k
     auto`` does): one prompt whose drafts were all accepted decided it alone before."""
-    from draftsmith.eval import score
+    from draftsmith.eval import calibration
     from draftsmith.families.s2d import exits
 
     calibrated, generate = [], SpeculativeDecoder.generate
@@ -217,8 +217,8 @@ def test_the_sub_network_is_chosen_on_the_first_held_out_prompts_not_one(monkeyp
                                                        (1, 2)), make_llama(seed=22, layers=2, hidden=32)).as_drafter()  # fmt: skip
     prompts = [[3, 4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18]]
     _, [row] = score_drafters(target, {"s2d": drafter}, prompts, 4, Sampling(), 8, progress=False)
-    first = prompts[: score.CALIBRATION_PROMPTS]
-    assert score.CALIBRATION_PROMPTS == 3
+    first = prompts[: calibration.CALIBRATION_PROMPTS]
+    assert calibration.CALIBRATION_PROMPTS == 3
     assert calibrated == first * 2  # each of the two sub-networks, on each calibration prompt
     assert row.extra["s2d"]["layers"] in (1, 2)
 

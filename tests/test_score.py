@@ -211,12 +211,12 @@ def test_k_auto_profiles_acceptance_on_the_first_held_out_prompts_not_one(target
     ``CALIBRATION_PROMPTS`` prompts: one prompt whose drafts were all accepted sent the quickstart's draft LM to K = 8
     (τ 9.00 predicted there, 2.51 measured over ten prompts)."""
     from draftsmith.decode.verifier import SpeculativeDecoder
-    from draftsmith.eval import score
+    from draftsmith.eval import calibration
 
     calibrated, generate = [], SpeculativeDecoder.generate
 
     def recording(self, prompt, max_new_tokens, generator=None):
-        if self.k == score.AUTO_MAX_K:
+        if self.k == calibration.AUTO_MAX_K:
             calibrated.append(list(prompt))
         return generate(self, prompt, max_new_tokens, generator)
 
@@ -224,5 +224,5 @@ def test_k_auto_profiles_acceptance_on_the_first_held_out_prompts_not_one(target
     prompts = [[3, 4, 5, 6], [7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18]]
     drafter = DraftLM(make_llama(seed=5, layers=1))
     _, [row] = score_drafters(target, {"lm": drafter}, prompts, "auto", Sampling(), 8, progress=False)
-    assert calibrated[: score.CALIBRATION_PROMPTS] == prompts[: score.CALIBRATION_PROMPTS] == prompts[:3]
+    assert calibrated[: calibration.CALIBRATION_PROMPTS] == prompts[: calibration.CALIBRATION_PROMPTS] == prompts[:3]
     assert row.auto_k.source == "calibration"

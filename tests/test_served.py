@@ -90,9 +90,9 @@ def test_a_reports_cells_stand_in_for_lost_ones_only_for_the_same_machine_inputs
     assert kept(inputs=inputs | {"dtype": "bfloat16"}) == {}
     assert kept(inputs=inputs | {"target": {"tokenizer_hash": "u"}}) == {}
     # a report whose target recorded its config hash with the transformers version in it: kept for that config only
-    import draftsmith.core.target as core_target
+    import draftsmith.core.fingerprint as core_fingerprint
 
-    monkeypatch.setitem(core_target.LEGACY_CONFIG_HASHES, "new", frozenset({"old"}))
+    monkeypatch.setitem(core_fingerprint.LEGACY_CONFIG_HASHES, "new", frozenset({"old"}))
     path.write_text(json.dumps(report | {"target": {"tokenizer_hash": "t", "config_hash": "old"}}))
     assert len(kept(inputs=inputs | {"target": {"tokenizer_hash": "t", "config_hash": "new"}})) == 1
     assert kept(inputs=inputs | {"target": {"tokenizer_hash": "t", "config_hash": "other"}}) == {}

@@ -112,19 +112,6 @@ def test_scaling_report_carries_over_an_earlier_run_only_of_the_same_corpus():
     assert scaling.block_size("mt-bench greedy 1M") == 1_000_000 and scaling.block_size("mt-bench auto 22k") == 22_000
 
 
-def test_scaling_fit_time_adds_up_across_an_interruption(tmp_path):
-    scaling = tables.importlib.import_module("scaling")
-    path = tmp_path / "fit.partial.json"
-    with pytest.raises(KeyboardInterrupt), scaling.Stopwatch(path, every=0.05):
-        scaling.time.sleep(0.2)
-        assert 0.0 < scaling.json.loads(path.read_text())["seconds"] <= 0.25  # saved while it runs
-        raise KeyboardInterrupt  # killed: its time so far is kept
-    first = scaling.json.loads(path.read_text())["seconds"]
-    with scaling.Stopwatch(path) as clock:
-        scaling.time.sleep(0.1)
-    assert first >= 0.2 and clock.sessions == 2 and clock.seconds >= first + 0.1
-
-
 def test_scaling_curve_fits_log_linear_growth_and_names_where_returns_diminish():
     scaling = tables.importlib.import_module("scaling")
     assert scaling.fit_curve([(1e5, 1.3)]) is None  # one point: no curve

@@ -546,3 +546,66 @@ def test_a_warmup_given_as_a_share_scales_with_the_steps_a_run_gives_and_a_fixed
     assert shared == {"lr": 0.002, "warmup_ratio": 0.01} and fixed == {"lr": 0.002, "warmup_steps": 15}
     assert warmup_steps(OptimConfig(**shared), 155) == 2 and warmup_steps(OptimConfig(**shared), 31) == 1
     assert warmup_steps(OptimConfig(**fixed), 155) == 15
+
+
+def test_a_recorded_fit_records_its_run_beside_it_and_is_not_run_again(setup, tmp_path, monkeypatch):
+    """``train.recorded.recorded_fit`` (the studies' fits): the export, its record ``RUN.json`` beside the run dir
+    (steps, rows, tokens, batch, epochs, seconds across sessions, precision, val τ_est) that ``fit_epochs`` reads;
+    a fit recorded and exported is reused as recorded."""
+    from draftsmith.train import recorded
+    from draftsmith.train.fit import FitRun
+
+    run = FitRun(
+        target=str(setup["target"]), train=str(setup["data-train"]), val=str(setup["data-val"]),
+        out=tmp_path / "fit" / "eagle3-16", steps=4, batch_size=4, data={"train_rows": 16, "max_length": 64},
+        model={"draft_vocab_size": 48}, trainer={"enable_progress_bar": False, "enable_model_summary": False},
+        resume=True,
+    )  # fmt: skip
+    export, record = recorded.recorded_fit("eagle3", run, resolve_target(setup["target"]), tmp_path / "e", 100)
+    assert json.loads((tmp_path / "fit" / "eagle3-16.json").read_text()) == record
+    assert (tmp_path / "fit" / "eagle3-16.partial.json").is_file() and record["sessions"] == 1
+    assert {k: record[k] for k in ("steps", "rows", "tokens", "batch_size", "epochs", "precision")} == {
+        "steps": 4, "rows": 16, "tokens": 100, "batch_size": 4, "epochs": 1.0, "precision": "32-true",
+    }  # fmt: skip
+    assert record["val_tau_est"] == json.loads((export / "config.json").read_text())["val_tau_est"] is not None
+    assert record["tokens_per_s"] == pytest.approx(100 / record["seconds"], rel=0.1)  # 16 rows of 100 tokens, 1 pass
+    assert recorded.fit_epochs(record) == 1.0 and recorded.fit_epochs({"steps": 10, "rows": 40}) == 2.0  # batch 8
+
+    def refit(*args):
+        raise AssertionError("a recorded fit ran again")
+
+    monkeypatch.setattr(recorded, "fit_export", refit)
+    again = recorded.recorded_fit("eagle3", run, resolve_target(setup["target"]), tmp_path / "e", 100)
+    assert again == (export, record)
+
+
+def test_a_stopwatch_adds_the_time_of_an_interrupted_run_to_the_next(tmp_path):
+    """``train.recorded.Stopwatch``: a fit's wall time across sessions, saved while it runs."""
+    import time
+
+    from draftsmith.train.recorded import Stopwatch
+
+    path = tmp_path / "fit.partial.json"
+    with pytest.raises(KeyboardInterrupt), Stopwatch(path, every=0.05):
+        time.sleep(0.2)
+        assert 0.0 < json.loads(path.read_text())["seconds"] <= 0.25  # saved while it runs
+        raise KeyboardInterrupt  # killed: its time so far is kept
+    first = json.loads(path.read_text())["seconds"]
+    with Stopwatch(path) as clock:
+        time.sleep(0.1)
+    assert first >= 0.2 and clock.sessions == 2 and clock.seconds >= first + 0.1
+
+
+def test_a_recipes_gradient_clip_reaches_the_step_and_a_clip_above_the_norm_changes_nothing(setup, tmp_path):
+    """``trainer.gradient_clip_val`` clips through ``DrafterModule.configure_gradient_clipping``: a clip far below the
+    gradients' norm changes the weights a few steps make; one far above it leaves them bit for bit (issue 86's clip row
+    at 1.0 trained exactly as the recipe did, so its gradients never reached norm 1)."""
+
+    def weights(clip: float | None) -> dict[str, torch.Tensor]:
+        model = module(setup, 3)
+        trainer(tmp_path, 3, gradient_clip_val=clip).fit(model, datamodule(setup))
+        return {k: v.detach().clone() for k, v in model.drafter.state_dict().items()}
+
+    plain, tight, loose = weights(None), weights(1e-4), weights(1e4)
+    assert all(torch.equal(plain[k], loose[k]) for k in plain)
+    assert not all(torch.equal(plain[k], tight[k]) for k in plain)

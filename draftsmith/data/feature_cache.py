@@ -172,6 +172,20 @@ def cache_features(
     return out
 
 
+def eagle3_features(
+    target: ResolvedTarget, data: str | Path, max_length: int = 512, rows: int | None = None, device: str = "cpu"
+) -> Path:
+    """The feature cache the feature drafters train from, at ``<data>-features`` (a cache of other settings there
+    replaced): EAGLE-3's three feature layers (``layers.features.default_feature_layers``) and the final normed state
+    (EAGLE-1, Medusa, Hydra and Kangaroo's exit read among them) over ``data``, or its first ``rows``. The one
+    call the pipeline (``train.suite.train_all``), the studies and the benchmarks make."""
+    from draftsmith.layers.features import default_feature_layers
+
+    layers = json.loads((target.path / "config.json").read_text())["num_hidden_layers"]
+    chosen = list(default_feature_layers(layers, 3))
+    return cache_features(target, data, chosen, max_length=max_length, overwrite=True, rows=rows, device=device)
+
+
 def _shard_name(index: int) -> str:
     """The file of the cache's ``index``-th shard (rows ``index * shard_rows`` on)."""
     return f"shard-{index:05d}.safetensors"
@@ -209,7 +223,7 @@ class FeatureCache:
     def check(self, target, metadata: dict, layers: tuple[int, ...], max_length: int, rows: int | None = None) -> None:
         """Refuse a cache made for another target, other data, without ``layers``, shorter than ``max_length``, or
         holding fewer than the first ``rows`` rows of the data (a prefix cache)."""
-        from draftsmith.core.target import check_fingerprint
+        from draftsmith.core.fingerprint import check_fingerprint
 
         check_fingerprint(self.meta["target"], target.fingerprint, f"feature cache {self.path}")
         if self.meta["data_identity"] != data_identity(metadata):

@@ -18,7 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
-from draftsmith.core.target import Target, check_fingerprint
+from draftsmith.core.fingerprint import check_fingerprint
+from draftsmith.core.target import Target
 from draftsmith.data.dataset_dir import META, features, load_dir, quiet_datasets, read_metadata, write_metadata
 from draftsmith.data.packed import is_packed, unpack
 from draftsmith.errors import DraftsmithError

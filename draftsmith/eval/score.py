@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,16 +13,16 @@ from draftsmith.core.draft import DecodeResult, Drafter
 from draftsmith.core.machine import machine_record
 from draftsmith.core.manifest import write_manifest
 from draftsmith.core.sampling import Sampling
-from draftsmith.core.target import Target, rollback
+from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind, VerifyRule
 from draftsmith.data.prompts import continuable, encode, load_prompts
-from draftsmith.decode import auto_k
 from draftsmith.decode.metrics import by_category, drafter_metrics, plain_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, check_compatible, check_rule, plain_decode
 from draftsmith.errors import DraftsmithError
+from draftsmith.eval import calibration
+from draftsmith.eval.calibration import AUTO_K, AUTO_MAX_K, CALIBRATION_PROMPTS
 from draftsmith.eval.report import auto_k_table, markdown_table, write_report
 from draftsmith.eval.rows import PlainRow, ScoreRow, to_dicts
-from draftsmith.families.rasd import budget as rasd
 from draftsmith.families.rasd.drafter import RasdDrafter
 from draftsmith.families.s2d import exits as s2d
 from draftsmith.families.specs import Named, build_drafter, check_paths, parse_spec
@@ -52,7 +49,7 @@ def score_drafters(
 
     A drafter that fine-tuned its target (``own_target``, Medusa-2) decodes with that target and is
     compared with plain decoding of it, in the same interleaved loop. ``k="auto"`` picks each drafter's K (and
-    static tree size) of highest predicted speed before the scored pass (``choose_shapes``). ``categories``
+    static tree size) of highest predicted speed before the scored pass (``calibration.choose_shapes``). ``categories``
     (one per prompt, e.g. MT-bench's) adds each row's τ and speedup per category. ``verify``: the sampled trees'
     multi-candidate rule, one for all drafters or one per drafter name (SpecInfer for those it does not name).
     ``judges``: drafter name -> judge head: that drafter is verified by Judge decoding (lossy: its row says so).
@@ -75,9 +72,9 @@ def score_drafters(
         raise DraftsmithError(f"score: K given for {sorted(k)}, drafters are {sorted(drafters)}")
     fixed = k if isinstance(k, dict) else dict.fromkeys(drafters, k)
     lengths = range(1, AUTO_MAX_K + 1) if k == AUTO_K else sorted({int(v) for v in fixed.values()})
-    s2d.choose_exits(targets, drafters, prompts[:CALIBRATION_PROMPTS], sampling, seed, lengths, verify_ratios)
-    calibration = prompts[1:CALIBRATION_PROMPTS]
-    shapes = choose_shapes(targets, drafters, prompts[0], sampling, seed, calibration) if k == AUTO_K else {}
+    first = prompts[:CALIBRATION_PROMPTS]
+    s2d.choose_exits(targets, drafters, first, sampling, seed, lengths, calibration.verify_ratios)
+    shapes = calibration.choose_shapes(targets, drafters, prompts[0], sampling, seed, first[1:]) if k == AUTO_K else {}
     ks = {name: shapes[name].k if name in shapes else int(fixed[name]) for name in drafters}
     judges = judges or {}
     decoders = {
@@ -99,8 +96,8 @@ def score_drafters(
     for d in drafters.values():
         if isinstance(d, RasdDrafter):
             d.reset_stats()  # its retrieval counts are the scored pass's
-    counts = {c for name, d in drafters.items() for c in (ks[name] + 1, most_verified(d, ks[name]))}
-    ratios, _ = verify_ratios(target, prompts[0], sorted(counts))
+    counts = {c for name, d in drafters.items() for c in (ks[name] + 1, calibration.most_verified(d, ks[name]))}
+    ratios, _ = calibration.verify_ratios(target, prompts[0], sorted(counts))
     plain, spec = {key: [] for key in baselines}, {name: [] for name in drafters}
     for i, prompt in enumerate(tqdm(prompts, desc="score", unit="prompt", disable=not progress)):
         for key, t in baselines.items():
@@ -149,105 +146,6 @@ def checked(target: Target, results: list[DecodeResult], checks: list[dict | Non
     return len(pairs), sum(passes(c, text(r.tokens, skip_special_tokens=True)) for r, c in pairs)
 
 
-def most_verified(drafter: Drafter, k: int) -> int:
-    """The most tokens one verification forward of ``drafter``'s rounds holds (its drafts + 1)."""
-    from draftsmith.families.ngram.drafter import NGramDrafter
-
-    if isinstance(drafter, RasdDrafter):
-        return most_verified(drafter.inner, min(k, drafter.depth or k)) + drafter.nodes
-    if isinstance(drafter, TreeDrafter) and drafter.tree.kind is TreeKind.SAMPLED:
-        return drafter.tree.sampled_nodes(k) + 1
-    if isinstance(drafter, TreeDrafter) and drafter.tree.kind is not TreeKind.CHAIN:
-        return drafter.tree.size + 1
-    if isinstance(drafter, NGramDrafter):
-        return k * drafter.width + 1
-    return k + 1
-
-
-AUTO_K = "auto"
-AUTO_MAX_K = 8
-"""``--k auto`` searches chains of 1..8 tokens (and static trees of up to 64 nodes)."""
-CALIBRATION_PROMPTS = 3
-"""Prompts ``--k auto`` profiles a drafter's acceptance on where it has no recorded validation profile: one prompt
-whose every draft was accepted (τ 9.00 at K = 8 on the quickstart's first prompt, 2.51 over its ten) sent the
-draft LM, the n-gram and the sibling to K = 8."""
-
-
-def choose_shapes(
-    targets: dict[str, Target],
-    drafters: dict[str, Drafter],
-    prompt: list[int],
-    sampling: Sampling,
-    seed: int,
-    more: Sequence[list[int]] = (),
-) -> dict[str, auto_k.Shape]:
-    """Each drafter's K (and static tree size) of highest predicted speed τ(K) / (r(K+1) + K·c) on this machine.
-
-    Untimed decodes at K = 8 of ``prompt`` and the ``more`` prompts (``score`` passes the next held-out ones, up to
-    ``CALIBRATION_PROMPTS`` in all) measure each drafter's cost c and, for a drafter with no recorded validation
-    profile, its per-position acceptance; r(m) is measured on ``prompt``. The choice itself is ``decode.auto_k``'s.
-    A RASD drafter is shaped so with no retrieval nodes (its lookups still timed), then its fused tree's retrieval
-    budget chosen (``fused_nodes``).
-    """
-    shapes = {}
-    counts = [*range(2, AUTO_MAX_K + 2), *(n + 1 for n in auto_k.TREE_SIZES)]
-    for name, drafter in drafters.items():
-        target = targets[name]
-        if isinstance(drafter, RasdDrafter):
-            drafter.nodes, drafter.depth = 0, None  # the model drafter alone, at every depth
-        ratios, _ = verify_ratios(target, prompt, counts, 3)
-        tree = drafter.tree if isinstance(drafter, TreeDrafter) else None
-        if tree is not None:  # calibrate as a chain: one drafter forward per drafted token
-            drafter.set_tree(replace(tree, kind=TreeKind.CHAIN), AUTO_MAX_K)
-        decoder = SpeculativeDecoder(target, drafter, AUTO_MAX_K, sampling)
-        runs = [decoder.generate(p, 64, torch.Generator().manual_seed(seed)) for p in [prompt, *more]]
-        plains = [plain_decode(target, p, 16, sampling, torch.Generator().manual_seed(seed)) for p in [prompt, *more]]
-        step = sum(p.seconds for p in plains) / sum(p.target_calls for p in plains)
-        cost = sum(r.draft_seconds for r in runs) / max(1, sum(sum(r.drafted) for r in runs)) / step
-        # an adaptive drafter (one that cuts its own drafts) is profiled as it drafts, as K is only its cap
-        accuracy = None if getattr(drafter, "adaptive", False) else getattr(drafter, "topk_accuracy", None)
-        if accuracy:
-            accept, source = [row[0] for row in accuracy], "validation"
-        else:
-            metrics = drafter_metrics(name, AUTO_MAX_K, runs, plains, sampling.greedy)
-            accept, source = metrics.accept_given_reached, "calibration"
-        if tree is not None and tree.kind is TreeKind.STATIC and accuracy:
-            choice = auto_k.choose_tree(accuracy, ratios, cost, max_depth=AUTO_MAX_K)
-            drafter.set_tree(replace(tree, size=choice.tree_size, paths=()), choice.k)
-        else:
-            choice = auto_k.choose_chain_k(accept, ratios, cost, ks=range(1, AUTO_MAX_K + 1))
-            if tree is not None:
-                drafter.set_tree(replace(tree, paths=()), choice.k)
-        shapes[name] = auto_k.Shape.of(choice, cost, source)
-        if isinstance(drafter, RasdDrafter):
-            shapes[name] = fused_nodes(target, drafter, prompt, sampling, seed, shapes[name])
-    return shapes
-
-
-def fused_nodes(
-    target: Target, drafter: RasdDrafter, prompt: list[int], sampling: Sampling, seed: int, shape: auto_k.Shape
-) -> auto_k.Shape:
-    """``shape`` (the model drafter's) with the fused tree's depth and retrieval budget of highest predicted speed
-    τ / (r(m) + C), C the drafter's time per round with retrieval's (``families.rasd.budget.choose_fused``), r(m) measured up
-    to the widest fused tree; the drafter is left set to them. The model drafts at the K chosen for it alone
-    (``RasdDrafter.depth``: as deep as its own drafts pay); retrieval's paths, nearly free per node, may go deeper,
-    to the fused K chosen among the model's K, 4 and 8 (the n-gram copies long runs where the text repeats)."""
-    drafter.depth = shape.k
-    depths = sorted({shape.k, AUTO_MAX_K // 2, AUTO_MAX_K})
-    counts = {most_verified(drafter.inner, min(k, shape.k)) + n for k in depths for n in rasd.BUDGETS}
-    ratios, step = verify_ratios(target, prompt, sorted(counts), 3)
-    choice = rasd.choose_fused(target, drafter, prompt, depths, sampling, ratios, step, seed=seed)
-    return replace(
-        shape,
-        k=choice.k,
-        predicted_tau=choice.predicted_tau,
-        predicted_speedup=choice.predicted_speedup,
-        nodes=choice.nodes,
-        nodes_candidates=choice.candidates,
-        model_depth=drafter.depth,
-    )
-
-
 @torch.no_grad()
 def divergences(
     target: Target, prompts: list[list[int]], spec: list[DecodeResult], plain: list[DecodeResult]
@@ -277,31 +175,6 @@ def divergences(
     return out
 
 
-@torch.no_grad()
-def verify_ratios(
-    target: Target, prompt: list[int], counts: list[int], repeats: int = 7
-) -> tuple[dict[int, float], float]:
-    """r(m): the median time of a target forward of m new tokens over that of 1 token, on the same cached context
-    (the prompt), interleaved: what verifying a round of m - 1 drafted tokens costs in decode steps.
-
-    Returns:
-        ({m: r(m)} for m in ``counts`` and 1, the median seconds of the 1-token forward).
-    """
-    cache = target.new_cache()
-    target(torch.tensor([prompt]), cache, with_features=False)
-    n = cache.get_seq_length()
-    times: dict[int, list[float]] = {m: [] for m in sorted({1, *counts})}
-    for _ in range(repeats):
-        for m in times:
-            ids = torch.tensor([prompt[-1:] * m])
-            start = time.perf_counter()
-            target(ids, cache, with_features=False).logits[0, -1, 0].item()  # waits for a GPU's queued kernels
-            times[m].append(time.perf_counter() - start)
-            rollback(cache, n)
-    step = statistics.median(times[1])
-    return {m: statistics.median(t) / step for m, t in times.items()}, step
-
-
 @dataclass(frozen=True)
 class ScoreConfig:
     """How drafters are scored (``draftsmith score``'s flags)."""
@@ -314,7 +187,7 @@ class ScoreConfig:
     """How many prompts to use (the first N)."""
     k: int | str = 4
     """Tokens drafted per round, or ``auto``: per drafter, the K (and static tree size) of highest predicted speed
-    on this machine (``choose_shapes``)."""
+    on this machine (``calibration.choose_shapes``)."""
     sampling: Sampling = Sampling(0.0)
     """Greedy (temperature 0) or lossless speculative sampling at this temperature / top-p."""
     max_new_tokens: int = 64

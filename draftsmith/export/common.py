@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.dtypes import DTYPES, torch_dtype
-from draftsmith.core.target import Target, check_fingerprint
+from draftsmith.core.fingerprint import check_fingerprint
+from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 from draftsmith.layers.export import Source
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from draftsmith.core.target import tokenizer_hash
+from draftsmith.core.fingerprint import tokenizer_hash
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.common import DTYPES, Source, target_fingerprint
 from draftsmith.export.serve import DEFAULTS, Serving, draft_model_config, vllm_command

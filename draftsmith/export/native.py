@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import torch
 
+from draftsmith.core.fingerprint import identity_diff
 from draftsmith.core.native import save_native
-from draftsmith.core.target import identity_diff
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import PlainRow, ScoreRow

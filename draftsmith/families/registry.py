@@ -17,7 +17,8 @@ import torch
 
 from draftsmith.core import native
 from draftsmith.core.draft import Drafter
-from draftsmith.core.target import Target, check_fingerprint, identity_diff
+from draftsmith.core.fingerprint import check_fingerprint, identity_diff
+from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 
 

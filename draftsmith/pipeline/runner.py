@@ -12,13 +12,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from draftsmith import targets
+from draftsmith.core.fingerprint import check_fingerprint
 from draftsmith.core.machine import Device, local_device
 from draftsmith.core.manifest import FILE as MANIFEST
 from draftsmith.core.manifest import is_current, write_manifest
-from draftsmith.core.target import check_fingerprint
+from draftsmith.eval.calibration import AUTO_K
 from draftsmith.eval.compare import report
 from draftsmith.eval.rows import read_rows
-from draftsmith.eval.score import AUTO_K, ScoreConfig, score_specs
+from draftsmith.eval.score import ScoreConfig, score_specs
 from draftsmith.families.specs import Adaptive, DraftModel, Named, NGram, Trained
 from draftsmith.pipeline.choices import check_families
 from draftsmith.pipeline.fused import datastore, fused_spec

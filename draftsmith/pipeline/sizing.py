@@ -13,7 +13,7 @@ from pathlib import Path
 
 from draftsmith.core.hf_cache import cache_arg, output_cache
 from draftsmith.errors import DraftsmithError
-from draftsmith.eval.score import verify_ratios
+from draftsmith.eval.calibration import verify_ratios
 from draftsmith.pipeline.choices import LARGE
 from draftsmith.pipeline.progress import duration
 from draftsmith.train.fit import load_recipe

@@ -92,7 +92,7 @@ class CorpusDataModule(ResumesMidEpoch, L.LightningDataModule):
     def check_target(self, target) -> None:
         """Refuse a target whose tokenizer is not the one the corpus is encoded with (or another target's
         validation data)."""
-        from draftsmith.core.target import tokenizer_hash
+        from draftsmith.core.fingerprint import tokenizer_hash
         from draftsmith.data.generate import check_dataset_target
 
         self.setup()

@@ -8,19 +8,16 @@ embedded default target, ``configs/smollm2/`` for SmolLM2); their ``trainer.max_
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftsmith.core.machine import Device, local_device
 from draftsmith.core.manifest import is_current, write_manifest
-from draftsmith.data import shards
-from draftsmith.data.engines import EngineChoice, generation_engine
-from draftsmith.data.generate import generate
-from draftsmith.errors import DraftsmithError
+from draftsmith.data.engines import generation_engine
+from draftsmith.data.stage import generated_once
+from draftsmith.families.draft_lm import train as draft_lm
 from draftsmith.targets import ResolvedTarget
-from draftsmith.train import draft_lm
 from draftsmith.train.fit import FitRun, fit_export, load_recipe
 
 
@@ -109,40 +106,6 @@ DEMO = Plan(replace(FULL, fit_steps=180))
 """``make demo``'s plan on the ``demo`` target: the default recipes, every family at the same number of steps."""
 PLANS = {"demo": DEMO, "default": Plan(FULL), "smollm2": SMOLLM2}
 """The built-in targets' plans."""
-
-
-def generated_once(
-    target: ResolvedTarget, path: Path, settings: dict, device: str = "auto", engine: EngineChoice | None = None
-) -> Path:
-    """Generate ``path`` with ``settings`` (``generate``'s arguments; a ``dtype`` among them: the target's, recorded)
-    unless it is current (the same settings and target); ``device``: where the target generates (``generate``'s; not
-    part of the settings: it does not change what is generated); ``engine``: what generates
-    (``data.engines.generation_engine``; default HF): vLLM's name joins the settings (its sampled data follows its
-    own random streams), its interpreter does not."""
-    if settings.get("dtype", target.dtype) != target.dtype:
-        raise DraftsmithError(f"generate: settings' dtype {settings['dtype']} is not the target's {target.dtype}")
-    run: dict = {"device": device}
-    if engine is not None and engine.engine == "vllm":
-        settings, run = {**settings, "engine": "vllm"}, {**run, "vllm_python": str(engine.python)}
-    stage = {"generate": settings, "target": str(target.path)}
-    settings = {k: v for k, v in settings.items() if k != "dtype"}  # the target's own
-    if not is_current(path, stage):
-        if _partial(path):  # an interrupted run: continue from its saved shards if it was made with these settings
-            try:
-                generate(target, out=path, resume=True, **run, **settings)
-            except DraftsmithError as e:
-                print(f"  not resuming {path}: {e}")
-                generate(target, out=path, overwrite=True, **run, **settings)
-        else:
-            generate(target, out=path, overwrite=True, **run, **settings)
-        write_manifest(path, target=shards.read_metadata(path)["target"], stage=stage)
-    return path
-
-
-def _partial(path: Path) -> bool:
-    """``path`` holds an unfinished ``generate`` run."""
-    meta = shards.read_metadata(path)
-    return meta is not None and meta.get("status") != "complete"
 
 
 def make_data(
@@ -257,7 +220,7 @@ def train_acceptance_head(
     Scored as ``adaptive:0.5:HEAD``: K is the most it drafts; it stops once a rejection among the tokens
     drafted so far is predicted more likely than not (``benchmarks/adaptive.py``: 0.3 and 0.5 within 1%).
     """
-    from draftsmith.train.acceptance_head import train_head
+    from draftsmith.families.acceptance_head.train import train_head
 
     export = out / "drafters" / f"{drafter.name}-head"
     steps = max(10, round(budget.head_steps * budget.fit_scale))
@@ -284,13 +247,10 @@ def train_all(
     the feature cache and every fit run (default: this machine's, ``core.machine.local_device``)."""
     trained, features, runs, device = {}, None, runs or {}, device or local_device()
     if plan.features:
-        from draftsmith.data.feature_cache import cache_features
-        from draftsmith.layers.features import default_feature_layers
+        from draftsmith.data.feature_cache import eagle3_features
 
-        layers = json.loads((target.path / "config.json").read_text())["num_hidden_layers"]
         print("  the target's hidden states over the training data (feature cache)")
-        layers = list(default_feature_layers(layers, 3))
-        features = cache_features(target, data[0], layers, overwrite=True, device=device.torch)
+        features = eagle3_features(target, data[0], device=device.torch)
     for name in plan.drafters:
         recipe = plan.recipe(name)
         print(f"  {name} ({recipe_steps(recipe, budget)} steps, recipe {recipe})")

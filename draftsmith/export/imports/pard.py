@@ -27,7 +27,7 @@ def import_pard(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) 
     against the target (vocabulary, tokenizer when it ships one)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from draftsmith.core.target import tokenizer_hash
+    from draftsmith.core.fingerprint import tokenizer_hash
     from draftsmith.families.pard.network import PardConfig, PardNetwork
 
     src, config, tcfg = ckpt.src, ckpt.config, target.config

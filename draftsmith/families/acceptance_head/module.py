@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_auroc
 
+from draftsmith.core.fingerprint import check_fingerprint
 from draftsmith.core.sampling import Sampling, probs
-from draftsmith.core.target import TargetOutput, check_fingerprint
+from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.acceptance_head.network import HEADED, AcceptanceHead, AcceptanceHeadConfig, weights_hash
 from draftsmith.families.draft_lm.network import DraftLMNetwork

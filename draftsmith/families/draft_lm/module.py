@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
+from draftsmith.core.fingerprint import tokenizer_hash
 from draftsmith.core.sampling import Sampling, probs
-from draftsmith.core.target import Target, TargetOutput, tokenizer_hash
+from draftsmith.core.target import Target, TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 from draftsmith.layers.estimate import acceptance_prob

@@ -10,17 +10,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from draftsmith.core.draft import Draft, DrafterNetwork
+from draftsmith.core.fingerprint import tokenizer_hash
 from draftsmith.core.hf_cache import cache_arg, takes
 from draftsmith.core.sampling import Sampling, probs, sample
-from draftsmith.core.target import (
-    TargetOutput,
-    compiled_forward,
-    load_causal_lm,
-    model_dir,
-    new_cache,
-    rollback,
-    tokenizer_hash,
-)
+from draftsmith.core.target import TargetOutput, compiled_forward, load_causal_lm, model_dir, new_cache, rollback
 from draftsmith.core.trees import TreeKind
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register

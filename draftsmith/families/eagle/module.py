@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig
 
+from draftsmith.core.fingerprint import check_fingerprint
 from draftsmith.core.sampling import Sampling, probs
-from draftsmith.core.target import TargetOutput, check_fingerprint
+from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
 from draftsmith.layers.estimate import acceptance_prob

@@ -17,7 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import draftsmith
-from draftsmith.core.target import Target, check_fingerprint
+from draftsmith.core.fingerprint import check_fingerprint
+from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 
 FORMAT = "draftsmith.judge/1"

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.core.fingerprint import check_fingerprint
 from draftsmith.core.sampling import Sampling
-from draftsmith.core.target import Target, check_fingerprint
+from draftsmith.core.target import Target
 from draftsmith.data.checks import passes
 from draftsmith.data.decode import decode_batch
 from draftsmith.data.prompts import encode

@@ -67,7 +67,7 @@ class MedusaModule(HeadsModule):
         model = MedusaModel(cfg)
         model.init_from_target(self.target.lm_head.weight)
         if self._start is not None:
-            from draftsmith.core.target import check_fingerprint
+            from draftsmith.core.fingerprint import check_fingerprint
 
             check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
             model.load_state_dict(self._start[1], strict=not lora)  # Medusa-2: its adapter starts fresh

@@ -76,7 +76,7 @@ class PEagleModule(ParallelModule, EagleModule):
         model = PEagleModel(PEagleConfig(**fields, depth=self.depth, mask_token_id=self.mask_token_id or 0))
         model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
         if self._start is not None:
-            from draftsmith.core.target import check_fingerprint
+            from draftsmith.core.fingerprint import check_fingerprint
 
             check_fingerprint(self._start[0]["target"], self.target.fingerprint, f"model.init {self.init!r}")
             missing, unexpected = model.load_state_dict(self._start[1], strict=False)

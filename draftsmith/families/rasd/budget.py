@@ -65,7 +65,7 @@ def choose_nodes(
         k: draft depth per round.
         sampling: as scored.
         ratios: r(m), the target's time to verify m tokens over one decode step, measured on this machine
-            (``eval.score.verify_ratios``); measure it up to the largest fused tree + 1.
+            (``eval.calibration.verify_ratios``); measure it up to the largest fused tree + 1.
         step_seconds: the target's time per decode step, measured with ``ratios``.
         budgets: retrieval nodes per round to consider.
         max_new_tokens: tokens each calibration decode generates.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftsmith.core.target import check_fingerprint
+from draftsmith.core.fingerprint import check_fingerprint
 from draftsmith.errors import DraftsmithError
 
 SEPARATOR = -1

@@ -2,10 +2,11 @@
 on the target being scored, chosen by the cost model ``--k auto`` picks K with (``decode.auto_k``).
 
 Sub-network n is a draft LM of its own: its acceptance a_n per position and its cost c_n (its time per drafted token
-/ one plain decode step of the target) are measured as ``score.choose_shapes`` measures a drafter without a
-validation profile, in untimed decodes of the first held-out prompts at K = 8 (``score.CALIBRATION_PROMPTS`` of them,
-after a warm-up: one prompt whose drafts were all accepted decided the sub-network alone before); r(m), the target's
-time to verify m tokens / one decode step, once per target. Its predicted speed at K is S(n, K) = τ_n(K) / (r(K + 1) + K·c_n)
+/ one plain decode step of the target) are measured as ``calibration.choose_shapes`` measures a drafter without a
+validation profile, in untimed decodes of the first held-out prompts at K = 8 (``calibration.CALIBRATION_PROMPTS``
+of them, after a warm-up: one prompt whose drafts were all accepted decided the sub-network alone before); r(m),
+the target's time to verify m tokens / one decode step, once per target. Its predicted speed at K is
+S(n, K) = τ_n(K) / (r(K + 1) + K·c_n)
 (``auto_k.choose_chain_k``); the chosen sub-network maximises it (at the run's K, or over K = 1..8 with ``--k auto``),
 ties going to the shallower one. The choice, and every sub-network's numbers, go in the drafter's score row (``s2d``).
 """
@@ -133,7 +134,7 @@ def choose_exits(
     """For each sorted draft LM of ``drafters``, the sub-network of highest predicted speed on its target
     (``targets[name]``) at the best of draft lengths ``ks`` (the run's K, or 1..8 for ``--k auto``), measured on
     ``prompts`` (the calibration prompts; r(m) on the first); each such drafter is left drafting with it, the choice recorded for its row (``S2DDrafter.choice``).
-    ``verify_ratios``: ``score.verify_ratios``, which measures r(m)."""
+    ``verify_ratios``: ``eval.calibration.verify_ratios``, which measures r(m)."""
     ks = list(ks)
     chosen = {}
     for name, drafter in drafters.items():
