@@ -88,7 +88,10 @@ RECIPES = {
     "dspark": "smollm2/dspark",
     **{row: f"smollm2/study/{row}" for row in ("eagle3_31_lk", "eagle3_31_ttt7", "eagle3_31_nodecay")},
     **{row: f"smollm2/study/{row}" for row in ("eagle3_31_2l", "eagle3_31_16k")},
-    **{row: f"smollm2/study/{row}" for row in ("eagle3_31_clip", "eagle3_31_cos0", "eagle3_31_warm1pct")},
+    **{
+        row: f"smollm2/study/{row}"
+        for row in ("eagle3_31_clip", "eagle3_31_cos0", "eagle3_31_warm1pct", "eagle3_31_lr1e3")
+    },
     **{row: f"smollm2/peers/{row}" for row in ("eagle3_speculators", "eagle3_specforge")},
     "eagle3_31_e4": "smollm2/eagle3_31",
     "eagle3_31_e8": "smollm2/eagle3_31",
