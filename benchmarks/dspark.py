@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
@@ -31,9 +30,9 @@ from scaling import fit_epochs
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.eval.rows import block_dicts, read_block
-from draftsmith.eval.score import score_drafters
-from draftsmith.families.specs import Confident, Named, NGram, Trained, build_drafter
+from draftsmith.eval import blocks
+from draftsmith.eval.rows import read_block
+from draftsmith.families.specs import Confident, Named, NGram, Trained
 from draftsmith.targets import resolve
 
 K = 4
@@ -57,11 +56,10 @@ def specs(study: Path, size: str, lengths: list[int], depth: int, cut_sweep: boo
 
 
 def score_block(target: Target, pairs: list[tuple[Named, int]], prompts, categories, max_new: int) -> dict:
-    built = {named.name: build_drafter(named.spec, target) for named, _ in pairs}
-    load = os.getloadavg()[0]
+    """The greedy block of ``pairs`` (``specs``), each drafter at its own K (``eval.blocks.score_block``)."""
+    drafters = {named.name: named.spec for named, _ in pairs}
     ks = {named.name: k for named, k in pairs}
-    plain, rows = score_drafters(target, built, prompts, ks, Sampling(), max_new, categories=categories)
-    return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)]}
+    return blocks.score_block(target, drafters, prompts, ks, Sampling(), max_new, categories)
 
 
 def markdown(result: dict) -> str:

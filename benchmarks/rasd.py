@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, saved_block, smollm2_targets, write
@@ -34,9 +33,9 @@ from common import RESULTS, heldout_sets, machine, measured_on, plain_lines, sav
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.datastore import build
+from draftsmith.eval import blocks
 from draftsmith.eval.calibration import AUTO_K
-from draftsmith.eval.rows import block_dicts, read_block
-from draftsmith.eval.score import score_drafters
+from draftsmith.eval.rows import read_block
 from draftsmith.families.specs import Named, NGram, Rasd, Trained, build_drafter
 from draftsmith.layers.tree_draft import TreeDrafter, TreeKind, TreePolicy
 
@@ -67,17 +66,15 @@ def drafters(path: str, store: Path, mode: str, tree: bool = True) -> list[tuple
 
 
 def score_block(verified: Target, references: dict[str, Target], specs, prompts, categories, n: int, mode: str):
+    """The block of ``specs`` (``drafters``) at ``--k auto`` in ``mode`` (``eval.blocks.score_block``), each tree
+    drafter built with its tree policy, the ``references`` beside greedy blocks only."""
     built = {}
     for named, policy in specs:
         built[named.name] = build_drafter(named.spec, verified)
         if policy is not None and isinstance(built[named.name], TreeDrafter):
             built[named.name].set_tree(policy, 8)
-    load = os.getloadavg()[0]
     refs = references if mode == "greedy" else None  # the fastest-plain goals are greedy ones
-    plain, rows = score_drafters(
-        verified, built, prompts, AUTO_K, MODES[mode], n, categories=categories, references=refs
-    )
-    return block_dicts(plain, rows) | {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "mode": mode}
+    return blocks.score_block(verified, built, prompts, AUTO_K, MODES[mode], n, categories, refs) | {"mode": mode}
 
 
 def markdown(result: dict) -> str:

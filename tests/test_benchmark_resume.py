@@ -71,3 +71,35 @@ def test_a_scored_block_holds_its_rows_the_load_before_and_after_and_its_mode(tm
     block = score_block(target, {}, {"ngram": NGram()}, [[5, 6, 7, 5, 6]], None, 6, "greedy")
     assert [d["name"] for d in block["drafters"]] == ["ngram"] and block["plain"]["tokens"] > 0
     assert len(block["load"]) == 2 and block["mode"] == "greedy" and block["drafters"][0]["k"] == 4
+
+
+def test_rasd_and_dspark_score_their_blocks_through_the_package(tmp_path, monkeypatch):
+    """``rasd.score_block`` and ``dspark.score_block`` over ``eval.blocks.score_block``: dspark's drafters each at
+    their own K; rasd's tree drafters built with their tree policy (a dynamic tree drafts more than a K-chain), the
+    references beside greedy blocks only, and its mode."""
+    import dspark
+    import rasd
+    from conftest import make_llama, make_tokenizer
+
+    from draftsmith.core.target import Target
+    from draftsmith.families.specs import Named, NGram, SelfDraft
+
+    make_llama(seed=0).save_pretrained(tmp_path / "target")
+    make_tokenizer().save_pretrained(tmp_path / "target")
+    target = Target.from_pretrained(tmp_path / "target")
+    prompts = [[5, 6, 7, 5, 6], [9, 10, 11, 9, 10, 11]]
+    pairs = [(Named("ngram", NGram()), 4), (Named("self", SelfDraft()), 2)]
+    block = dspark.score_block(target, pairs, prompts, None, 8)
+    assert list(block) == ["plain", "drafters", "load"] and len(block["load"]) == 2
+    assert [(d["name"], d["k"]) for d in block["drafters"]] == [("ngram", 4), ("self", 2)]
+
+    monkeypatch.setattr(rasd, "AUTO_K", 4)  # --k auto times this machine; one K keeps the test fast and fixed
+    specs = [(Named("self", SelfDraft()), rasd.CHAIN), (Named("self tree", SelfDraft()), rasd.DYNAMIC)]
+    references = {"fast kernels": target}
+    greedy = rasd.score_block(target, references, specs, prompts, None, 8, "greedy")
+    assert list(greedy) == ["plain", "drafters", "load", "mode"] and greedy["mode"] == "greedy"
+    chain, tree = greedy["drafters"]
+    assert chain["mean_drafted"] <= 4 < tree["mean_drafted"]
+    assert list(greedy["plain"]["references"]) == ["fast kernels"]
+    sampled = rasd.score_block(target, references, specs, prompts, None, 8, "sampled")
+    assert sampled["mode"] == "sampled" and not sampled["plain"].get("references")

@@ -1,7 +1,8 @@
 """``draftsmith doctor``: a healthy EAGLE-3 drafter passes every check; each injected fault is named by its check
 (feature layers recorded one off, a norm flag flipped in the record, labels shifted by one, no training-time test,
-training data outside the target's chat template, another target, a permuted d2t), for a native dir, a
-``.ckpt``-less peer export imported on the fly, and through the CLI with its exit status."""
+training data outside the target's chat template, another target, a permuted d2t, a draft vocabulary too small or
+counted on other text), for a native dir, a ``.ckpt``-less peer export imported on the fly, and through the CLI with
+its exit status."""
 
 from __future__ import annotations
 
@@ -203,6 +204,66 @@ def test_permuted_d2t_fails_the_draft_vocabulary_check(case):
     assert found["feature layers"]["status"] == INFO
 
 
+@pytest.fixture(scope="module")
+def raw_data(case) -> Path:
+    """The same 64 chat prompts continued by the target without its chat template (generate --chat_template false:
+    ``user: ...\\nassistant:``)."""
+    return make_data(case["root"], "raw-data", chat_template=False)
+
+
+def output_counts(data: Path) -> torch.Tensor:
+    """(VOCAB,) how often the target generated each token in a generated data dir."""
+    dataset, _ = load_generated(data)
+    ids = torch.tensor(dataset["input_ids"], dtype=torch.long)
+    return torch.bincount(ids[torch.tensor(dataset["loss_mask"]).bool()], minlength=VOCAB)
+
+
+def with_draft_vocab(case: dict, counts: torch.Tensor, size: int) -> EagleModel:
+    """The healthy drafter with the ``size`` tokens most frequent in ``counts`` as its draft vocabulary: its trained
+    head rows for the tokens its own vocabulary held, the target's LM head rows for the rest."""
+    healthy, target = case["network"], case["target"]
+    network = EagleModel(dataclasses.replace(healthy.cfg, draft_vocab_size=size))
+    mine = {k: v for k, v in healthy.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    network.load_state_dict(mine, strict=False)
+    network.set_draft_vocab(counts.float())
+    network.init_from_target(target.embed_tokens.weight, target.lm_head.weight)
+    trained = dict(zip(healthy.draft_ids.tolist(), healthy.lm_head.weight, strict=True))
+    with torch.no_grad():
+        for row, token in enumerate(network.draft_ids.tolist()):
+            if token in trained:
+                network.lm_head.weight[row] = trained[token]
+    return network.eval()
+
+
+@pytest.mark.parametrize("size", [40, 48])
+def test_a_draft_vocabulary_too_small_for_the_targets_outputs_is_named_by_its_size(case, size):
+    """Counted on the target's own outputs (the healthy drafter's training data), but 40 or 48 tokens: under 90% of
+    its greedy tokens. 40: even the 40 it generates most on the prompts hold under 90%. 48: those hold over 90%
+    (measured on the very tokens they were counted on), yet 48 counted on the other prompts hold less of each
+    prompt's than this vocabulary does: no recount helps, the size is the cause (SmolLM2's 1024 tokens on 16
+    prompts of 48 tokens are this case)."""
+    network = with_draft_vocab(case, output_counts(case["data"]), size)
+    vocab = checks(run(case, saved(case, f"small-{size}", network)))["draft vocabulary"]
+    assert vocab["status"] == FAIL and vocab["data"]["coverage"] < 0.9, vocab
+    assert f"{size} tokens are too few for this target's outputs" in vocab["cause"], vocab
+    assert "other text" not in vocab["cause"] and vocab["fix"].startswith("a larger draft_vocab_size")
+    best, counted = vocab["data"]["best_same_size"], vocab["data"]["counted_same_size"]
+    assert (best < 0.9) == (size == 40) and counted <= vocab["data"]["coverage"]
+
+
+def test_a_draft_vocabulary_counted_on_other_text_than_the_targets_outputs_is_named(case, raw_data):
+    """The healthy drafter's 80 tokens, counted on what the target generates outside its chat template, doctored on
+    prompts in it: 80 tokens counted on the target's greedy tokens on the other prompts hold more of each prompt's
+    than this vocabulary does."""
+    network = with_draft_vocab(case, output_counts(raw_data), 80)
+    vocab = checks(run(case, saved(case, "counted-raw", network)))["draft vocabulary"]
+    assert vocab["status"] == FAIL, vocab
+    assert vocab["data"]["counted_same_size"] > vocab["data"]["coverage"] + 0.05
+    assert "counted on other text than the target's own outputs" in vocab["cause"] and "too few" not in vocab["cause"]
+    assert vocab["fix"].startswith("build the draft vocabulary from the target's own generated data")
+    assert "draft_vocab_size" not in vocab["fix"]
+
+
 def test_a_peer_checkpoint_whose_d2t_the_importer_refuses_fails_draft_vocabulary_naming_the_reordered_maps(
     case, tmp_path
 ):
@@ -326,16 +387,18 @@ def test_the_norm_check_measures_every_norm_flag_an_export_writes():
     assert set(NORM_FLAGS) == set(EAGLE3_NORM_FLAGS)
 
 
-def test_training_data_outside_the_targets_chat_template_is_named(case):
-    """A drafter trained on the same chat prompts rendered without the target's template (generate
-    --chat_template false: ``user: ...\\nassistant:``), its data recorded by its manifest."""
-    raw = make_data(case["root"], "raw-data", chat_template=False)
-    network = train_eagle3(case["target"], raw)
-    found = checks(run(case, saved(case, "raw-trained", network, data=raw)))
+def test_training_data_outside_the_targets_chat_template_is_named(case, raw_data):
+    """A drafter trained on the same chat prompts rendered without the target's template (``raw_data``), its data
+    recorded by its manifest; its draft vocabulary, counted on that data, is named as counted on other text."""
+    network = train_eagle3(case["target"], raw_data)
+    found = checks(run(case, saved(case, "raw-trained", network, data=raw_data)))
     template = found["chat template"]
     assert template["status"] == FAIL, template
     assert template["data"]["training_data"]["templated"] == 0 and "0 of the first 64" in template["finding"]
     assert "outside the target's chat template" in template["cause"] and "--chat_template true" in template["fix"]
+    vocab = found["draft vocabulary"]
+    assert "counted on other text" in vocab["cause"] and "too few" not in vocab["cause"]
+    assert vocab["fix"].startswith("build the draft vocabulary from the target's own generated data"), vocab
     assert checks(run(case, case["root"] / "healthy"))["chat template"]["data"]["training_data"]["templated"] == 64
 
 

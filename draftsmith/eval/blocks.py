@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from draftsmith.core.draft import Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.eval.rows import block_dicts
@@ -15,18 +16,19 @@ from draftsmith.families.specs import DrafterSpec, load_drafter
 
 def score_block(
     target: Target,
-    drafters: dict[str, str | DrafterSpec],
+    drafters: dict[str, str | DrafterSpec | Drafter],
     prompts: list[list[int]],
-    k: int | str,
+    k: int | str | dict[str, int],
     sampling: Sampling,
     max_new_tokens: int,
     categories: list | None = None,
     references: dict[str, Target] | None = None,
 ) -> dict:
-    """Every drafter of ``drafters`` (name -> its spec or shorthand, ``families.specs``) loaded on ``target`` and
-    scored on ``prompts`` at ``k`` with ``sampling`` (``score_drafters``: ``categories`` per prompt, ``references``
+    """Every drafter of ``drafters`` (name -> its spec or shorthand, ``families.specs``, or a drafter built already,
+    as a study that sets its tree shape does) loaded on ``target`` and scored on ``prompts`` at ``k`` (one for all,
+    ``"auto"`` or one per name) with ``sampling`` (``score_drafters``: ``categories`` per prompt, ``references``
     decoded plainly beside them); the block as a report saves it, with ``load``: the load average before and after."""
-    built = {name: load_drafter(spec, target) for name, spec in drafters.items()}
+    built = {name: d if isinstance(d, Drafter) else load_drafter(d, target) for name, d in drafters.items()}
     load = os.getloadavg()[0]
     plain, rows = score_drafters(
         target, built, prompts, k, sampling, max_new_tokens, categories=categories, references=references

@@ -17,6 +17,10 @@ from draftsmith.families.eagle.network import EagleModel
 COVERAGE = 0.9
 """Share of the target's greedy tokens a draft vocabulary should hold."""
 
+COUNTED_GAP = 0.05
+"""A draft vocabulary holding this much less of each prompt's greedy tokens than one of the same size counted on the
+target's own greedy tokens on the other prompts was counted on other text (less is the prompts' sampling noise)."""
+
 
 MAPS_CAUSE = "a corrupted or reordered d2t / t2d (a conversion that permuted or re-based them)"
 MAPS_FIX = (
@@ -77,8 +81,66 @@ def check_identity(info: dict, target: Target, network) -> tuple[Check, bool]:
     )
 
 
+def same_size_coverage(probe_: Probe, size: int, vocab: int) -> tuple[float, float | None]:
+    """What the best ``size`` draft tokens hold of the target's greedy tokens on the prompts, two ways.
+
+    Returns:
+        (the ``size`` tokens the target generates most on all the prompts, measured on those same tokens: an upper
+        bound; the ``size`` it generates most on the other prompts, measured on each prompt and pooled: what a
+        vocabulary counted on the target's own outputs holds of text it was not counted on, as the drafter's is
+        measured here, pessimistic where the other prompts hold fewer than ``size`` distinct tokens; None for fewer
+        than two prompts that generate).
+    """
+    gens = [s[n:] for s, n in zip(probe_.sequences, probe_.prompt_lens, strict=True)]
+    counts = torch.stack([torch.bincount(g, minlength=vocab) for g in gens])  # (P, V) greedy tokens per prompt
+    total = counts.sum(0)  # (V,)
+    tokens = int(total.sum())
+    size = min(size, vocab)
+    best = int(total.topk(size).values.sum()) / max(tokens, 1)
+    if int((counts.sum(1) > 0).sum()) < 2:
+        return best, None
+    held = 0
+    for own in counts:
+        rest = total - own  # (V,) counted on the other prompts
+        keep = rest.topk(size).indices
+        held += int(own[keep[rest[keep] > 0]].sum())  # a token the other prompts never generate is not counted
+    return best, held / tokens
+
+
+def coverage_cause(size: int, coverage: float, best: float, counted: float | None) -> tuple[str, str]:
+    """(cause, fix) of a draft vocabulary that holds under ``COVERAGE`` of the target's greedy tokens: counted on
+    other text (one counted on the target's own greedy tokens holds more), its size (even the best one of that size
+    holds too little, or one counted on the target's own tokens holds no more), or both."""
+    missed = f"the drafter can never propose the other {1 - coverage:.0%}"
+    if counted is None:  # no other prompt to count a vocabulary on
+        either = f"its vocabulary was counted on other text than the target's own outputs, or {size} tokens are too few"
+        return f"{missed}: {either} (one prompt cannot tell them apart)", "doctor on more prompts to tell them apart"
+    other = counted >= COVERAGE or coverage < counted - COUNTED_GAP
+    few = best < COVERAGE or not other
+    own = (
+        f"{size} tokens counted on the target's greedy tokens on the other prompts hold {counted:.0%} of each prompt's"
+    )
+    text = f"its vocabulary was counted on other text than the target's own outputs on prompts like these ({own})"
+    text_fix = (
+        "build the draft vocabulary from the target's own generated data on prompts like the ones it serves "
+        "(draftsmith generate, then fit on it)"
+    )
+    if best < COVERAGE:
+        small = f"even the {size} the target generates most on these prompts hold only {best:.0%}"
+    else:
+        small = f"no recount on the target's own outputs would hold more: {own}"
+    small = f"{size} tokens are too few for this target's outputs ({small})"
+    small_fix = "a larger draft_vocab_size (0: the target's whole vocabulary)"
+    if other and few:
+        return f"{missed}: {text}; and {small}", f"{text_fix}, with {small_fix}"
+    if other:
+        return f"{missed}: {text}", text_fix
+    return f"{missed}: {small}", small_fix
+
+
 def check_vocab(network, probe_: Probe) -> Check:
-    """d2t / t2d consistent, and how many of the target's own greedy tokens the draft vocabulary holds."""
+    """d2t / t2d consistent, and how many of the target's own greedy tokens the draft vocabulary holds; where too few,
+    whether it was counted on other text or is too small (``coverage_cause``)."""
     if not reads_features(network) or not network.cfg.own_head:
         return Check("draft vocabulary", NOT_RUN, f"{network.method} drafts over the target's whole vocabulary")
     d2t, t2d = network.d2t.detach().cpu().long(), network.t2d.detach().cpu().bool()
@@ -95,7 +157,14 @@ def check_vocab(network, probe_: Probe) -> Check:
     drafted = torch.zeros(len(t2d), dtype=torch.bool)
     drafted[inside] = True
     coverage = float(drafted[generated].float().mean()) if len(generated) else 0.0
-    data = {"draft_vocab_size": len(d2t), "coverage": coverage, "problems": problems}
+    best, counted = same_size_coverage(probe_, len(d2t), len(t2d))
+    data = {
+        "draft_vocab_size": len(d2t),
+        "coverage": coverage,
+        "best_same_size": best,
+        "counted_same_size": counted,
+        "problems": problems,
+    }
     if problems:
         return Check(
             "draft vocabulary",
@@ -107,15 +176,8 @@ def check_vocab(network, probe_: Probe) -> Check:
         )
     finding = f"d2t / t2d consistent; {len(d2t)} tokens hold {coverage:.0%} of the target's greedy tokens"
     if coverage < COVERAGE:
-        return Check(
-            "draft vocabulary",
-            FAIL,
-            finding,
-            cause=f"the drafter can never propose the other {1 - coverage:.0%}: its vocabulary was counted on "
-            "other text than the target's own outputs",
-            fix="build the draft vocabulary from the target's generated data (or a larger draft_vocab_size)",
-            data=data,
-        )
+        cause, fix = coverage_cause(len(d2t), coverage, best, counted)
+        return Check("draft vocabulary", FAIL, finding, cause=cause, fix=fix, data=data)
     return Check("draft vocabulary", PASS, finding, data=data)
 
 
