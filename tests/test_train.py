@@ -541,8 +541,11 @@ def test_a_warmup_given_as_a_share_scales_with_the_steps_a_run_gives_and_a_fixed
     from draftsmith.layers.module import OptimConfig, warmup_steps
     from draftsmith.train.fit import FitRun, configure
 
-    shared = configure("smollm2/study/eagle3_31_warm1pct", FitRun(steps=155))["model"]["init_args"]["optim"]
-    fixed = configure("smollm2/eagle3_31", FitRun(steps=155))["model"]["init_args"]["optim"]
+    shared_config, fixed_config = (
+        configure(f"smollm2/{r}", FitRun(steps=155)) for r in ("study/eagle3_31_warm1pct", "eagle3_31")
+    )
+    assert shared_config["trainer"]["max_steps"] == fixed_config["trainer"]["max_steps"] == 155  # the run's steps, both
+    shared, fixed = (c["model"]["init_args"]["optim"] for c in (shared_config, fixed_config))
     assert shared == {"lr": 0.002, "warmup_ratio": 0.01} and fixed == {"lr": 0.002, "warmup_steps": 15}
     assert warmup_steps(OptimConfig(**shared), 155) == 2 and warmup_steps(OptimConfig(**shared), 31) == 1
     assert warmup_steps(OptimConfig(**fixed), 155) == 15

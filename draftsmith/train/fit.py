@@ -131,8 +131,9 @@ def configure(recipe: str | Path | dict, run: FitRun = FitRun()) -> dict:
     set_model = {"target": run.target} | ({"optim": {"lr": run.lr}} if run.lr is not None else {})
     set_data = {"train": run.train, "val": run.val, "features": run.features, "batch_size": run.batch_size}
     set_trainer = {"default_root_dir": str(run.out) if run.out is not None else None}
-    if run.steps is not None and not model.get("optim", {}).get("warmup_ratio"):  # a share already scales with steps
-        set_model["optim"] = set_model.get("optim", {}) | {"warmup_steps": max(1, run.steps // 10)}
+    if run.steps is not None:
+        if not model.get("optim", {}).get("warmup_ratio"):  # a share scales with the steps by itself
+            set_model["optim"] = set_model.get("optim", {}) | {"warmup_steps": max(1, run.steps // 10)}
         set_trainer |= {"max_steps": run.steps, "max_epochs": -1, "val_check_interval": max(1, run.steps // 4)}
     model.update(_merge(model, _given(set_model) | run.model))
     data.update(_merge(data, _given(set_data) | run.data))
