@@ -270,6 +270,19 @@ def test_bad_config_key_is_an_error_naming_it(setup, tmp_path, capsys):
     assert "ttt_stepz" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "field", ["optim.warmup_ratio=1.5", "optim.warmup_ratio=-0.1", "optim.warmup_steps=-3", "optim.min_lr_ratio=2"]
+)
+def test_an_optimizer_setting_out_of_range_is_one_line_naming_it(setup, tmp_path, capsys, field):
+    """A warm-up share of 1.5 would warm up past the fit's end (the learning rate never reaching its peak)."""
+    with pytest.raises(SystemExit) as exc:
+        main(fit_args(setup, tmp_path, "eagle3", f"--model.init_args.{field}"))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    assert f"{field.split('=')[0]} " in err and err.count("\n") <= 2, err
+    assert not any(tmp_path.rglob("*.ckpt"))
+
+
 @pytest.mark.parametrize("form", ["--config", "--config="])
 def test_a_missing_config_file_is_one_line_naming_it(tmp_path, capsys, form):
     missing = str(tmp_path / "nope.yaml")

@@ -44,6 +44,16 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     """Final learning rate as a fraction of ``lr``."""
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_ratio < 1:
+            raise DraftsmithError(
+                f"optim.warmup_ratio is a share of the fit's steps, in [0, 1): got {self.warmup_ratio:g}"
+            )
+        if self.warmup_steps < 0:
+            raise DraftsmithError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise DraftsmithError(f"optim.min_lr_ratio is a fraction of optim.lr, in [0, 1]: got {self.min_lr_ratio:g}")
+
 
 @dataclass(frozen=True)
 class EstimateConfig:
