@@ -44,7 +44,6 @@ MARKDOWN = {
     "export_vllm": "export_vllm",
     "gpu_check": "gpu_check",
     "gpu_check_fit": "gpu_check",
-    "gpu_numerics": "gpu_numerics",
     "heads_default": "heads",
     "judge": "judge",
     "heads_smollm2": "heads",
