@@ -566,8 +566,8 @@ def test_a_warmup_given_as_a_share_scales_with_the_steps_a_run_gives_and_a_fixed
 
 def test_a_recorded_fit_records_its_run_beside_it_and_is_not_run_again(setup, tmp_path, monkeypatch):
     """``train.recorded.recorded_fit`` (the studies' fits): the export, its record ``RUN.json`` beside the run dir
-    (steps, rows, tokens, batch, epochs, seconds across sessions, precision, val τ_est) that ``fit_epochs`` reads;
-    a fit recorded and exported is reused as recorded."""
+    (steps, rows, tokens, batch, epochs, seconds across sessions and those of its validations, precision, val τ_est)
+    that ``fit_epochs`` reads; a fit recorded and exported is reused as recorded."""
     from draftsmith.train import recorded
     from draftsmith.train.fit import FitRun
 
@@ -586,6 +586,10 @@ def test_a_recorded_fit_records_its_run_beside_it_and_is_not_run_again(setup, tm
     assert record["val_tau_est"] == json.loads((export / "config.json").read_text())["val_tau_est"] is not None
     assert record["tokens_per_s"] == pytest.approx(100 / record["seconds"], rel=0.1)  # 16 rows of 100 tokens, 1 pass
     assert recorded.fit_epochs(record) == 1.0 and recorded.fit_epochs({"steps": 10, "rows": 40}) == 2.0  # batch 8
+    # the validations' seconds (sanity check and the one at the end), timed apart by the fit's own callback
+    clocked = json.loads((tmp_path / "fit" / "eagle3-16" / "validation_seconds.json").read_text())["seconds"]
+    assert 0 < record["validation_seconds"] == clocked < record["seconds"]
+    assert record["train_tokens_per_s"] > record["tokens_per_s"]
 
     def refit(*args):
         raise AssertionError("a recorded fit ran again")
@@ -625,3 +629,23 @@ def test_a_recipes_gradient_clip_reaches_the_step_and_a_clip_above_the_norm_chan
     plain, tight, loose = weights(None), weights(1e-4), weights(1e4)
     assert all(torch.equal(plain[k], loose[k]) for k in plain)
     assert not all(torch.equal(plain[k], tight[k]) for k in plain)
+
+
+def test_the_validation_clock_adds_a_resumed_fits_validations_to_the_earlier_sessions(tmp_path):
+    """``train.cli.ValidationClock``: a fit resumed in its run dir adds its validations' seconds to those saved there
+    (a fresh fit starts from an empty dir: ``fit`` removes it)."""
+    import time
+    from types import SimpleNamespace
+
+    from draftsmith.train.cli import VALIDATION_SECONDS, ValidationClock
+
+    (tmp_path / VALIDATION_SECONDS).write_text(json.dumps({"seconds": 5.0}))  # the interrupted session's
+    trainer = SimpleNamespace(default_root_dir=str(tmp_path), is_global_zero=True)
+    clock = ValidationClock()
+    clock.on_validation_end(SimpleNamespace(), None)  # a validation outside a fit (trainer.validate) records nothing
+    clock.on_fit_start(trainer, None)
+    for _ in range(2):
+        clock.on_validation_start(trainer, None)
+        time.sleep(0.1)
+        clock.on_validation_end(trainer, None)
+    assert 5.2 <= json.loads((tmp_path / VALIDATION_SECONDS).read_text())["seconds"] < 5.6

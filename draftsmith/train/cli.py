@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -14,6 +16,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from draftsmith.core.files import write_whole
 from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import write_manifest
 from draftsmith.core.yaml_file import read_yaml
@@ -63,6 +66,32 @@ class ResumeHint(L.Callback):
         if not isinstance(exception, KeyboardInterrupt) or not trainer.is_global_zero:
             return
         print(resume_hint(trainer.default_root_dir, self.command), file=sys.stderr)
+
+
+VALIDATION_SECONDS = "validation_seconds.json"
+"""Beside a fit's checkpoints (its run dir): the wall seconds its validations took, sanity check included (``ValidationClock``)."""
+
+
+class ValidationClock(L.Callback):
+    """Wall seconds spent validating, added up across a fit's sessions into ``VALIDATION_SECONDS`` in its run dir: a
+    validation runs the target online over the held-out rows and unrolls the drafter from every position
+    (``val/tau_est``), so a short fit that validates 4 times spent most of its minutes there (issue 86's 50k fits,
+    under load: ~15 of 19), and a trainer's tokens/s is fair to compare with the peers' (which validate otherwise or
+    not at all) only with it apart (``train.recorded.recorded_fit``)."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.path = Path(trainer.default_root_dir) / VALIDATION_SECONDS
+        self.seconds = json.loads(self.path.read_text())["seconds"] if self.path.is_file() else 0.0  # a resumed fit
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not hasattr(self, "path"):  # ``trainer.validate`` alone, no fit
+            return
+        self.seconds += time.perf_counter() - self.start
+        if trainer.is_global_zero:
+            write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1)}))
 
 
 def resume_hint(root: str | Path, command: str | None) -> str:
@@ -154,7 +183,7 @@ class DraftsmithCLI(LightningCLI):
 
         if isinstance(self.datamodule, ResumesMidEpoch):  # Lightning warns that the epoch's order restarts: not ours
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
-        self.trainer.callbacks.append(ResumeHint(self.command))
+        self.trainer.callbacks += [ResumeHint(self.command), ValidationClock()]
         if self.trainer.is_global_zero:
             config = self.config[self.subcommand] if self.subcommand else self.config
             write_manifest(

@@ -1,6 +1,7 @@
 """A fit as a study records it (``benchmarks/scaling.py``'s, the recipe study's): resumed from its last checkpoint
 when interrupted, its wall time kept across sessions (``Stopwatch``), and a record beside its run dir, ``RUN.json``:
-steps, rows, generated tokens, batch, epochs, seconds, generated tokens trained per second, the process's peak RSS,
+steps, rows, generated tokens, batch, epochs, seconds, generated tokens trained per second (with and without the
+validations' seconds, ``train.cli.ValidationClock``), the process's peak RSS,
 the machine's load, precision and the export's val τ_est (``recorded_fit``; read back with ``fit_epochs``)."""
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def recorded_fit(
     with Stopwatch(clock_path) as clock:  # a fit resumed later adds its time
         fit_export(recipe, run, target, export)
     gc.collect()  # the fit's feature cache (GBs) before the next fit loads its own
+    from draftsmith.train.cli import VALIDATION_SECONDS  # Lightning's import: only once a fit has run
+
+    clocked = Path(run.out) / VALIDATION_SECONDS
+    validating = json.loads(clocked.read_text())["seconds"] if clocked.is_file() else None
     record = {
         "trainer": "draftsmith",
         "steps": steps,
@@ -82,6 +87,10 @@ def recorded_fit(
         "epochs": round(steps * batch / rows, 2),
         "seconds": round(clock.seconds, 1),
         "tokens_per_s": round(tokens * steps * batch / rows / clock.seconds, 1),
+        "validation_seconds": validating,
+        "train_tokens_per_s": round(tokens * steps * batch / rows / (clock.seconds - validating), 1)
+        if validating is not None and clock.seconds > validating
+        else None,
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "sessions": clock.sessions,
         "load": [round(load, 2), round(os.getloadavg()[0], 2)],
