@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine, write
+from common import machine, prompt_ids, write
 
 from draftsmith import targets
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.decode.metrics import drafter_metrics, plain_metrics
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.acceptance_head.network import load_adaptive
@@ -215,7 +214,7 @@ def main() -> None:
 
     target_dir = targets.resolve("default")
     target = Target.from_pretrained(target_dir)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.prompts)]
+    prompts = prompt_ids("builtin:heldout", target.tokenizer, args.prompts)
     adaptive = adaptive_part(args, target, target_dir, prompts)
     osd = osd_part(args, target, target_dir, prompts)
     info = machine()

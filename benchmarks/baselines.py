@@ -20,18 +20,16 @@ sides (``score --compile``). Writes ``benchmarks/results/baselines[_<target>].{j
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import HELDOUT, machine, write
+from common import HELDOUT, Load, machine, prompt_ids, write
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, compiled_forward
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export.registry import write_export
 from draftsmith.families.draft_lm.network import DraftLM
@@ -239,13 +237,13 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=0.4, help="the confidence rows' threshold")
     parser.add_argument("--compiled", action="store_true", help="also every row with torch.compile'd forwards")
     args = parser.parse_args()
-    load_before = os.getloadavg()[0]
+    load = Load()
     target_dir = resolve(args.target)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     assistant = args.assistant or default_assistant(args.target)
     if not (assistant / "config.json").is_file():
         parser.error(f"--assistant: {assistant} is not a model directory (run benchmarks/real_target.py first)")
-    prompts = [encode(p, tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
+    prompts = prompt_ids(HELDOUT[args.target], tokenizer, args.num_prompts)
     settings = (target_dir, assistant, args.k, args.ngram, args.max_new_tokens, args.threshold)
     decoders = rows(*settings, compiled=False)
     if args.compiled:
@@ -264,7 +262,7 @@ def main() -> None:
         "assistant": str(assistant),
         "rows": run(decoders, prompts, args.repeats),
     }
-    data["load"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    data["load"] = load.span()
     write("baselines" if args.target == "default" else f"baselines_{args.target}", data, markdown(data))
 
 

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
-from common import machine, measured_on, mtbench_subset, write
+from common import Load, machine, measured_on, mtbench_subset, write
 from tqdm.auto import tqdm
 
 from draftsmith.core.files import write_whole
@@ -107,14 +106,14 @@ def run_set(
     plain = {name: [] for name in targets}
     spec = {name: [] for name in rows}
     hf = []
-    load_before = os.getloadavg()[0]
+    machine_load = Load()
     for prompt in tqdm(prompts, desc="prompts", unit="prompt"):
         for name, t in targets.items():
             plain[name].append(plain_decode(t, prompt, n, greedy))
         for name, dec in decoders.items():
             spec[name].append(dec.generate(prompt, n))
         hf.append(hf_generate(fast, prompt, n))
-    block = {"load": [round(load_before, 2), round(os.getloadavg()[0], 2)], "plain": {}, "drafters": [], "hf": {}}
+    block = {"load": machine_load.span(), "plain": {}, "drafters": [], "hf": {}}
     for name in targets:
         block["plain"][name] = plain_metrics(plain[name]).to_dict()
     for name, (t, k, tname) in rows.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -35,15 +36,34 @@ def mtbench_subset(n: int) -> list:
     return [p for group in picked.values() for p in group]
 
 
+def prompt_ids(source: str, tokenizer, n: int | None = None) -> list[list[int]]:
+    """The first ``n`` prompts of ``source`` (a ``load_prompts`` name: ``HELDOUT``'s, ``builtin:train``), encoded with
+    ``tokenizer``'s chat template: what a decoding block decodes."""
+    from draftsmith.data.prompts import encode, load_prompts
+
+    return [encode(p, tokenizer) for p in load_prompts(source, limit=n)]
+
+
+class Load:
+    """The machine's one-minute load average when made; ``span()``: [then, now], rounded, a result's ``load`` (what
+    the reports print beside their tokens/s)."""
+
+    def __init__(self) -> None:
+        self.before = os.getloadavg()[0]
+
+    def span(self) -> list[float]:
+        return [round(self.before, 2), round(os.getloadavg()[0], 2)]
+
+
 def heldout_sets(tokenizer, n: int) -> dict[str, tuple[list[list[int]], list | None]]:
     """The two held-out sets SmolLM2's benchmarks score on, encoded: ``mt-bench`` (``mtbench_subset(n)``, with each
     prompt's category) and ``chat-heldout`` (its first ``n``): name -> (prompts, categories or None)."""
-    from draftsmith.data.prompts import encode, load_prompts
+    from draftsmith.data.prompts import encode
 
     mt = mtbench_subset(n)
     return {
         "mt-bench": ([encode(p, tokenizer) for p in mt], [p.category for p in mt]),
-        "chat-heldout": ([encode(p, tokenizer) for p in load_prompts("builtin:chat-heldout", limit=n)], None),
+        "chat-heldout": (prompt_ids("builtin:chat-heldout", tokenizer, n), None),
     }
 
 

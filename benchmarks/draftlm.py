@@ -18,11 +18,10 @@ import os
 import time
 from pathlib import Path
 
-from common import machine, write
+from common import machine, prompt_ids, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
@@ -116,7 +115,7 @@ def main() -> None:
         fits[name]["params"] = sum(p.numel() for p in network.parameters())
         if args.score is None or name in args.score:
             drafters[name] = network.as_drafter()
-    prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.score_prompts)]
+    prompts = prompt_ids("builtin:heldout", target.tokenizer, args.score_prompts)
     plain, rows = score_drafters(target, drafters, prompts, args.k, Sampling(), args.new_tokens)
     scored = {row.name: row for row in rows}
     for name, fit in fits.items():

@@ -24,13 +24,12 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine, write
+from common import machine, prompt_ids, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.decode import decode_batch, row_seed
 from draftsmith.data.generate import generate, load_generated
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.targets import default as default_target
 from draftsmith.targets import resolve_target
 
@@ -217,7 +216,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     target_dir = args.target or default_target.build()
     target = Target.from_pretrained(target_dir)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:train", limit=args.num_prompts)]
+    prompts = prompt_ids("builtin:train", target.tokenizer, args.num_prompts)
     runs = [
         compare(target, prompts, b, args.max_new_tokens, stop_at_eos)
         for stop_at_eos in (False, True)

@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import HELDOUT, machine, saved_block, write
+from common import HELDOUT, Load, machine, prompt_ids, saved_block, write
 
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.data.feature_cache import eagle3_features
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import ScoreRow, block_dicts, read_block
 from draftsmith.eval.score import score_drafters
@@ -128,7 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or Path("runs/real_target" if args.target == "smollm2" else "runs/heads")
     steps = args.steps or (None if args.target == "smollm2" else 120)
-    load_before = os.getloadavg()[0]
+    load = Load()
     plan = replace(PLANS[args.target], acceptance_head=False)
     target_dir = resolve(args.target)
     resolved = resolve_target(plan.target(target_dir), quiet=True)
@@ -153,7 +151,7 @@ def main() -> None:
         return
 
     target = Target.from_pretrained(target_dir)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
+    prompts = prompt_ids(HELDOUT[args.target], target.tokenizer, args.num_prompts)
     blocks = {}
     for k in args.ks:
         drafters = drafters_for(target, exports, k, args.tree_size, args.top_k)
@@ -166,7 +164,7 @@ def main() -> None:
     result = {
         "machine": machine(),
         "target": args.target,
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "load": load.span(),
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "tree_size": args.tree_size,

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from common import machine, write
+from common import Load, machine, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.data.prompts import encode, load_prompts
@@ -98,7 +97,7 @@ def main() -> None:
             head = load_judge(out / "judge", target, threshold)
             name = f"{spec.name}+judge" + ("" if threshold is None else f"@{threshold}")
             drafters[name], judges[name] = build_drafter(spec.spec, target), head
-    load_before = os.getloadavg()[0]
+    load = Load()
     plain, rows = score_drafters(target, drafters, ids, args.k, Sampling(0.0), args.max_new_tokens,
                                  judges=judges, checks=[p.check for p in prompts])  # fmt: skip
     for row in rows:
@@ -113,7 +112,7 @@ def main() -> None:
         "k": args.k,
         "judge": record,
         **block_dicts(plain, rows),
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "load": load.span(),
     }
     (out / "result.json").write_text(json.dumps(data, indent=2) + "\n")
     write("judge", data, markdown(data))

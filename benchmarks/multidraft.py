@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import HELDOUT, machine, saved_block, write
+from common import HELDOUT, Load, machine, prompt_ids, saved_block, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.trees import TreeKind, VerifyRule
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import ScoreRow, block_dicts, read_block
 from draftsmith.eval.score import score_drafters
@@ -155,14 +153,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     out = args.out or Path("runs/multidraft") / args.target
-    load_before = os.getloadavg()[0]
+    load = Load()
     plan = replace(PLANS[args.target], drafters=("eagle3",), acceptance_head=False, draft_lm=False)
     resolved = resolve_target(plan.target(resolve(args.target)), quiet=True)
     data = make_data(resolved, out, plan.budget, plan)
     steps = args.steps or (None if args.target == "smollm2" else 150)
     drafter = train_drafter(plan.recipe("eagle3"), resolved, data, out, plan.budget, run=FitRun(steps=steps))
     target = load_target(resolved)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
+    prompts = prompt_ids(HELDOUT[args.target], target.tokenizer, args.num_prompts)
     blocks = {}
     for setting in args.samplings:
         temperature, top_p = (float(x) for x in setting.split(":"))
@@ -180,7 +178,7 @@ def main() -> None:
         "machine": machine(),
         "target": args.target,
         "dtype": target.dtype,
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "load": load.span(),
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "steps": steps or recipe_steps(plan.recipe("eagle3"), plan.budget),

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import HELDOUT, machine, saved_block, write
+from common import HELDOUT, Load, machine, prompt_ids, saved_block, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.feature_cache import eagle3_features
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
@@ -82,7 +80,7 @@ def main() -> None:
     parser.add_argument("--sampled-ks", type=int, nargs="*", default=[4, 8], help="sampled blocks (T 0.7, top-p 0.9)")
     args = parser.parse_args()
     out = args.out or Path("runs/real_target" if args.target == "smollm2" else "runs/parallel")
-    load_before = os.getloadavg()[0]
+    load = Load()
     plan = replace(PLANS[args.target], drafters=("eagle3",), acceptance_head=False)
     target_dir = resolve(args.target)
     resolved = resolve_target(plan.target(target_dir), quiet=True)
@@ -100,7 +98,7 @@ def main() -> None:
         print(f"  {name} (recipe {recipe})")
         train_drafter(recipe, resolved, data, out, plan.budget, name=name, features=features, run=run)
     target = Target.from_pretrained(target_dir)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts(HELDOUT[args.target], limit=args.num_prompts)]
+    prompts = prompt_ids(HELDOUT[args.target], target.tokenizer, args.num_prompts)
     n, blocks = args.max_new_tokens, {}
     scores = out / "bench" / "parallel"
     for k in args.ks:
@@ -119,7 +117,7 @@ def main() -> None:
     result = {
         "machine": machine(),
         "target": args.target,
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "load": load.span(),
         "num_prompts": len(prompts),
         "max_new_tokens": n,
         "depth": {name: records[name]["config"]["depth"] for name in PARALLEL},

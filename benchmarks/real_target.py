@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from common import RESULTS, machine, mtbench_subset, saved, write
+from common import RESULTS, Load, machine, mtbench_subset, saved, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
@@ -156,7 +155,7 @@ def main() -> None:
     parser.add_argument("--skip-head", action="store_true", help="no SpecDec++ head (no eagle1-adaptive row)")
     parser.add_argument("--auto-only", nargs="*", default=[], help="sets scored only at --k auto (a shorter run)")
     args = parser.parse_args()
-    load_before = os.getloadavg()[0]
+    machine_load = Load()
     plan = replace(PLANS["smollm2"], acceptance_head=not args.skip_head, dtype=args.dtype)
     chains = [c for c in args.chains if not (args.skip_head and c == "eagle1-adaptive")]
     target_dir = resolve("smollm2")
@@ -193,7 +192,7 @@ def main() -> None:
         "name": args.name,
         "dtype": target.dtype,
         "batch_invariant": target.batch_invariant,
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "load": machine_load.span(),
         "num_prompts": args.num_prompts,
         "max_new_tokens": n,
         "r": r,

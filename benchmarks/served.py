@@ -29,7 +29,7 @@ import os
 import shlex
 from pathlib import Path
 
-from common import RESULTS, machine, measured_on, mtbench_subset, write
+from common import RESULTS, Load, machine, measured_on, mtbench_subset, write
 
 SETS = "builtin:mt-bench,builtin:chat-heldout"
 BATCHES = "1,4,16"
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     def request(chunk: list[list[int]], tokens: int | None) -> Request:
         return Request(chunk, list(range(len(chunk))), Sampling(0.0), tokens or args.new_tokens, eos, context, 0)
 
-    load_before, plain, cells, computed = os.getloadavg()[0], None, [], []
+    load, plain, cells, computed = Load(), None, [], []
     same_args = {"k": args.k, "prompts": args.prompts, "new_tokens": args.new_tokens, "quick": args.quick}
     inputs = {"target": fingerprint, "dtype": dtype, "eager": args.eager, "vllm": installed_vllm(python)}
     here = machine()
@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
         scores[label] = by | scores.get(label, {})
     drafters, cells = drafters | others, cells + kept
     result = {
-        "machine": here, "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "machine": here, "load": load.span(),
         "vllm": next((c["vllm"] for c in cells if c.get("vllm")), "?"), "target": fingerprint,
         "target_name": name, "dtype": dtype, "dtype_why": why, "eager": args.eager, "batches": args.batches,
         "sets": {label: args.sets[label] for label in prompts}, "drafters": drafters, "scores": scores,

@@ -15,11 +15,10 @@ times (medians). The prefill is not counted. Writes ``benchmarks/results/step_pr
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections import defaultdict
 
-from common import machine, measured_on, write
+from common import Load, machine, measured_on, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
@@ -114,7 +113,7 @@ def main() -> None:
         plain_decode(t, prompt, 8, greedy)
     bare = {name: [] for name in targets}
     parts = {name: [] for name in targets}
-    load = os.getloadavg()[0]
+    load = Load()
     for _ in range(args.rounds):
         for name, t in targets.items():
             timer = PartTimer(t.model, parts=False)  # the whole step alone: one hook pair per step, no prefill
@@ -136,7 +135,7 @@ def main() -> None:
         "context": args.context,
         "steps": args.steps,
         "rounds": args.rounds,
-        "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "load": load.span(),
         "modes": modes,
     }
     write(args.results, result, markdown(result))

@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine, write
+from common import machine, prompt_ids, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
@@ -74,7 +73,7 @@ def main() -> None:
         network, info = load_network(export, target)
         trained[name] = network.as_drafter()
         fits[name] = {"seconds": round(seconds, 1), "steps": args.steps, "val_tau_est": info["val_tau_est"]}
-    prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.score_prompts)]
+    prompts = prompt_ids("builtin:heldout", target.tokenizer, args.score_prompts)
     plain, rows = score_drafters(target, trained, prompts, args.k, Sampling(), args.new_tokens)
     for row in rows:
         fit = fits[row.name]

@@ -24,13 +24,12 @@ Writes ``benchmarks/results/train_throughput.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from common import machine, write
+from common import Load, machine, write
 
 from draftsmith.core.machine import native_bf16
 from draftsmith.families.eagle.module import EagleModule
@@ -133,7 +132,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--results", default="train_throughput", help="results name under benchmarks/results")
     args = parser.parse_args()
-    load_before = os.getloadavg()[0]
+    load = Load()
     data = GeneratedDataModule(  # val is unused here (the module needs one beside a feature cache)
         str(args.data),
         str(args.data),
@@ -172,7 +171,7 @@ def main() -> None:
             padded += batch["attention_mask"].numel()
     result = {
         "machine": machine(),
-        "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "load": load.span(),
         "family": args.family,
         "target": f"{args.target} ({target.dtype})",
         "features": str(args.features) if args.features else None,

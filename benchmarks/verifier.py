@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from common import machine, write
+from common import machine, prompt_ids, write
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import PlainRow, block_dicts, read_rows
 from draftsmith.eval.score import score_drafters
@@ -43,7 +42,7 @@ def main() -> None:
 
     target_dir = default_target.build()
     target = Target.from_pretrained(target_dir)
-    prompts = [encode(p, target.tokenizer) for p in load_prompts("builtin:heldout", limit=args.num_prompts)]
+    prompts = prompt_ids("builtin:heldout", target.tokenizer, args.num_prompts)
     drafters = {"ngram": NGramDrafter(), "draft-lm (1-layer sibling)": DraftLM.from_pretrained(target_dir / "sibling")}
     runs = []
     for k in args.ks:

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 from baselines import ForwardCounter, hf_decoder, ours_decoder, run
-from common import HELDOUT, machine, write
+from common import HELDOUT, Load, machine, prompt_ids, write
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftsmith.core.sampling import Sampling
 from draftsmith.data import shards
-from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.decode.verifier import SpeculativeDecoder
 from draftsmith.families.xvocab.drafter import XVocabDrafter
 from draftsmith.families.xvocab.train import distill_across_vocab
@@ -118,7 +116,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--out", type=Path, default=Path("runs/xvocab"))
     args = parser.parse_args()
-    load_before = os.getloadavg()[0]
+    load = Load()
     target_dir, draft_dir = resolve("smollm2"), resolve("default")
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     if shards.read_metadata(args.data) is None:
@@ -128,7 +126,7 @@ def main() -> None:
     if args.token_weight:
         drafts["hybrid"] = distill_across_vocab(draft_dir, target_dir, args.data, args.out / "hybrid", steps=args.steps,
                                                 token_weight=args.token_weight)  # fmt: skip
-    prompts = [encode(p, tokenizer) for p in load_prompts(HELDOUT["smollm2"], limit=args.num_prompts)]
+    prompts = prompt_ids(HELDOUT["smollm2"], tokenizer, args.num_prompts)
     decoders = rows(target_dir, args.dtype, drafts, args.k, args.max_new_tokens)
     data = {
         "machine": machine(),
@@ -142,7 +140,7 @@ def main() -> None:
         "hybrid": json.loads((drafts["hybrid"] / "distill.json").read_text()) if "hybrid" in drafts else None,
         "rows": run(decoders, prompts, args.repeats),
     }
-    data["load"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    data["load"] = load.span()
     write("xvocab", data, markdown(data))
 
 
