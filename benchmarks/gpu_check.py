@@ -54,7 +54,7 @@ import lightning as L
 import torch
 from common import machine
 from gpu_fit_check import add_arguments as add_check_arguments
-from gpu_fit_check import run_check, smoke
+from gpu_fit_check import host_hidden, run_check, smoke, sync
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
@@ -90,11 +90,6 @@ def random_target(config_dir: Path, out: Path, dtype: torch.dtype) -> Path:
         if p.is_file() and p.name not in skip:
             shutil.copy2(p, out / p.name)
     return out
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 class Tokens:
@@ -144,7 +139,6 @@ def training(target: str, device: str, args: argparse.Namespace, drafter_out: Pa
     t.model.to(device)
     training_attention(device)  # as a Lightning fit does (DrafterModule.on_fit_start)
     opt = torch.optim.AdamW(module.trainable_parameters(), lr=1e-4)
-    layers = (*t.feature_layers, t.num_layers)  # what the feature cache stores: the feature layers and the final
     pin = device.startswith("cuda")
     out = {}
     for bs, ids in every.items():
@@ -155,12 +149,7 @@ def training(target: str, device: str, args: argparse.Namespace, drafter_out: Pa
         for i, x in enumerate(ids):
             batch = {"input_ids": x.to(device), "attention_mask": torch.ones_like(x, device=device),
                      "loss_mask": torch.ones_like(x, device=device)}  # fmt: skip
-            with torch.no_grad():
-                feats = t(batch["input_ids"], attention_mask=batch["attention_mask"], feature_layers=layers,
-                          last_logits_only=True).features  # fmt: skip
-            hidden = {layer: f.to("cpu", torch.bfloat16) for layer, f in zip(layers, feats, strict=True)}
-            hidden = {layer: h.pin_memory() if pin else h for layer, h in hidden.items()}
-            del feats
+            hidden = host_hidden(t, batch["input_ids"], batch["attention_mask"])
             if i == 0:  # the cached features must give the online step's loss (the same drafter, the same batch)
                 with torch.no_grad():
                     losses = [step_loss(module, batch | extra, device).item() for extra in ({}, {"hidden": hidden})]

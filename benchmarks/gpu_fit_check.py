@@ -147,18 +147,22 @@ class HostFeatures(L.LightningDataModule):
         return DataLoader(self.batches, batch_size=None, shuffle=False)
 
 
+def host_hidden(t, ids: torch.Tensor, mask: torch.Tensor) -> dict[int, torch.Tensor]:
+    """The target's hidden states over ``ids`` (on the target's device) as the feature cache stores them: the feature
+    layers and the final state, layer -> bf16 (B, T, H) in host memory, pinned when the target runs on CUDA."""
+    layers = (*t.feature_layers, t.num_layers)
+    with torch.no_grad():
+        feats = t(ids, attention_mask=mask, feature_layers=layers, last_logits_only=True).features
+    hidden = {layer: f.to("cpu", torch.bfloat16) for layer, f in zip(layers, feats, strict=True)}
+    return {layer: h.pin_memory() if ids.is_cuda else h for layer, h in hidden.items()}
+
+
 def host_features(module, loader: DataLoader, device: str, n: int) -> list[dict]:
     """The first ``n`` batches of ``loader`` with the target's hidden states (computed here, on ``device``)."""
-    t = module.target
-    layers = (*t.feature_layers, t.num_layers)
-    pin = device.startswith("cuda")
     out = []
     for _, batch in zip(range(n), loader, strict=False):
         ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-        with torch.no_grad():
-            feats = t(ids, attention_mask=mask, feature_layers=layers, last_logits_only=True).features
-        hidden = {layer: f.to("cpu", torch.bfloat16) for layer, f in zip(layers, feats, strict=True)}
-        out.append(batch | {"hidden": {k: v.pin_memory() if pin else v for k, v in hidden.items()}})
+        out.append(batch | {"hidden": host_hidden(module.target, ids, mask)})
     return out
 
 
