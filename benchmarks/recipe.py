@@ -42,6 +42,7 @@ import common
 from common import (
     RESULTS,
     decoding_modes,
+    draft_vocab_coverage,
     gain_cell,
     heldout_sets,
     machine,
@@ -260,23 +261,6 @@ def unsampled_winner(result: dict) -> str | None:
     )
 
 
-def vocab_coverage(drafter: Path, val: Path) -> float | None:
-    """The share of ``val``'s generated tokens (the target's own answers to held-out prompts) that ``drafter``'s draft
-    vocabulary holds (its ``t2d`` mask): a token outside it is never drafted, so the share bounds the acceptance of
-    every position. None for a drafter that drafts over the full vocabulary."""
-    import datasets
-    from safetensors import safe_open
-
-    from draftsmith.train.data import generated_token_counts
-
-    with safe_open(str(drafter / "model.safetensors"), "pt") as f:
-        if "t2d" not in f.keys():  # noqa: SIM118 (safe_open has no `in`)
-            return None
-        held = f.get_tensor("t2d").bool()
-    counts = generated_token_counts(datasets.load_from_disk(str(val)), len(held))
-    return int(counts[held].sum()) / int(counts.sum())
-
-
 def earlier_result(path: Path, here: dict, dtype: str, prompts: int, max_new_tokens: int, study: Path) -> dict:
     """The report ``path`` (results/NAME.json) written by an earlier run of the same work on this machine (the same
     CPU and flags, threads, torch, dtype, prompts and tokens), or {}: its blocks and fit records stand in for the
@@ -326,7 +310,7 @@ def fit_records(study: Path, names: list[str], earlier: dict | None = None) -> d
             fits[name] = fit | {
                 "epochs": fit_epochs(fit),
                 "recipe": f"smollm2/{name.rsplit('-', 1)[0]}",
-                "vocab_coverage": vocab_coverage(drafter, study / "data" / "val"),
+                "vocab_coverage": draft_vocab_coverage(drafter, study / "data" / "val"),
                 "weights": file_sha256(drafter / "model.safetensors"),
             }
     return fits

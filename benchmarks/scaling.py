@@ -44,7 +44,6 @@ from pathlib import Path
 
 from common import RESULTS, decoding_modes, draft_vocab_coverage, heldout_sets, machine, write
 
-from draftsmith.core import native
 from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
 from draftsmith.data.chat_prompts import chat_prompts
@@ -267,9 +266,8 @@ def fit_one(
 def coverage(export: Path, val: Path) -> float | None:
     """Share of the held-out generated tokens (the validation data) inside the drafter's draft vocabulary (None: a
     drafter over the whole vocabulary)."""
-    if "t2d" not in native.read(export)[1]:
-        return None
-    return draft_vocab_coverage(export, val)["share"]
+    share = draft_vocab_coverage(export, val)
+    return None if share is None else round(share, 4)
 
 
 MODES = decoding_modes()

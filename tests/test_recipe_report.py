@@ -10,7 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from recipe import BlockKey, base_row, goals, vocab_coverage, winner  # noqa: E402
+from common import draft_vocab_coverage  # noqa: E402
+from recipe import BlockKey, base_row, goals, winner  # noqa: E402
 
 from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts  # noqa: E402
 
@@ -36,7 +37,7 @@ def test_goals_name_the_study_winner_in_every_set_even_where_another_row_was_fas
     assert "1.09× the n-gram's speed" in lines[0] and "1.20× the fastest plain decoding" in lines[0]
 
 
-def test_vocab_coverage_counts_the_generated_tokens_the_draft_vocabulary_holds(tmp_path):
+def test_draft_vocab_coverage_counts_the_generated_tokens_the_draft_vocabulary_holds(tmp_path):
     import datasets
     import torch
     from safetensors.torch import save_file
@@ -49,10 +50,10 @@ def test_vocab_coverage_counts_the_generated_tokens_the_draft_vocabulary_holds(t
     held = torch.zeros(8, dtype=torch.bool)
     held[[1, 2]] = True  # the prompt's tokens (1, and 2 of the second row) are not generated: not counted
     save_file({"t2d": held, "lm_head.weight": torch.zeros(2, 4)}, str(drafter / "model.safetensors"))
-    assert vocab_coverage(drafter, val) == 2 / 5  # generated: 2 3 4 | 2 5, of them held: the two 2s
+    assert draft_vocab_coverage(drafter, val) == 2 / 5  # generated: 2 3 4 | 2 5, of them held: the two 2s
 
     save_file({"lm_head.weight": torch.zeros(8, 4)}, str(drafter / "model.safetensors"))
-    assert vocab_coverage(drafter, val) is None  # drafts over the full vocabulary
+    assert draft_vocab_coverage(drafter, val) is None  # drafts over the full vocabulary
 
 
 def test_a_drafter_added_in_its_own_run_can_win_is_judged_in_its_own_block_and_gains_over_the_main_base():
