@@ -191,6 +191,19 @@ def pairs(threshold: float) -> list[tuple[str, str]]:
     ]
 
 
+def rows_table(rows: dict, plain: float | None = None) -> list[str]:
+    """The decoders' table (``run``'s rows): tokens/s (over ``plain``'s where given), τ, drafted tokens or draft-model
+    forwards per target forward, target forwards, outputs equal to plain decoding's."""
+    lines = ["| row | tokens/s | τ | drafted / forward | target forwards | exact |", "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        drafted = "–" if r["drafted"] is None else f"{r['drafted'] / r['target_calls']:.2f}"
+        speed = f"{r['tokens_per_s']:.1f}" + (f" ({r['tokens_per_s'] / plain:.2f}×)" if plain is not None else "")
+        lines.append(
+            f"| {name} | {speed} | {r['tau']:.2f} | {drafted} | {r['target_calls']} | {r['greedy_exact']}/{r['decodes']} |"
+        )
+    return lines
+
+
 def markdown(data: dict) -> str:
     m, rows_ = data["machine"], data["rows"]
     lines = [
@@ -206,16 +219,11 @@ def markdown(data: dict) -> str:
         f"{MAX_DRAFT} tokens and stop after one the draft model gives less than the threshold (HF's default "
         "assisted generation: up to 20, threshold 0.4 to start, then tuned from call to call).",
         "",
-        "| row | tokens/s | τ | drafted / forward | target forwards | exact |",
-        "|---|---|---|---|---|---|",
+        *rows_table(rows_),
+        "",
+        "| draftsmith | HF | speed ratio | τ ratio |",
+        "|---|---|---|---|",
     ]
-    for name, r in rows_.items():
-        drafted = "–" if r["drafted"] is None else f"{r['drafted'] / r['target_calls']:.2f}"
-        lines.append(
-            f"| {name} | {r['tokens_per_s']:.1f} | {r['tau']:.2f} | {drafted} | {r['target_calls']} | "
-            f"{r['greedy_exact']}/{r['decodes']} |"
-        )
-    lines += ["", "| draftsmith | HF | speed ratio | τ ratio |", "|---|---|---|---|"]
     for suffix in ("", ", compiled"):
         for ours, theirs in pairs(data["threshold"]):
             a, b = rows_.get(ours + suffix), rows_.get(theirs + suffix)

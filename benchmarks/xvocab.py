@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import torch
-from baselines import ForwardCounter, hf_decoder, ours_decoder, run
+from baselines import ForwardCounter, hf_decoder, ours_decoder, rows_table, run
 from common import HELDOUT, Load, machine, prompt_ids, write
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,16 +91,8 @@ def markdown(data: dict) -> str:
         "(prefill included); drafted / forward: draft-model forwards (HF) or drafted target tokens (draftsmith) per "
         "target forward; exact = outputs equal to draftsmith's plain decoding.",
         "",
-        "| row | tokens/s | τ | drafted / forward | target forwards | exact |",
-        "|---|---|---|---|---|---|",
+        *rows_table(rows_, rows_["draftsmith plain"]["tokens_per_s"]),
     ]
-    plain = rows_["draftsmith plain"]["tokens_per_s"]
-    for name, r in rows_.items():
-        drafted = "–" if r["drafted"] is None else f"{r['drafted'] / r['target_calls']:.2f}"
-        lines.append(
-            f"| {name} | {r['tokens_per_s']:.1f} ({r['tokens_per_s'] / plain:.2f}×) | {r['tau']:.2f} | {drafted} | "
-            f"{r['target_calls']} | {r['greedy_exact']}/{r['decodes']} |"
-        )
     return "\n".join(lines) + "\n"
 
 
