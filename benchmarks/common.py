@@ -205,6 +205,11 @@ def score_block(verified: Target, references: dict, specs: dict, prompts, catego
     return blocks.score_block(verified, specs, prompts, k, sampling, n, categories, refs) | {"mode": mode}
 
 
+def fmt(value: float | None, form: str = ".2f") -> str:
+    """A table cell: ``value`` in ``form``, or "–" where it was not measured."""
+    return "–" if value is None else format(value, form)
+
+
 def gain_cell(base, row) -> str:
     """Δτ of ``row`` over ``base`` with its 95% paired-bootstrap interval between prompts and the prompts each way."""
     from draftsmith.decode.metrics import tau_gain

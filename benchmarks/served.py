@@ -29,7 +29,7 @@ import os
 import shlex
 from pathlib import Path
 
-from common import RESULTS, Load, machine, measured_on, mtbench_subset, write
+from common import RESULTS, Load, fmt, machine, measured_on, mtbench_subset, write
 
 SETS = "builtin:mt-bench,builtin:chat-heldout"
 BATCHES = "1,4,16"
@@ -290,10 +290,6 @@ def read_scores(scores: list[tuple[str, str]]) -> dict[str, dict[str, dict]]:
             out.setdefault(label, {})[row.name] = {"tau": row.tau, "k": row.k, "prompts": row.prompts,
                                                    "tokens": row.tokens, "source": spec}  # fmt: skip
     return out
-
-
-def fmt(value: float | None, form: str) -> str:
-    return "–" if value is None else format(value, form)
 
 
 def pooled_plain(cells: list[dict], label: str, batch: int) -> dict:

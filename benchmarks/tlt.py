@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from common import RESULTS, machine, measured_on, write
+from common import RESULTS, fmt, machine, measured_on, write
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.tlt.drafter import DrafterConfig
@@ -33,10 +33,6 @@ from draftsmith.targets import load_target, resolve_target
 QUICK = {"target": "default", "steps": 2, "warmup_steps": 1, "digits": 2, "problems": 2, "max_new_tokens": 12,
          "measure_every": 1, "drafter_steps": 2}  # fmt: skip
 """``--quick``'s settings: the mechanics of every stage, not a result."""
-
-
-def fmt(x: float | None, spec: str = ".2f") -> str:
-    return "–" if x is None else format(x, spec)
 
 
 def markdown(result: dict) -> str:
