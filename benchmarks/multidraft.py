@@ -114,12 +114,10 @@ def markdown(result: dict) -> str:
             taus = " | ".join(f"{c.tau:.2f} ± {tau_se(c):.2f}" for c in cells)
             table.append(f"| {label} | {nodes} | {taus} | " + " | ".join(f"{c.speedup:.2f}×" for c in cells) + " |")
         for label, (width, _) in BEAMS.items():
-            c = rows.get(f"{label}/rsd-s")
-            if c is not None:  # blocks saved before RSD-S rows existed have none
-                table.append(
-                    f"| RSD-S, {label} | ≤ {K * width} | – | – | {c.tau:.2f} ± {tau_se(c):.2f} | – | – "
-                    f"| {c.speedup:.2f}× |"
-                )
+            c = rows[f"{label}/rsd-s"]
+            table.append(
+                f"| RSD-S, {label} | ≤ {K * width} | – | – | {c.tau:.2f} ± {tau_se(c):.2f} | – | – | {c.speedup:.2f}× |"
+            )
         claims = [
             f"- SpecTr's claim (k drafts of length {K} accept more per round than one draft): SpecTr with 2 drafts is "
             f"{verdict(rows['2,1,1,1/spectr'], chain)} the chain, with 4 drafts "
@@ -127,16 +125,13 @@ def markdown(result: dict) -> str:
             "- RSD's claim (above SpecInfer on the same tree): "
             + "; ".join(f"{label} {verdict(rows[f'{label}/rsd'], rows[f'{label}/specinfer'])}" for label in SHAPES)
             + ".",
-        ]
-        if all(f"{label}/rsd-s" in rows for label in BEAMS):
-            claims.append(
-                "- RSD-S against RSD-C at the same budget: "
-                + "; ".join(
-                    f"{label} {verdict(rows[f'{label}/rsd-s'], rows[f'{shape}/rsd'])} {shape}"
-                    for label, (_, shape) in BEAMS.items()
-                )
-                + "."
+            "- RSD-S against RSD-C at the same budget: "
+            + "; ".join(
+                f"{label} {verdict(rows[f'{label}/rsd-s'], rows[f'{shape}/rsd'])} {shape}"
+                for label, (_, shape) in BEAMS.items()
             )
+            + ".",
+        ]
         lines += ["", f"## {title}", "", *table, "", *claims, "", "### All rows", "", markdown_table(scored, plain)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
