@@ -78,6 +78,8 @@ def fit_record(drafter: Path) -> dict | None:
             seconds = next((r[k] for k in FIT_SECONDS if r.get(k)), None)
             peak = r.get("peak_rss_gb") or (r["peak_rss_mib"] / 1024 if r.get("peak_rss_mib") else None)
             rate = round(tokens * passes / seconds, 1) if tokens and passes and seconds else None
+            validating, training = validation_seconds(r, seconds)
+            alone = round(tokens * passes / training, 1) if tokens and passes and training else None
             return {
                 "trainer": r.get("trainer", "draftsmith"),
                 "tokens": tokens,
@@ -85,6 +87,7 @@ def fit_record(drafter: Path) -> dict | None:
                 "steps": r.get("steps"),
                 "seconds": seconds,
                 "tokens_per_s": rate,
+                **({"validation_seconds": validating, "train_tokens_per_s": alone} if training else {}),
                 "peak_rss_gb": peak,
                 "load": r.get("load"),
                 "val_tau_est": r.get("val_tau_est"),
@@ -93,19 +96,44 @@ def fit_record(drafter: Path) -> dict | None:
     return None
 
 
+def validation_seconds(record: dict, seconds: float | None) -> tuple[float | None, float | None]:
+    """(validation seconds, training seconds without them) of a fit record, or (None, None) where it did not time its
+    validations apart: draftsmith's ``validation_seconds`` (``train.cli.ValidationClock``) out of its wall-clock (its
+    export and the target's loading stay in); speculators' harness: its epochs' ``fit_seconds`` (training alone) beside
+    ``val_seconds``; SpecForge's trainer validates nothing (``fit_seconds``: its ``specforge train`` process, start-up
+    and checkpoint included)."""
+    trainer = record.get("trainer", "draftsmith")
+    if trainer == "draftsmith" and record.get("validation_seconds") is not None and seconds:
+        return record["validation_seconds"], seconds - record["validation_seconds"]
+    if trainer == "speculators" and record.get("val_seconds") is not None:
+        return record["val_seconds"], record.get("fit_seconds")
+    if trainer == "specforge" and record.get("fit_seconds"):
+        return 0.0, record["fit_seconds"]
+    return None, None
+
+
 def markdown(result: dict) -> str:
+    decoded = (
+        f"; verified target in {result['dtype']}; {result['prompts']} prompts × {result['max_new_tokens']} new tokens "
+        "per set. Every row of a block was decoded in one run, interleaved prompt by prompt with plain decoding; Δτ is "
+        f"over the base (`{result['base']}`), the mean per-prompt difference with its 95% paired-bootstrap interval."
+        if result["blocks"]
+        else ". The fits alone (`--fits-only`): each trainer's record as it wrote it, nothing decoded."
+    )
     lines = [
         "# The peers' trainers beside draftsmith's (SmolLM2-135M-Instruct)",
         "",
-        f"Measured on {measured_on(result['machine'])}; verified target in {result['dtype']}; {result['prompts']} "
-        f"prompts × {result['max_new_tokens']} new tokens per set. Every row of a block was decoded in one run, "
-        "interleaved prompt by prompt with plain decoding; Δτ is over the base "
-        f"(`{result['base']}`), the mean per-prompt difference with its 95% paired-bootstrap interval.",
+        f"Measured on {measured_on(result['machine'])}{decoded}",
         "",
         "## The fits",
         "",
-        "| drafter | trainer | tokens | passes | steps | fit s | tokens/s | peak GB | load | val τ_est |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    # the validations timed apart: a column where any record has them (the reports before ValidationClock have none)
+    apart = any((d.get("fit") or {}).get("train_tokens_per_s") for d in result["drafters"].values())
+    extra = " validation s | tokens/s, training alone |" if apart else ""
+    lines += [
+        f"| drafter | trainer | tokens | passes | steps | fit s | tokens/s |{extra} peak GB | load | val τ_est |",
+        "|---|---|---|---|---|---|---|" + "---|" * (2 if apart else 0) + "---|---|---|",
     ]
     for name, d in result["drafters"].items():
         f = d.get("fit") or {}
@@ -113,11 +141,14 @@ def markdown(result: dict) -> str:
         def cell(key: str, fmt: str = "{}", f: dict = f) -> str:
             return fmt.format(f[key]) if f.get(key) is not None else "–"
 
+        alone = f" {cell('validation_seconds', '{:.0f}')} | {cell('train_tokens_per_s', '{:,.0f}')} |" if apart else ""
         lines.append(
             f"| {name} | {cell('trainer')} | {cell('tokens', '{:,}')} | {cell('passes', '{:.2f}')} | {cell('steps')} "
-            f"| {cell('seconds', '{:.0f}')} | {cell('tokens_per_s', '{:,.0f}')} | {cell('peak_rss_gb', '{:.1f}')} "
+            f"| {cell('seconds', '{:.0f}')} | {cell('tokens_per_s', '{:,.0f}')} |{alone} {cell('peak_rss_gb', '{:.1f}')} "
             f"| {cell('load')} | {cell('val_tau_est', '{:.2f}')} |"
         )
+    if not result["blocks"]:  # --fits-only
+        return "\n".join(lines) + "\n"
     lines += ["", "## Decoding", ""]
     lines += plain_lines(result["blocks"])
     lines += [
@@ -150,10 +181,21 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     parser.add_argument("--results", default="peers_smollm2")
+    parser.add_argument(
+        "--fits-only", action="store_true", help="the fits' table alone (no decoding: DIR needs no drafter)"
+    )
     args = parser.parse_args()
     drafters = dict(args.drafter)
     if args.base not in drafters:
         parser.error(f"--base {args.base}: not one of the --drafter names ({' '.join(drafters)})")
+    if args.fits_only:
+        if missing := [f"{n}={p}" for n, p in drafters.items() if fit_record(p) is None]:
+            parser.error(f"--drafter {' '.join(missing)}: no fit record beside it (fit.json, or STUDY/fit/NAME.json)")
+        fits = {name: {"dir": str(path), "fit": fit_record(path)} for name, path in drafters.items()}
+        result = {"machine": machine(), "target": "smollm2", "dtype": None, "base": args.base, "prompts": 0,
+                  "max_new_tokens": 0, "drafters": fits, "blocks": {}}  # fmt: skip
+        write(args.results, result, markdown(result), RESULTS)
+        return
     if missing := [f"{n}={p}" for n, p in drafters.items() if not (p / "config.json").is_file()]:
         parser.error(f"--drafter {' '.join(missing)}: no drafter there (no config.json); train and import it first")
 

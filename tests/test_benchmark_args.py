@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,50 @@ def test_peers_refuses_a_drafter_that_is_not_there_before_loading_the_target(tmp
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1] == "peers.py: error: " + message.format(tmp=tmp_path)
     assert not (tmp_path / "out").exists()
+
+
+def test_peers_fits_table_gives_the_training_rate_alone_where_a_record_timed_its_validations(tmp_path):
+    """``peers.py``'s fits: each trainer's validations out of its rate where its record times them apart (draftsmith's
+    ``ValidationClock``, speculators' ``val_seconds``; SpecForge validates nothing), the column absent from reports
+    whose records have none (those written before), ``--fits-only`` refusing a drafter without a record."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    study, records = (
+        tmp_path / "study",
+        {
+            "new": {"seconds": 100.0, "validation_seconds": 60.0, "tokens": 1000, "epochs": 1.0, "steps": 4},
+            "old": {"seconds": 100.0, "tokens": 1000, "epochs": 1.0, "steps": 4},
+        },
+    )
+    (study / "fit").mkdir(parents=True)
+    for name, record in records.items():
+        (study / "fit" / f"{name}.json").write_text(json.dumps(record))
+    for trainer, record in {
+        "speculators": {"fit_seconds": 50.0, "val_seconds": 5.0, "train_process_seconds": 60.0, "passes": 1.0},
+        "specforge": {"fit_seconds": 20.0, "passes": 1.0},
+    }.items():
+        (tmp_path / trainer).mkdir()
+        (tmp_path / trainer / "fit.json").write_text(json.dumps({"trainer": trainer, "tokens": 1000, **record}))
+    fits = {
+        "new": peers.fit_record(study / "drafters" / "new"),
+        "old": peers.fit_record(study / "drafters" / "old"),
+        "speculators": peers.fit_record(tmp_path / "speculators" / "imported"),
+        "specforge": peers.fit_record(tmp_path / "specforge" / "imported"),
+    }
+    alone = {n: (f.get("validation_seconds"), f.get("train_tokens_per_s"), f["tokens_per_s"]) for n, f in fits.items()}
+    assert alone == {
+        "new": (60.0, 25.0, 10.0), "old": (None, None, 10.0), "speculators": (5.0, 20.0, 16.7), "specforge": (0.0, 50.0, 50.0)
+    }  # fmt: skip
+    machine = {"command": "c", "git": "g", "date": "d", "cpu": "cpu", "cpu_flags": [], "threads": 2, "torch": "t"}
+    result = {"machine": machine, "base": "new", "blocks": {}, "drafters": {n: {"fit": f} for n, f in fits.items()}}
+    table = peers.markdown(result)
+    assert "| validation s | tokens/s, training alone |" in table and "| 100 | 10 | 60 | 25 |" in table
+    assert "| 100 | 10 | – | – |" in table  # the record without them
+    before = peers.markdown({**result, "drafters": {"old": {"fit": fits["old"]}}})
+    assert "training alone" not in before and "| 100 | 10 | – |" in before  # a report of such records only: as before
+    run = subprocess.run(
+        [sys.executable, "benchmarks/peers.py", "--fits-only", "--drafter", f"draftsmith={tmp_path / 'none'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 2 and "no fit record beside it" in run.stderr.strip().splitlines()[-1]
