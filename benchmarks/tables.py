@@ -53,6 +53,7 @@ MARKDOWN = {
     "parallel_smollm2": "parallel",
     "peers_smollm2": "peers",
     "peers_smollm2_deciding": "peers",
+    "peers_smollm2_lr250k": "peers",
     "quickstart": "quickstart",
     "rasd_smollm2": "rasd",
     "recipe_smollm2": "recipe",
