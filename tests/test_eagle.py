@@ -245,3 +245,30 @@ def test_tau_estimate_of_an_eagle31_drafter_trained_with_an_lk_loss_replays_the_
     scored = score_drafters(target, {"eagle": model.drafter.as_drafter()}, prompts, 4, Sampling(0.0), 20, 0)[1]
     assert scored[0].greedy_exact == len(prompts)
     assert scored[0].tau_full == pytest.approx(after["val/tau_est"], rel=1e-6)
+
+
+@pytest.mark.parametrize("vd", [48, 0])
+def test_greedy_step_acceptance_is_the_one_hot_definitions_without_building_them(generated, vd):
+    """``EagleModule.step_acceptance`` at temperature 0 compares argmaxes; its definition (``probs``' one-hot target
+    and drafter distributions over the full vocabulary, ``acceptance_prob``) gives the same tensor at every anchor,
+    padding included, with a draft vocabulary (48) and without (0)."""
+    from draftsmith.core.sampling import probs
+    from draftsmith.layers.estimate import acceptance_prob
+
+    torch.manual_seed(0)
+    model = EagleModule(str(generated / "target"), 3, draft_vocab_size=vd)
+    data = GeneratedDataModule(str(generated / "train"), str(generated / "val"), batch_size=8, max_length=64)
+    quiet = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    L.Trainer(max_steps=8, enable_model_summary=False, **quiet).fit(model, data)  # so that some drafts are accepted
+    batch = next(iter(data.val_dataloader()))
+    with torch.no_grad():
+        out = model.target_forward(batch)
+        accept, valid = model.step_acceptance(batch, out)
+        p_full, ids, expected = probs(out.logits, Sampling(0.0)), model.drafter.draft_ids, []
+        for j, hidden, _ in model._unroll(batch, out, model.estimate.k):
+            q = torch.zeros_like(p_full)
+            q[..., ids] = probs(model.drafter.logits(hidden), Sampling(0.0))
+            expected.append(acceptance_prob(shift(p_full, j + 1), q, True))
+    assert accept.shape == (model.estimate.k, *batch["input_ids"].shape) and valid.any()
+    assert torch.equal(accept, torch.stack(expected)), (accept.sum(), torch.stack(expected).sum())
+    assert 0 < accept.sum() < accept.numel(), accept.sum()  # both answers occur: the comparison is not vacuous

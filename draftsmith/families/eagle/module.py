@@ -139,6 +139,14 @@ class EagleModule(DrafterModule):
         sampling = Sampling(self.estimate.temperature)
         ids = self.drafter.draft_ids
         accept, valid = [], []
+        if sampling.greedy:  # the argmaxes alone: the one-hot (B, T, V) p and q below give exactly these, and cost
+            # K full-vocabulary tensors of (B, T, V) floats a batch (on SmolLM2, most of a validation: issue 86)
+            target = out.logits.float().argmax(-1)
+            for j, hidden, mask in self._unroll(batch, out, self.estimate.k):
+                drafted = ids[self.drafter.logits(hidden).float().argmax(-1)]
+                accept.append((drafted == shift(target, j + 1)).float())
+                valid.append(mask)
+            return torch.stack(accept), torch.stack(valid)
         p_full = probs(out.logits, sampling)  # (B, T, V)
         for j, hidden, mask in self._unroll(batch, out, self.estimate.k):
             q = torch.zeros_like(p_full)
