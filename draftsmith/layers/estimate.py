@@ -14,15 +14,34 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.core.sampling import Sampling, probs
 
-def acceptance_prob(p: torch.Tensor, q: torch.Tensor, greedy: bool) -> torch.Tensor:
-    """Probability the draft token is accepted: (..., V) target p, drafter q -> (...).
 
-    Greedy: 1 if the drafter's argmax is the target's. Sampling: sum_v min(p, q).
+def choice(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """What acceptance compares of (..., V) logits: greedy, the argmax token (...); else the distribution ``sampling``
+    draws from (..., V). The greedy one is what ``probs``' one-hot distribution says, without building (..., V)
+    floats: on a 49k vocabulary, K of them a batch were most of a validation (issue 86)."""
+    return logits.float().argmax(-1) if sampling.greedy else probs(logits, sampling)
+
+
+def choice_ahead(target: torch.Tensor, s: int) -> torch.Tensor:
+    """The target's ``choice`` s rows ahead along T: row t holds row t + s; past the end, a choice no draft matches
+    (token -1, or a distribution of zeros)."""
+    pad = torch.full_like(target[:, :s], -1) if not target.is_floating_point() else torch.zeros_like(target[:, :s])
+    return torch.cat([target[:, s:], pad], dim=1)
+
+
+def acceptance_prob(
+    p: torch.Tensor, q: torch.Tensor, greedy: bool, draft_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Probability the draft token is accepted, from the target's ``choice`` p and the drafter's q -> (...).
+
+    Greedy: 1 if the drafter's argmax is the target's. Sampling: sum_v min(p, q). ``draft_ids``: q is over these
+    tokens of the target's vocabulary only (the drafter's own smaller vocabulary; it drafts no other token).
     """
     if greedy:
-        return (q.argmax(-1) == p.argmax(-1)).float()
-    return torch.minimum(p, q).sum(-1)
+        return ((q if draft_ids is None else draft_ids[q]) == p).float()
+    return torch.minimum(p if draft_ids is None else p[..., draft_ids], q).sum(-1)
 
 
 def accepted_lengths(step_accept: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

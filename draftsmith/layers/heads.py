@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
-from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.estimate import acceptance_prob, choice, choice_ahead
 from draftsmith.layers.losses import masked_mean, soft_cross_entropy
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
 
@@ -76,10 +76,10 @@ class HeadsModule(DrafterModule):
     def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
         sampling = Sampling(self.estimate.temperature)
         logits = self.head_logits(batch, out)
-        p_full = probs(out.logits, sampling)
+        p = choice(out.logits, sampling)
         accept, valid = [], []
         for i in range(min(self.estimate.k, len(logits))):
-            accept.append(acceptance_prob(shift(p_full, i + 1), probs(logits[i], sampling), sampling.greedy))
+            accept.append(acceptance_prob(choice_ahead(p, i + 1), choice(logits[i], sampling), sampling.greedy))
             valid.append(self._labels(batch, i)[1])
         return torch.stack(accept), torch.stack(valid)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.estimate import acceptance_prob, choice
 from draftsmith.layers.losses import masked_mean, soft_cross_entropy
 from draftsmith.layers.module import DrafterModule, shift
 from draftsmith.layers.parallel import DepthLogits, keep_anchors, rarest_token
@@ -113,8 +113,10 @@ class ParallelModule(DrafterModule):
         valid = torch.zeros(self.estimate.k, b, t, dtype=torch.bool, device=out.logits.device)
         for d, level in enumerate(self.forward_depths(batch, out, False)[: self.estimate.k]):
             logits, checkable = self._targets(batch, out, level, d)
-            q = probs(self._full(level.logits), sampling)
-            accept[d][:, level.anchors] = acceptance_prob(probs(logits, sampling), q, sampling.greedy)
+            q = choice(level.logits, sampling)
+            accept[d][:, level.anchors] = acceptance_prob(
+                choice(logits, sampling), q, sampling.greedy, self.draft_ids()
+            )
             valid[d][:, level.anchors] = checkable
         for d in range(self.depth, self.estimate.k):  # deeper than it drafts: never accepted, still checkable
             valid[d] = shift(batch["loss_mask"], d + 2).bool()

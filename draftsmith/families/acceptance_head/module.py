@@ -24,13 +24,13 @@ import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_auroc
 
 from draftsmith.core.fingerprint import check_fingerprint
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.acceptance_head.network import HEADED, AcceptanceHead, AcceptanceHeadConfig, weights_hash
 from draftsmith.families.draft_lm.network import DraftLMNetwork
 from draftsmith.families.registry import load_network
-from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.estimate import acceptance_prob, choice, choice_ahead
 from draftsmith.layers.module import DrafterModule, OptimConfig, shift
 
 
@@ -102,21 +102,14 @@ class AcceptanceHeadModule(DrafterModule):
         return AcceptanceHead(cfg, network)
 
     def _label(self, p: torch.Tensor, logits: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Acceptance of the token drawn from draft ``logits`` (B,T,Vd) against target ``p`` (B,T,V) -> (B,T).
-
-        Greedy compares argmaxes directly (the same rule as ``acceptance_prob``, without (B,T,V) one-hots).
-        """
-        if self.sampling.greedy:
-            return (draft_ids[logits.argmax(-1)] == p.argmax(-1)).float()
-        q = torch.zeros_like(p)
-        q[..., draft_ids] = probs(logits, self.sampling)
-        return acceptance_prob(p, q, greedy=False)
+        """Acceptance of the token drawn from draft ``logits`` (B,T,Vd) against the target's ``choice`` p -> (B,T)."""
+        return acceptance_prob(p, choice(logits, self.sampling), self.sampling.greedy, draft_ids)
 
     @torch.no_grad()
     def _drafted(self, batch: dict, out: TargetOutput):
         """Per draft step: (hidden (B,T,H), drafter logits (B,T,Vd), acceptance label (B,T), mask (B,T))."""
         base, ids = self.drafter.base, batch["input_ids"]
-        p = out.logits if self.sampling.greedy else probs(out.logits, self.sampling)  # row t predicts x_{t+1}
+        p = choice(out.logits, self.sampling)  # row t predicts x_{t+1}
         if isinstance(base, DraftLMNetwork):
             res = base.model(input_ids=ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
             logits = res.logits.float()
@@ -129,7 +122,7 @@ class AcceptanceHeadModule(DrafterModule):
             yield (
                 hidden,
                 logits,
-                self._label(shift(p, j + 1), logits, draft_ids),
+                self._label(choice_ahead(p, j + 1), logits, draft_ids),
                 shift(batch["loss_mask"], j + 2).bool(),
             )
 

@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
 from draftsmith.core.fingerprint import tokenizer_hash
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
-from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.estimate import acceptance_prob, choice
 from draftsmith.layers.lora import Lora
 from draftsmith.layers.losses import DIVERGENCES, distillation_loss, masked_mean, topk_teacher_logprobs
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
@@ -216,8 +216,8 @@ class DraftLMModule(DrafterModule):
         anchor t once steps < j were accepted (their tokens are then the text's), so each step's acceptance
         is the per-position one shifted: exact for greedy target text under greedy acceptance."""
         sampling = Sampling(self.estimate.temperature)
-        q = probs(self.drafter(batch["input_ids"], batch["attention_mask"]).float(), sampling)  # (B, T, V)
-        accept = acceptance_prob(probs(out.logits, sampling), q, sampling.greedy)  # (B, T)
+        q = choice(self.drafter(batch["input_ids"], batch["attention_mask"]), sampling)
+        accept = acceptance_prob(choice(out.logits, sampling), q, sampling.greedy)  # (B, T)
         steps = range(self.estimate.k)
         valid = torch.stack([shift(batch["loss_mask"], j + 2).bool() for j in steps])
         return torch.stack([shift(accept, j + 1) for j in steps]), valid

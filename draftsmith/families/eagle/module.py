@@ -6,11 +6,11 @@ import torch
 from transformers import AutoConfig
 
 from draftsmith.core.fingerprint import check_fingerprint
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
-from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.estimate import acceptance_prob, choice, choice_ahead
 from draftsmith.layers.features import default_feature_layers
 from draftsmith.layers.losses import TOKEN_LOSSES, TokenLoss, feature_regression, masked_mean, token_loss
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init, shift
@@ -137,21 +137,11 @@ class EagleModule(DrafterModule):
     @torch.no_grad()
     def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
         sampling = Sampling(self.estimate.temperature)
-        ids = self.drafter.draft_ids
+        p, ids = choice(out.logits, sampling), self.drafter.draft_ids
         accept, valid = [], []
-        if sampling.greedy:  # the argmaxes alone: the one-hot (B, T, V) p and q below give exactly these, and cost
-            # K full-vocabulary tensors of (B, T, V) floats a batch (on SmolLM2, most of a validation: issue 86)
-            target = out.logits.float().argmax(-1)
-            for j, hidden, mask in self._unroll(batch, out, self.estimate.k):
-                drafted = ids[self.drafter.logits(hidden).float().argmax(-1)]
-                accept.append((drafted == shift(target, j + 1)).float())
-                valid.append(mask)
-            return torch.stack(accept), torch.stack(valid)
-        p_full = probs(out.logits, sampling)  # (B, T, V)
         for j, hidden, mask in self._unroll(batch, out, self.estimate.k):
-            q = torch.zeros_like(p_full)
-            q[..., ids] = probs(self.drafter.logits(hidden), sampling)
-            accept.append(acceptance_prob(shift(p_full, j + 1), q, sampling.greedy))
+            q = choice(self.drafter.logits(hidden), sampling)
+            accept.append(acceptance_prob(choice_ahead(p, j + 1), q, sampling.greedy, ids))
             valid.append(mask)
         return torch.stack(accept), torch.stack(valid)
 

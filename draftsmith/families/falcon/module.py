@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.falcon.network import FalconConfig, FalconModel, ahead
-from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.estimate import acceptance_prob, choice, choice_ahead
 from draftsmith.layers.losses import feature_regression, masked_mean, soft_cross_entropy
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
 
@@ -119,10 +119,10 @@ class FalconModule(DrafterModule):
     @torch.no_grad()
     def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
         sampling = Sampling(self.estimate.temperature)
-        p = probs(out.logits, sampling)
+        p = choice(out.logits, sampling)
         accept, valid = [], []
         for d, logits, checkable in self._steps(batch, out, self.estimate.k):
-            accept.append(acceptance_prob(shift(p, d + 1), probs(logits, sampling), sampling.greedy))
+            accept.append(acceptance_prob(choice_ahead(p, d + 1), choice(logits, sampling), sampling.greedy))
             valid.append(checkable)
         return torch.stack(accept), torch.stack(valid)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.kangaroo.network import KangarooConfig, KangarooModel
-from draftsmith.layers.estimate import acceptance_prob
+from draftsmith.layers.estimate import acceptance_prob, choice
 from draftsmith.layers.losses import masked_mean, soft_cross_entropy
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift
 from draftsmith.layers.self_draft import decoder_of
@@ -84,7 +84,7 @@ class KangarooModule(DrafterModule):
     def step_acceptance(self, batch: dict, out: TargetOutput) -> tuple[torch.Tensor, torch.Tensor]:
         sampling = Sampling(self.estimate.temperature)
         logits = self.adapter_logits(batch, out).float()
-        accept = acceptance_prob(probs(out.logits, sampling), probs(logits, sampling), sampling.greedy)  # (B, T)
+        accept = acceptance_prob(choice(out.logits, sampling), choice(logits, sampling), sampling.greedy)  # (B, T)
         if self.threshold:
             confident = (torch.softmax(logits, -1).max(-1).values >= self.threshold).float()
         steps, valid = [], []

@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from draftsmith import targets as builtin
-from draftsmith.core.sampling import Sampling, probs
+from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.draft_lm.module import StudentShape, fresh_config, load_student
 from draftsmith.families.s2d.network import S2DConfig, S2DNetwork, check_exits
-from draftsmith.layers.estimate import acceptance_prob, replay_rounds, tau_from_rounds
+from draftsmith.layers.estimate import acceptance_prob, choice, replay_rounds, tau_from_rounds
 from draftsmith.layers.losses import DIVERGENCES, distillation_loss, masked_mean
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, config_target, shift
 from draftsmith.targets import ResolvedTarget
@@ -260,7 +260,7 @@ class S2DModule(DrafterModule):
         """(K, B, T) acceptance of draft step j from anchor t of one sub-network (its ``logits``) against
         ``teacher``'s, teacher-forced as ``DraftLMModule.step_acceptance`` (exact on greedy data)."""
         sampling = Sampling(self.estimate.temperature)
-        accept = acceptance_prob(probs(teacher, sampling), probs(logits.float(), sampling), sampling.greedy)  # (B, T)
+        accept = acceptance_prob(choice(teacher, sampling), choice(logits, sampling), sampling.greedy)  # (B, T)
         steps = range(self.estimate.k)
         valid = torch.stack([shift(batch["loss_mask"], j + 2).bool() for j in steps])
         return torch.stack([shift(accept, j + 1) for j in steps]), valid
