@@ -600,10 +600,10 @@ def test_a_recorded_fit_records_its_run_beside_it_and_is_not_run_again(setup, tm
 
 
 def test_a_stopwatch_adds_the_time_of_an_interrupted_run_to_the_next(tmp_path):
-    """``train.recorded.Stopwatch``: a fit's wall time across sessions, saved while it runs."""
+    """``core.files.Stopwatch``: a fit's wall time across sessions, saved while it runs."""
     import time
 
-    from draftsmith.train.recorded import Stopwatch
+    from draftsmith.core.files import Stopwatch
 
     path = tmp_path / "fit.partial.json"
     with pytest.raises(KeyboardInterrupt), Stopwatch(path, every=0.05):
@@ -640,12 +640,16 @@ def test_the_validation_clock_adds_a_resumed_fits_validations_to_the_earlier_ses
     from draftsmith.train.cli import VALIDATION_SECONDS, ValidationClock
 
     (tmp_path / VALIDATION_SECONDS).write_text(json.dumps({"seconds": 5.0}))  # the interrupted session's
-    trainer = SimpleNamespace(default_root_dir=str(tmp_path), is_global_zero=True)
+
+    def trainer(fn: str) -> SimpleNamespace:
+        return SimpleNamespace(default_root_dir=str(tmp_path), is_global_zero=True, state=SimpleNamespace(fn=fn))
+
     clock = ValidationClock()
-    clock.on_validation_end(SimpleNamespace(), None)  # a validation outside a fit (trainer.validate) records nothing
-    clock.on_fit_start(trainer, None)
+    clock.on_validation_start(trainer("validate"), None)  # a validation outside a fit (trainer.validate)
+    time.sleep(0.3)
+    clock.on_validation_end(trainer("validate"), None)  # records nothing
     for _ in range(2):
-        clock.on_validation_start(trainer, None)
+        clock.on_validation_start(trainer("fit"), None)
         time.sleep(0.1)
-        clock.on_validation_end(trainer, None)
+        clock.on_validation_end(trainer("fit"), None)
     assert 5.2 <= json.loads((tmp_path / VALIDATION_SECONDS).read_text())["seconds"] < 5.6

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -88,3 +91,41 @@ def made_once(out: Path, is_made: Callable[[Path], bool], make: Callable[[Path],
         if not force and is_made(out):  # made by another process while this one waited
             return out
         return made_whole(out, make)
+
+
+class Stopwatch:
+    """Wall seconds of work that may be interrupted and resumed: the total so far is saved to ``path`` every
+    ``every`` seconds (None: as the block ends only) and a later block adds its time to it: the wall time the work
+    took, the steps an interruption lost and redid included (a fit's, ``train.recorded``; its validations',
+    ``train.cli.ValidationClock``)."""
+
+    def __init__(self, path: Path, every: float | None = 30.0) -> None:
+        self.path, self.every = path, every
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        self.before, self.sessions = saved.get("seconds", 0.0), saved.get("sessions", 0) + 1
+        self.done = threading.Event()
+
+    @property
+    def seconds(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+    def save(self) -> None:
+        # written whole: a kill mid-write leaves the last total
+        write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
+
+    def _tick(self) -> None:
+        while not self.done.wait(self.every):
+            self.save()
+
+    def __enter__(self) -> Stopwatch:
+        self.start = time.perf_counter()
+        self.thread = threading.Thread(target=self._tick, daemon=True) if self.every else None
+        if self.thread:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        if self.thread:
+            self.thread.join()
+        self.save()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
-import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -16,7 +14,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from draftsmith.core.files import write_whole
+from draftsmith.core.files import Stopwatch
 from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import write_manifest
 from draftsmith.core.yaml_file import read_yaml
@@ -79,19 +77,16 @@ class ValidationClock(L.Callback):
     under load: ~15 of 19), and a trainer's tokens/s is fair to compare with the peers' (which validate otherwise or
     not at all) only with it apart (``train.recorded.recorded_fit``)."""
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.path = Path(trainer.default_root_dir) / VALIDATION_SECONDS
-        self.seconds = json.loads(self.path.read_text())["seconds"] if self.path.is_file() else 0.0  # a resumed fit
+    watch: Stopwatch | None = None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start = time.perf_counter()
+        if trainer.state.fn == "fit" and trainer.is_global_zero:  # not ``trainer.validate`` alone
+            self.watch = Stopwatch(Path(trainer.default_root_dir) / VALIDATION_SECONDS, every=None).__enter__()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not hasattr(self, "path"):  # ``trainer.validate`` alone, no fit
-            return
-        self.seconds += time.perf_counter() - self.start
-        if trainer.is_global_zero:
-            write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1)}))
+        if self.watch is not None:
+            self.watch.__exit__(None, None, None)
+            self.watch = None
 
 
 def resume_hint(root: str | Path, command: str | None) -> str:

@@ -10,51 +10,14 @@ import gc
 import json
 import os
 import resource
-import threading
-import time
 from pathlib import Path
 
-from draftsmith.core.files import write_whole
+from draftsmith.core.files import Stopwatch, write_whole
 from draftsmith.targets import ResolvedTarget
 from draftsmith.train.fit import FitRun, configure, fit_export
 
 RECORDED_BATCH = 8
 """The batch of the records made before a record gave its own (``batch_size``)."""
-
-
-class Stopwatch:
-    """Wall seconds of work that may be interrupted and resumed: the total so far is saved to ``path`` every
-    ``every`` seconds, and a later run adds its time to it: the wall time the work took, the steps an interruption
-    lost and redid included."""
-
-    def __init__(self, path: Path, every: float = 30.0) -> None:
-        self.path, self.every = path, every
-        saved = json.loads(path.read_text()) if path.is_file() else {}
-        self.before, self.sessions = saved.get("seconds", 0.0), saved.get("sessions", 0) + 1
-        self.done = threading.Event()
-
-    @property
-    def seconds(self) -> float:
-        return self.before + time.perf_counter() - self.start
-
-    def save(self) -> None:
-        # written whole: a kill mid-write leaves the last total
-        write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
-
-    def _tick(self) -> None:
-        while not self.done.wait(self.every):
-            self.save()
-
-    def __enter__(self) -> Stopwatch:
-        self.start = time.perf_counter()
-        self.thread = threading.Thread(target=self._tick, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join()
-        self.save()
 
 
 def recorded_fit(
@@ -78,6 +41,7 @@ def recorded_fit(
 
     clocked = Path(run.out) / VALIDATION_SECONDS
     validating = json.loads(clocked.read_text())["seconds"] if clocked.is_file() else None
+    trained = tokens * steps * batch / rows  # generated tokens passed through the drafter, passes counted
     record = {
         "trainer": "draftsmith",
         "steps": steps,
@@ -86,9 +50,9 @@ def recorded_fit(
         "batch_size": batch,
         "epochs": round(steps * batch / rows, 2),
         "seconds": round(clock.seconds, 1),
-        "tokens_per_s": round(tokens * steps * batch / rows / clock.seconds, 1),
+        "tokens_per_s": round(trained / clock.seconds, 1),
         "validation_seconds": validating,
-        "train_tokens_per_s": round(tokens * steps * batch / rows / (clock.seconds - validating), 1)
+        "train_tokens_per_s": round(trained / (clock.seconds - validating), 1)
         if validating is not None and clock.seconds > validating
         else None,
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
