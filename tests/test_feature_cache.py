@@ -220,6 +220,21 @@ def test_prefix_cache_serves_its_first_rows_and_grows_in_place(setup, cache, tmp
         cache_features(*args, max_length=64, shard_rows=32, rows=0)
 
 
+def test_the_same_data_reached_by_another_path_keeps_its_cache(setup, cache, tmp_path):  # noqa: F811
+    """The data's identity decides, not its path: a study dir whose data is a symlink to another's (or the data
+    moved) finds the cache complete, even with ``overwrite`` (which once deleted a 250k-token cache for this and
+    rebuilt it); other data at the new path is still another cache."""
+    out, moved = tmp_path / "features", tmp_path / "elsewhere"
+    shutil.copytree(cache, out)
+    moved.symlink_to(setup["data-train"].resolve(), target_is_directory=True)
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
+    args = (resolve_target(str(setup["target"])), moved, [1, 2, 3], out, "float16")
+    assert cache_features(*args, max_length=64, shard_rows=32, overwrite=True) == out
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")} == kept
+    with pytest.raises(DraftsmithError, match="other settings"):
+        cache_features(*args, max_length=32, shard_rows=32)  # other settings are still refused
+
+
 def same_batch(a: dict, b: dict) -> bool:
     """Equal keys, and equal tensors of equal dtypes under each (``hidden``: per layer)."""
     if a.keys() != b.keys():

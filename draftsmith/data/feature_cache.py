@@ -110,8 +110,10 @@ def cache_features(
         "shard_rows": shard_rows,
     }
     old = _read_meta(out)
-    settings = {k: v for k, v in (old or {}).items() if k not in ("status", "seconds", "rows")}
-    if old is not None and settings != {k: v for k, v in record.items() if k != "rows"}:
+    # the rows are told by data_identity, not by the path the data was reached by (moved, copied, a symlink)
+    unsettled = ("status", "seconds", "rows", "data")
+    settings = {k: v for k, v in (old or {}).items() if k not in unsettled}
+    if old is not None and settings != {k: v for k, v in record.items() if k not in unsettled}:
         if not overwrite:
             raise DraftsmithError(f"features: {out} holds a cache of other settings; pass --overwrite or another --out")
         shutil.rmtree(out)
