@@ -444,3 +444,19 @@ def test_score_refuses_a_prompt_beyond_the_targets_context_as_generate_does(mode
     assert f"prompt 1 of {prompts} has 600 tokens, the target's context is 512" in err.splitlines()[-1]
     err = run_cli(capsys, "generate", *args, "--out", str(tmp_path / "data"))
     assert "reach the target's 512-token context" in err.splitlines()[-1]  # after transformers' loading bar
+
+
+def test_the_speculators_harness_names_a_missing_draftsmith_python_in_one_line(tmp_path):
+    """``engines/peers/speculators_train.py`` prepares its rows with draftsmith's Python first; run from a checkout
+    without ``.venv`` (a worktree) it said so with a FileNotFoundError traceback after starting."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "engines" / "peers" / "speculators_train.py"
+    cmd = [sys.executable, str(script), "--tokens", "10", "--out", str(tmp_path / "run")]
+    proc = subprocess.run([*cmd, "--draftsmith-python", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == f"--draftsmith-python {tmp_path / 'nope'}: no such Python (draftsmith's venv, made by `make setup`)"
+    )

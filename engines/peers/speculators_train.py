@@ -163,6 +163,8 @@ def stage_prepare(a: argparse.Namespace) -> dict:
         record = json.loads(done.read_text())
         if record["request"] == [a.tokens, a.val_rows, str(a.corpus), str(a.val), a.target]:
             return record
+    if not a.draftsmith_python.is_file():
+        sys.exit(f"--draftsmith-python {a.draftsmith_python}: no such Python (draftsmith's venv, made by `make setup`)")
     cmd = [str(a.draftsmith_python), str(ROOT / "engines" / "peers" / "prepare.py"), "--corpus", str(a.corpus)]
     cmd += ["--val", str(a.val), "--target", a.target]
     log("prepare: " + " ".join(cmd))
