@@ -614,6 +614,11 @@ def test_a_stopwatch_adds_the_time_of_an_interrupted_run_to_the_next(tmp_path):
     with Stopwatch(path) as clock:
         time.sleep(0.1)
     assert first >= 0.2 and clock.sessions == 2 and clock.seconds >= first + 0.1
+    many = tmp_path / "validations.json"  # many short blocks, each saved as it ends (ValidationClock's use)
+    for _ in range(20):
+        with Stopwatch(many, every=None):
+            time.sleep(0.02)
+    assert json.loads(many.read_text())["seconds"] >= 0.4  # none lost to rounding (0.1 s rounding kept 0.0)
 
 
 def test_a_recipes_gradient_clip_reaches_the_step_and_a_clip_above_the_norm_changes_nothing(setup, tmp_path):

@@ -111,7 +111,7 @@ class Stopwatch:
 
     def save(self) -> None:
         # written whole: a kill mid-write leaves the last total
-        write_whole(self.path, json.dumps({"seconds": round(self.seconds, 1), "sessions": self.sessions}))
+        write_whole(self.path, json.dumps({"seconds": round(self.seconds, 3), "sessions": self.sessions}))
 
     def _tick(self) -> None:
         while not self.done.wait(self.every):
