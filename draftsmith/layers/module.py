@@ -270,7 +270,10 @@ class DrafterModule(L.LightningModule):
             return self.target_forward(batch)
         kept = self.__dict__.setdefault("_kept_target", {})
         ids = batch["input_ids"].cpu()
-        if batch_idx not in kept or not torch.equal(kept[batch_idx][0], ids):
+        if batch_idx in kept and torch.equal(kept[batch_idx][0], ids):
+            hidden = kept[batch_idx][1]
+        else:
+            kept.pop(batch_idx, None)  # another batch's states: not counted against the budget
             layers = (*self.target.feature_layers, self.target.num_layers)
             out = self.target(
                 batch["input_ids"], **self._target_masks(batch), feature_layers=layers, last_logits_only=True
@@ -278,12 +281,9 @@ class DrafterModule(L.LightningModule):
             dtype = self.target.model.dtype
             hidden = {layer: f.to("cpu", dtype) for layer, f in zip(layers, out.features, strict=True)}
             held = sum(h.nbytes for _, states in kept.values() for h in states.values())
-            if held + sum(h.nbytes for h in hidden.values()) > self.kept_target_bytes:
-                kept.pop(batch_idx, None)
-                return self.target_forward({**batch, "hidden": {k: v.to(self.device) for k, v in hidden.items()}})
-            kept[batch_idx] = (ids, hidden)
-        hidden = {layer: h.to(self.device) for layer, h in kept[batch_idx][1].items()}
-        return self.target_forward({**batch, "hidden": hidden})
+            if held + sum(h.nbytes for h in hidden.values()) <= self.kept_target_bytes:
+                kept[batch_idx] = (ids, hidden)
+        return self.target_forward({**batch, "hidden": {layer: h.to(self.device) for layer, h in hidden.items()}})
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         out = self.val_target_forward(batch, batch_idx)
