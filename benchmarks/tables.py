@@ -73,16 +73,9 @@ MARKDOWN = {
     "served": "served",
     "served_amx": "served",
     "served_float32": "served",
-    "step_profile": "step_profile",
-    "step_profile_amx": "step_profile",
-    "step_profile_avx2": "step_profile",
-    "step_profile_avx2_probed": "step_profile",
-    "step_profile_eager": "step_profile",
     "tlt_smollm2": "tlt",
     "tlt_smollm2_k2": "tlt",
     "train": "train",
-    "train_throughput": "train_throughput",
-    "train_throughput_online": "train_throughput",
     "verifier": "verifier",
 }
 """Results file -> the benchmark module whose ``markdown(result)`` wrote its Markdown. Not here: the benchmarks that
