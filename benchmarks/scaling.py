@@ -89,7 +89,14 @@ RECIPES = {
     **{row: f"smollm2/study/{row}" for row in ("eagle3_31_2l", "eagle3_31_16k")},
     **{
         row: f"smollm2/study/{row}"
-        for row in ("eagle3_31_clip", "eagle3_31_cos0", "eagle3_31_warm1pct", "eagle3_31_lr1e3", "eagle3_31_b2")
+        for row in (
+            "eagle3_31_clip",
+            "eagle3_31_cos0",
+            "eagle3_31_warm1pct",
+            "eagle3_31_lr1e3",
+            "eagle3_31_b2",
+            "eagle3_31_headrand",
+        )
     },
     **{row: f"smollm2/peers/{row}" for row in ("eagle3_speculators", "eagle3_specforge")},
     "eagle3_31_e4": "smollm2/eagle3_31",

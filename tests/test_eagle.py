@@ -271,3 +271,36 @@ def test_greedy_step_acceptance_is_the_one_hot_definitions_without_building_them
     assert accept.shape == (model.estimate.k, *batch["input_ids"].shape) and valid.any()
     assert torch.equal(accept, torch.stack(expected)), (accept.sum(), torch.stack(expected).sum())
     assert 0 < accept.sum() < accept.numel(), accept.sum()  # both answers occur: the comparison is not vacuous
+
+
+def test_head_init_random_keeps_the_heads_own_initialisation_and_target_copies_the_targets_rows():
+    """``model.head_init``: ``target`` starts the draft LM head at the target's rows of the draft vocabulary (again
+    once the data chose that vocabulary), ``random`` at PyTorch's default (SpecForge's); the embedding is the target's
+    either way; a wrong value, or ``random`` for EAGLE-1 (whose head is the target's, frozen), is one line."""
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.families.eagle.module import EagleModule
+
+    class Counts:  # the training data's token counts: the last 64 ids most frequent
+        def token_counts(self, vocab: int) -> torch.Tensor:
+            return torch.arange(vocab, dtype=torch.float)
+
+    for head_init in ("target", "random"):
+        module = EagleModule("default", version=3, draft_vocab_size=64, head_init=head_init)
+        net, target = module.drafter, module.target
+        start = net.lm_head.weight.detach().clone()
+        module.prepare_from_data(Counts())
+        assert net.draft_ids.tolist() == list(range(target.config.vocab_size - 64, target.config.vocab_size))
+        assert torch.equal(net.embed_tokens.weight, target.embed_tokens.weight)
+        own, rows = net.lm_head.weight.detach(), target.lm_head.weight[net.draft_ids].detach()
+        if head_init == "target":
+            assert torch.equal(own, rows)
+        else:
+            assert torch.equal(own, start)  # the data's vocabulary left the random head as it was
+            assert not torch.isclose(own, rows).all(dim=1).any()  # no row is the target's
+            assert own.abs().max() <= own.shape[1] ** -0.5  # nn.Linear's default: uniform within 1/sqrt(fan_in)
+    for kwargs, message in (
+        ({"version": 3, "head_init": "zeros"}, "model.head_init must be 'target' or 'random'"),
+        ({"version": 1, "head_init": "random"}, "model.head_init 'random' needs a head of its own"),
+    ):
+        with pytest.raises(DraftsmithError, match=message):
+            EagleModule("default", **kwargs)

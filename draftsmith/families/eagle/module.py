@@ -37,12 +37,17 @@ class EagleModule(DrafterModule):
         norm_before_fc: one RMSNorm on the concatenated features before fc (``Eagle3Config.norm_before_fc``).
         norm_output: EAGLE-3.1: the normed layer output is the next step's feature (``Eagle3Config.norm_output``).
         num_layers: EAGLE-3's decoder layers (``Eagle3Config.num_layers``; 1 as the papers, 2 the recipe study's row).
+        head_init: the draft LM head's start: ``target`` its rows of the target's LM head (the draft vocabulary's),
+            ``random`` PyTorch's default initialisation (SpecForge's; issue 86's study row ``eagle3_31_headrand``).
         init: a drafter of the same version to fine-tune (a checkpoint or native dir, e.g. one ``draftsmith
             import`` made of an EAGLE-3 trained elsewhere): its network, feature layers and draft vocabulary; None:
             a fresh network.
         optim: optimizer and schedule.
         estimate: the ``val/tau_est`` estimate.
     """
+
+    head_init = "target"
+    """The class's default (P-EAGLE, which subclasses this module, starts its head from the target's)."""
 
     def __init__(
         self,
@@ -61,12 +66,20 @@ class EagleModule(DrafterModule):
         norm_output: bool = False,
         norm_before_residual: bool = False,
         num_layers: int = 1,
+        head_init: str = "target",
         init: str | None = None,
         optim: OptimConfig | None = None,
         estimate: EstimateConfig | None = None,
     ) -> None:
         if loss not in TOKEN_LOSSES:
             raise DraftsmithError(f"model.loss must be one of {', '.join(TOKEN_LOSSES)}, got {loss!r}")
+        if head_init not in ("target", "random"):
+            raise DraftsmithError(f"model.head_init must be 'target' or 'random', got {head_init!r}")
+        if head_init == "random" and not config_class(version).own_head:
+            raise DraftsmithError(
+                f"model.head_init 'random' needs a head of its own: EAGLE-{version} keeps the target's, frozen"
+            )
+        self.head_init = head_init
         self.version, self.requested_layers, self.draft_vocab_size = version, feature_layers, draft_vocab_size
         self.loss, self.lk_eta = loss, lk_eta
         self.norms = {"fc_norm": fc_norm, "norm_before_fc": norm_before_fc, "norm_output": norm_output}
@@ -114,14 +127,18 @@ class EagleModule(DrafterModule):
             num_layers=self.num_layers,
         )
         model = EagleModel(cfg)
-        model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
+        model.init_from_target(self.target.embed_tokens.weight, self.target_head())
         return model
+
+    def target_head(self) -> torch.Tensor | None:
+        """What the draft LM head starts from (``head_init``): the target's LM head, or None (random)."""
+        return self.target.lm_head.weight if self.head_init == "target" else None
 
     def prepare_from_data(self, datamodule) -> None:
         cfg = self.drafter.cfg
         if self.init is None and cfg.own_head and cfg.draft_vocab_size < cfg.vocab_size:
             self.drafter.set_draft_vocab(datamodule.token_counts(cfg.vocab_size).to(self.device))
-            self.drafter.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
+            self.drafter.init_from_target(self.target.embed_tokens.weight, self.target_head())
 
     def loss_vocab(self) -> torch.Tensor | None:
         cfg = self.drafter.cfg

@@ -308,12 +308,13 @@ class EagleModel(DrafterNetwork):
     def output_size(self) -> int:
         return self.cfg.hidden_size
 
-    def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
-        """Copy the target's embedding (and LM head rows of the draft vocabulary)."""
+    def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor | None) -> None:
+        """Copy the target's embedding and, given its LM head, that head's rows of the draft vocabulary (None: the
+        head keeps its random initialisation, as SpecForge's does)."""
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed)
-            head = lm_head[self.draft_ids] if self.cfg.own_head else lm_head
-            self.lm_head.weight.copy_(head)
+            if lm_head is not None:
+                self.lm_head.weight.copy_(lm_head[self.draft_ids] if self.cfg.own_head else lm_head)
 
     def set_draft_vocab(self, token_counts: torch.Tensor) -> None:
         """Keep the ``draft_vocab_size`` most frequent target tokens (ids ascending)."""
