@@ -65,7 +65,7 @@ def test_the_table_reads_every_export_as_vllm_parses_it(tmp_path):
     for name, config in configs.items():
         vllm = parsed[name]
         assert "error" not in vllm, (name, vllm)
-        loader = engine_reads.loaders(config, EDITS[name][0])["vLLM"]
+        loader = engine_reads.loaders(config)["vLLM"]
         table = {k: v for k, (v, _) in loader.read(config, 4).items()}
         assert (vllm["kind"] == "SpeculatorsConfig") == (loader.layer_config is not None), name
         ids = vllm.pop("aux_ids")

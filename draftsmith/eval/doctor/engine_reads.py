@@ -15,15 +15,20 @@ parsing on exports):
   loaders' default layers.
 
 SGLang 0.5.23 (``.venv-sglang``; ``tests/test_doctor_engines_sglang.py`` holds this row against its own
-``ModelConfig``, a constructed ``LlamaForCausalLMEagle3`` and the target's ``set_eagle3_layers_to_capture``, on SGLang
-exports, ``engines/sglang_config_read.py``): ``models/llama_eagle3.py`` reads its config flat; ``fc_norm`` (or the
-legacy ``use_aux_norm``), ``norm_before_fc`` (``eagle_config`` first) and ``norm_output``, each default False, and
-no ``norm_before_residual``; ``target_hidden_size`` absent: ``hidden_size``; ``draft_vocab_size`` null:
-``vocab_size``, absent: it fails to build (``config.draft_vocab_size``, AttributeError) where the LM head is not tied.
-``spec_aux_hidden_state.py`` takes the aux ids from ``eagle_config`` only and ``models/llama.py`` captures id k + 1
-(HF ``hidden_states[k + 1]``, the input of layer k + 1: transcribed, no forward pass runs); none: the default layers.
-Only its own layout is judged for it (its decoder layer ``midlayer.*``; 0.5.23's ``load_weights`` also maps
-``midlayer`` onto ``layers.0``, so it would load ``layers.0.*`` too, under another architecture name).
+``ModelConfig``, model registry, a constructed ``LlamaForCausalLMEagle3`` and its ``load_weights``, and the target's
+``set_eagle3_layers_to_capture``, on exports in every layout and speculators' own checkpoints,
+``engines/sglang_config_read.py``): it reads no speculators config. It parses the config with transformers'
+``AutoConfig`` (no top-level ``model_type``: refused) and builds the class ``architectures[0]`` names (only
+``LlamaForCausalLMEagle3`` is its Llama EAGLE-3: vLLM's ``Eagle3LlamaForCausalLM`` and speculators'
+``Eagle3DraftModel`` are refused). ``models/llama_eagle3.py`` reads the config flat, a speculators config too (its
+``transformer_layer_config`` unread: the Llama defaults, sglang #40630's misread); ``fc_norm`` (or the legacy
+``use_aux_norm``), ``norm_before_fc`` (``eagle_config`` first) and ``norm_output``, each default False, and no
+``norm_before_residual``; ``target_hidden_size`` absent: ``hidden_size``, null: it fails to build (None times the aux
+count); ``draft_vocab_size`` null: ``vocab_size``, absent: it fails to build (``config.draft_vocab_size``,
+AttributeError) where the LM head is not tied. ``spec_aux_hidden_state.py`` takes the aux ids from ``eagle_config``
+only and ``models/llama.py`` captures id k + 1 (HF ``hidden_states[k + 1]``, the input of layer k + 1: transcribed, no
+forward pass runs); none: the default layers. Its ``load_weights`` maps ``midlayer`` onto ``layers.0``: every layout's
+tensors load (``d2t`` as its hot token ids, ``t2d`` skipped).
 """
 
 from __future__ import annotations
@@ -75,6 +80,28 @@ class Loader:
     ``hidden_states[k + offset]``)."""
     required: tuple[str, ...] = ()
     """Keys whose absence makes it fail to build the drafter (the field then reads None)."""
+    not_null: tuple[str, ...] = ()
+    """Keys that, present and null, make it fail to build the drafter (the field then reads None)."""
+    architectures: tuple[str, ...] = ()
+    """The ``architectures[0]`` it builds its EAGLE-3 for, any other refused (empty: it does not look)."""
+    typed: bool = False
+    """It parses the config with transformers' ``AutoConfig``: without a top-level ``model_type`` it refuses it."""
+
+    def refusals(self, config: dict) -> list[tuple[str, str]]:
+        """Why it refuses the checkpoint before reading a field, each with its fix (``read``: what it reads once
+        they are fixed)."""
+        out = []
+        if self.typed and "model_type" not in config:
+            out.append(("no top-level model_type, which transformers' AutoConfig needs", "model_type: llama"))
+        arch = (config.get("architectures") or [None])[0]
+        if self.architectures and arch not in self.architectures:
+            out.append(
+                (
+                    f"architectures[0] {arch}, not its {self.architectures[0]}",
+                    f"architectures: [{self.architectures[0]}]",
+                )
+            )
+        return out
 
     def read(self, config: dict, num_layers: int) -> dict[str, tuple[object, str]]:
         """Every field it builds the drafter from: field -> (value, where it comes from)."""
@@ -102,6 +129,9 @@ class Loader:
         for key in self.required:
             if key not in seen:
                 out[key] = (None, f"absent: {self.engine} fails to build the drafter")
+        for key in self.not_null:
+            if key in seen and seen[key] is None:
+                out[key] = (None, f"null: {self.engine} fails to build the drafter")
         for flag in NORMS:
             nested = seen.get(self.nested_norms.get(flag, "")) or {}
             if flag not in self.norms:
@@ -160,7 +190,7 @@ VLLM_FLAT = Loader(
 )
 SGLANG = Loader(
     "SGLang",
-    "its EAGLE-3 config",
+    "a flat config",
     None,
     (),
     (),
@@ -168,19 +198,24 @@ SGLANG = Loader(
     {"norm_before_fc": "eagle_config"},
     ((("eagle_config", AUX_KEY), 1),),
     ("draft_vocab_size",),
+    ("target_hidden_size",),
+    ("LlamaForCausalLMEagle3",),
+    typed=True,
 )
 
 
-def loaders(config: dict, layout: str) -> dict[str, Loader | str]:
-    """Per engine, the loader that reads ``config`` (of an EAGLE-3 checkpoint in ``layout``), or why none is
-    judged."""
-    speculators = "model_type" not in config and config.get("speculators_config") is not None
+def loaders(config: dict) -> dict[str, Loader]:
+    """Per engine, the loader that reads ``config`` (an EAGLE-3 checkpoint's)."""
+    nested = config.get("speculators_config") is not None
+    speculators = nested and "model_type" not in config
     vllm = VLLM_SPECULATORS if speculators else VLLM_FLAT
-    if config.get("speculators_config") is not None and not speculators:
+    if nested and not speculators:
         vllm = dataclasses.replace(VLLM_FLAT, kind="a flat config (a speculators config with a top-level model_type)")
-    sglang: Loader | str = SGLANG
-    if layout != "sglang":
-        sglang = f"not its layout (SGLang's EAGLE-3 reads midlayer.*, this {layout} checkpoint holds layers.0.*)"
+    sglang = SGLANG
+    if nested:
+        sglang = dataclasses.replace(
+            SGLANG, kind="a speculators config flat (transformer_layer_config unread, sglang #40630)"
+        )
     return {"vLLM": vllm, "SGLang": sglang}
 
 
@@ -232,23 +267,22 @@ def check_engines(network, info: dict, num_layers: int) -> Check:
         return Check("engine reading", NOT_RUN, f"the checkpoint it was imported from is gone ({where} not found)")
     config = json.loads(where.read_text())
     verdicts, wrong, data = [], [], {"layout": source["layout"], "engines": {}}
-    for engine, loader in loaders(config, source["layout"]).items():
-        if isinstance(loader, str):
-            verdicts.append(f"{engine}: {loader}")
-            data["engines"][engine] = {"judged": False, "why": loader}
-            continue
-        found = misread(loader, config, network, num_layers)
-        data["engines"][engine] = {"judged": True, "reads": loader.kind, "misread": found}
-        if found:
-            fixes = ", ".join(loader.fix(f["field"], f["trained"]) for f in found)
+    for engine, loader in loaders(config).items():
+        refused, found = loader.refusals(config), misread(loader, config, network, num_layers)
+        data["engines"][engine] = {"judged": True, "reads": loader.kind, "refuses": [r for r, _ in refused]}
+        data["engines"][engine]["misread"] = found
+        verdict = f"{engine} refuses it: {', '.join(r for r, _ in refused)}; written so, it" if refused else engine
+        if refused or found:
+            fixes = ", ".join([f for _, f in refused] + [loader.fix(f["field"], f["trained"]) for f in found])
             drop = "drop the top-level model_type, or " if "model_type" in loader.kind else ""
             wrong.append(f"{engine}: {drop}write {fixes} in config.json")
             if any(f["field"] in NORMS for f in found):
                 wrong[-1] += " (a norm flag: the value the norm conventions check measures best)"
+        if found:
             fields = "; ".join(f"{f['field']} {fmt(f['reads'])} ({f['from']}), not {fmt(f['trained'])}" for f in found)
-            verdicts.append(f"{engine} reads {loader.kind}: {fields}")
+            verdicts.append(f"{verdict} reads {loader.kind}: {fields}")
         else:
-            verdicts.append(f"{engine} reads {loader.kind} as the drafter computes it")
+            verdicts.append(f"{verdict} reads {loader.kind} as the drafter computes it")
     finding = "; ".join(verdicts)
     if not wrong:
         return Check("engine reading", PASS, finding, data=data)
@@ -257,7 +291,8 @@ def check_engines(network, info: dict, num_layers: int) -> Check:
         FAIL,
         finding,
         cause="the config leaves out a field whose default differs between loaders, nests it where the engine does "
-        "not look, or sets one the engine ignores: served so, the engine builds another drafter than this one",
+        "not look, or sets one the engine ignores: served so, the engine builds another drafter than this one (or "
+        "refuses the checkpoint)",
         fix=f"{'; '.join(wrong)}; or import the checkpoint and export it again with draftsmith export",
         data=data,
     )
