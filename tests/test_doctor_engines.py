@@ -47,7 +47,7 @@ def doctored(case: dict, src: Path, tmp: Path):
 @pytest.mark.parametrize("to", ["speculators", "vllm", "sglang"])
 def test_an_export_in_each_layout_is_read_by_the_engines_as_the_drafter_computes_it(case, tmp_path, to):
     check = doctored(case, exported(case, to, tmp_path / to), tmp_path)
-    assert check.status == (PASS if to == "sglang" else FAIL), check.line()  # SGLang refuses the other layouts
+    assert check.status == PASS, check.line()  # SGLang refuses the other layouts: named, not failed
     engines = check.data["engines"]
     assert engines["vLLM"]["judged"] and engines["vLLM"]["misread"] == []
     assert engines["vLLM"]["reads"] == ("a speculators config" if to == "speculators" else "a flat config")

@@ -272,8 +272,8 @@ def check_engines(network, info: dict, num_layers: int) -> Check:
         data["engines"][engine] = {"judged": True, "reads": loader.kind, "refuses": [r for r, _ in refused]}
         data["engines"][engine]["misread"] = found
         verdict = f"{engine} refuses it: {', '.join(r for r, _ in refused)}; written so, it" if refused else engine
-        if refused or found:
-            fixes = ", ".join([f for _, f in refused] + [loader.fix(f["field"], f["trained"]) for f in found])
+        if found and not refused:  # a refusal is loud: only a config the engine serves can mislead it
+            fixes = ", ".join(loader.fix(f["field"], f["trained"]) for f in found)
             drop = "drop the top-level model_type, or " if "model_type" in loader.kind else ""
             wrong.append(f"{engine}: {drop}write {fixes} in config.json")
             if any(f["field"] in NORMS for f in found):
@@ -291,8 +291,7 @@ def check_engines(network, info: dict, num_layers: int) -> Check:
         FAIL,
         finding,
         cause="the config leaves out a field whose default differs between loaders, nests it where the engine does "
-        "not look, or sets one the engine ignores: served so, the engine builds another drafter than this one (or "
-        "refuses the checkpoint)",
+        "not look, or sets one the engine ignores: served so, the engine builds another drafter than this one",
         fix=f"{'; '.join(wrong)}; or import the checkpoint and export it again with draftsmith export",
         data=data,
     )
