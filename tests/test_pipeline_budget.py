@@ -220,6 +220,8 @@ def test_the_large_recipe_sets_default_is_the_recipe_studys_winner_which_differs
         "eagle3_31_cos0": ("optim.min_lr_ratio",),
         "eagle3_31_warm1pct": ("optim.warmup_steps", "optim.warmup_ratio"),
         "eagle3_31_lr1e3": ("optim.lr",),
+        "eagle3_31_b2": ("optim.betas",),
+        "eagle3_31_headrand": ("head_init",),
     }
     assert {p.stem for p in (RECIPES / "smollm2" / "study").glob("*.yaml")} == set(changes)
     for row, keys in changes.items():
