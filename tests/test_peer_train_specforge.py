@@ -106,7 +106,7 @@ FAULTS = {
         [
             f"vLLM reads a flat config: feature_layers {[k - 1 for k in DEFAULT]} (eagle_config.",
             f"not {list(DEFAULT)}",
-            "SGLang reads its EAGLE-3 config as the drafter computes it",
+            "SGLang reads a flat config as the drafter computes it",
             f"write eagle_aux_hidden_state_layer_ids: {list(DEFAULT)}",
         ],
     ),
