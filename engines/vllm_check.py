@@ -21,12 +21,12 @@ SETUP = VENV_SCRIPT
 SERVE = Path(__file__).with_name("vllm_serve.py")
 
 
-def ensure_venv(venv: Path) -> tuple[Path | None, str]:
-    """Build (once) the vLLM venv; (its python, "") or (None, why it failed)."""
-    proc = subprocess.run(["bash", str(SETUP), str(venv)], capture_output=True, text=True)
+def ensure_venv(venv: Path, setup: Path = SETUP) -> tuple[Path | None, str]:
+    """Build (once) the venv ``setup`` installs (default the vLLM one); (its python, "") or (None, why it failed)."""
+    proc = subprocess.run(["bash", str(setup), str(venv)], capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-        return None, f"{SETUP.name} failed (exit {proc.returncode}): {tail}"
+        return None, f"{setup.name} failed (exit {proc.returncode}): {tail}"
     return venv / "bin" / "python", ""
 
 

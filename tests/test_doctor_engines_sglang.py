@@ -24,6 +24,7 @@ from test_doctor_engines_vllm import EDITS as VLLM_EDITS
 
 from draftsmith.eval.doctor import engine_reads
 from draftsmith.export.registry import export
+from engines import vllm_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -99,15 +100,6 @@ DRAFTERS = {"a": {"draft_vocab": 48}, "b": {"draft_vocab": 32, "layers": (3, 1, 
 """Two drafters (``eagle3_case`` arguments) on the same 4-layer target."""
 
 
-def ensure_venv(venv: Path) -> tuple[Path | None, str]:
-    """Build (once) the SGLang venv; (its python, "") or (None, why it failed)."""
-    proc = subprocess.run(["bash", str(SETUP), str(venv)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-        return None, f"{SETUP.name} failed (exit {proc.returncode}): {tail}"
-    return venv / "bin" / "python", ""
-
-
 def written(src: Path, out: Path, edit, export_to: str | None = None, target: str | None = None) -> dict:
     """``src`` exported ``export_to`` a layout at ``out`` (None: copied), its config.json changed by ``edit``."""
     if export_to is not None:
@@ -156,7 +148,7 @@ def disagreements(name: str, config: dict, sglang: dict, num_layers: int) -> lis
 
 
 def test_the_table_reads_every_export_as_sglang_builds_it(tmp_path):
-    python, why = ensure_venv(ROOT / ".venv-sglang")
+    python, why = vllm_check.ensure_venv(ROOT / ".venv-sglang", SETUP)
     if python is None:
         print(f"SKIP SGLang config reading test: {why}")
         pytest.skip(why)
@@ -183,7 +175,7 @@ def test_the_table_reads_a_speculators_checkpoint_as_sglang_builds_it(tmp_path):
     as written and flattened; skipped where none is at hand."""
     if not (PEER / "config.json").is_file() or not PEER_TARGET.is_dir():
         pytest.skip(f"no speculators checkpoint at {PEER} or no target at {PEER_TARGET}")
-    python, why = ensure_venv(ROOT / ".venv-sglang")
+    python, why = vllm_check.ensure_venv(ROOT / ".venv-sglang", SETUP)
     if python is None:
         pytest.skip(why)
     configs = {name: written(PEER, tmp_path / name, edit) for name, edit in PEER_EDITS.items()}
