@@ -128,7 +128,7 @@ def sglang_reads(python: Path, tmp: Path, target: str, dirs: dict) -> dict:
 def disagreements(name: str, config: dict, sglang: dict, num_layers: int) -> list[str]:
     """Where the table reads ``config`` otherwise than SGLang did: what it refuses, then field by field."""
     loader = engine_reads.loaders(config)["SGLang"]
-    refused = [why for why, _ in loader.refusals(config)]
+    refused = loader.refusals(config)
     table = {k: v for k, (v, _) in loader.read(config, num_layers).items()}
     by_arch = sglang["resolved"] != "LlamaForCausalLMEagle3"
     untyped = "`model_type`" in sglang["resolved"]  # refused before it looks at the architecture

@@ -87,20 +87,14 @@ class Loader:
     typed: bool = False
     """It parses the config with transformers' ``AutoConfig``: without a top-level ``model_type`` it refuses it."""
 
-    def refusals(self, config: dict) -> list[tuple[str, str]]:
-        """Why it refuses the checkpoint before reading a field, each with its fix (``read``: what it reads once
-        they are fixed)."""
+    def refusals(self, config: dict) -> list[str]:
+        """Why it refuses the checkpoint before reading a field (``read``: what it reads once they are fixed)."""
         out = []
         if self.typed and "model_type" not in config:
-            out.append(("no top-level model_type, which transformers' AutoConfig needs", "model_type: llama"))
+            out.append("no top-level model_type, which transformers' AutoConfig needs")
         arch = (config.get("architectures") or [None])[0]
         if self.architectures and arch not in self.architectures:
-            out.append(
-                (
-                    f"architectures[0] {arch}, not its {self.architectures[0]}",
-                    f"architectures: [{self.architectures[0]}]",
-                )
-            )
+            out.append(f"architectures[0] {arch}, not its {self.architectures[0]}")
         return out
 
     def read(self, config: dict, num_layers: int) -> dict[str, tuple[object, str]]:
@@ -269,9 +263,9 @@ def check_engines(network, info: dict, num_layers: int) -> Check:
     verdicts, wrong, data = [], [], {"layout": source["layout"], "engines": {}}
     for engine, loader in loaders(config).items():
         refused, found = loader.refusals(config), misread(loader, config, network, num_layers)
-        data["engines"][engine] = {"judged": True, "reads": loader.kind, "refuses": [r for r, _ in refused]}
+        data["engines"][engine] = {"judged": True, "reads": loader.kind, "refuses": refused}
         data["engines"][engine]["misread"] = found
-        verdict = f"{engine} refuses it: {', '.join(r for r, _ in refused)}; written so, it" if refused else engine
+        verdict = f"{engine} refuses it: {', '.join(refused)}; written so, it" if refused else engine
         if found and not refused:  # a refusal is loud: only a config the engine serves can mislead it
             fixes = ", ".join(loader.fix(f["field"], f["trained"]) for f in found)
             drop = "drop the top-level model_type, or " if "model_type" in loader.kind else ""
