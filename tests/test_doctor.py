@@ -2,7 +2,11 @@
 (feature layers recorded one off, a norm flag flipped in the record, labels shifted by one, no training-time test,
 training data outside the target's chat template, another target, a permuted d2t, a draft vocabulary too small or
 counted on other text), for a native dir, a ``.ckpt``-less peer export imported on the fly, and through the CLI with
-its exit status."""
+its exit status.
+
+Two targets: a random Llama (``case``), and one trained on a second-order rule language (``rule_case``), whose text
+the position offset and training-time test checks can tell apart (on the random one's, x(t+2) and x(t+3) are
+equally unpredictable from a drafter's inputs and the target's features add little at depth 1)."""
 
 from __future__ import annotations
 
@@ -89,13 +93,42 @@ def train_eagle3(
     return network.eval()
 
 
-@pytest.fixture(scope="module")
-def case(tmp_path_factory) -> dict:
-    """A saved 4-layer tiny target with a chat template, chat prompts for it, and a healthy EAGLE-3 drafter trained on
-    data generated in that template (native, recording its data as a fit's manifest does and the val τ_est a fit
-    records: the teacher-forced replay on held-out greedy text)."""
-    root = tmp_path_factory.mktemp("doctor")
-    make_llama(seed=0, layers=4).save_pretrained(root / "target")
+def rule_rows(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` chat rows of the rule language: ``w80``, ``PROMPT`` random words, ``w81``, then ``NEW`` words, each
+    ``RULE[parity of the word two back][the last word]`` (over the whole row, template tokens included): a next word
+    the last word alone does not tell, nor the two words back alone."""
+    prompts = torch.randint(0, VOCAB - 2, (PROMPT, n), generator=generator)  # the prompts' words, as make_data's
+    rows = [torch.full((n,), 80), *prompts, torch.full((n,), 81)]
+    for _ in range(NEW):
+        rows.append(RULE[rows[-2] % 2, rows[-1]])
+    return torch.stack(rows, 1)
+
+
+RULE = torch.randint(0, 80, (2, VOCAB), generator=torch.Generator().manual_seed(11))
+"""The rule language's two maps of the last word, chosen by the parity of the word before it."""
+
+
+def rule_target() -> torch.nn.Module:
+    """The tests' 4-layer Llama trained on the rule language (200 steps: every next word right on fresh rows)."""
+    model = make_llama(seed=0, layers=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    answer = slice(PROMPT + 1, -1)  # logits from the closing w81 on predict the rule's words
+    for _ in range(200):
+        rows = rule_rows(32, g)
+        logits = model(rows).logits[:, answer]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), rows[:, PROMPT + 2 :].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def make_case(root: Path, model: torch.nn.Module) -> dict:
+    """``model`` saved as a target with the chat template, 12 held-out chat prompts for it, the 64 chat prompts it
+    continued (``make_data``), and a healthy EAGLE-3 trained on them and saved (native, recording its data as a
+    fit's manifest does and the val τ_est a fit records: the teacher-forced replay on held-out greedy text)."""
+    model.save_pretrained(root / "target")
     tokenizer = make_tokenizer()
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(root / "target")
@@ -112,6 +145,18 @@ def case(tmp_path_factory) -> dict:
     case = {"root": root, "target": target, "network": network, "val_tau": val_tau, "data": data}
     saved(case, "healthy", network)
     return case
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory) -> dict:
+    """The random 4-layer tiny target (``make_case``)."""
+    return make_case(tmp_path_factory.mktemp("doctor"), make_llama(seed=0, layers=4))
+
+
+@pytest.fixture(scope="module")
+def rule_case(tmp_path_factory) -> dict:
+    """The target trained on the rule language (``make_case``)."""
+    return make_case(tmp_path_factory.mktemp("doctor-rule"), rule_target())
 
 
 def run(case: dict, drafter: Path, target: Path | None = None, **kwargs) -> dict:
@@ -175,6 +220,43 @@ def test_feature_layers_recorded_one_below_are_named_with_the_reading_that_accep
     assert layers["data"]["recorded"] == [0, 1, 2] and layers["data"]["best"] == list(LAYERS)
     assert "[1, 2, 3] (+1)" in layers["finding"] and "off by one" in layers["cause"]
     assert found["identity"]["status"] == PASS  # the same target: only the layer ids are wrong
+
+
+def test_on_the_rule_language_a_healthy_drafter_passes_the_offset_and_ttt_checks_judged(rule_case):
+    """Where the checks can tell (the rule target's text), the healthy drafter passes them, judged, not INFO."""
+    report = run(rule_case, rule_case["root"] / "healthy")
+    found = checks(report)
+    assert report["failed"] == [], [c["finding"] for c in report["checks"] if c["status"] != PASS]
+    assert found["position offset"]["status"] == PASS and found["training-time test"]["status"] == PASS
+    offset, ttt = found["position offset"]["data"], found["training-time test"]["data"]
+    assert offset["first_token"]["0"] > 0.9 > 0.1 > max(offset["first_token"]["-1"], offset["first_token"]["1"])
+    # what the target's features add at depth 1 (over features of other positions), kept by its own at depth 2
+    assert ttt["teacher_forced"] - ttt["other_positions_features"] > 0.2 and ttt["retained"] > 0.8
+
+
+def test_labels_shifted_by_one_fail_the_position_offset_check(rule_case):
+    """A drafter trained to predict x(t+3) at the place of x(t+2) (its labels one place late)."""
+    network = train_eagle3(rule_case["target"], rule_case["data"], offset=1)
+    report = run(rule_case, saved(rule_case, "labels-late", network))
+    found = checks(report)
+    assert report["failed"] == ["position offset", "prediction vs measurement"], report["checks"]
+    offset = found["position offset"]
+    assert offset["data"]["peak"] == 1 and offset["data"]["first_token"]["1"] > 0.9
+    assert "peak at +1" in offset["finding"] and "x(t+3) at the place of x(t+2)" in offset["cause"]
+    assert found["prediction vs measurement"]["fix"] == "fix what fails above first: position offset"
+
+
+def test_a_drafter_trained_without_training_time_test_fails_that_check_with_a_cliff_after_depth_1(rule_case):
+    """ttt_steps 1: trained on the target's features only; from depth 2 it reads its own outputs."""
+    network = train_eagle3(rule_case["target"], rule_case["data"], ttt=1)
+    report = run(rule_case, saved(rule_case, "no-ttt", network))
+    found = checks(report)
+    assert report["failed"] == ["training-time test", "prediction vs measurement"], report["checks"]
+    ttt = found["training-time test"]
+    assert ttt["data"]["own_features"][0] > 0.9 and ttt["data"]["retained"] < 0.5
+    assert "a cliff after depth 1" in ttt["finding"] and "no training-time test" in ttt["cause"]
+    assert found["position offset"]["status"] == PASS  # its first token is right: only its later depths fail
+    assert found["prediction vs measurement"]["fix"] == "fix what fails above first: training-time test"
 
 
 def test_another_target_fails_identity_in_one_line_and_runs_nothing_it_cannot(case, capsys):
