@@ -52,7 +52,7 @@ from common import (
     smollm2_targets,
     write,
 )
-from scaling import tokens_of
+from scaling import RECIPES
 
 from draftsmith.core.files import write_whole
 from draftsmith.core.machine import native_bf16
@@ -60,6 +60,7 @@ from draftsmith.core.manifest import file_sha256
 from draftsmith.core.target import Target
 from draftsmith.eval.rows import read_block
 from draftsmith.families.specs import NGram, Trained
+from draftsmith.train.learning_curve import tokens_of
 from draftsmith.train.recorded import fit_epochs
 
 MODES = decoding_modes()
@@ -309,7 +310,7 @@ def fit_records(study: Path, names: list[str], earlier: dict | None = None) -> d
             drafter = study / "drafters" / name
             fits[name] = fit | {
                 "epochs": fit_epochs(fit),
-                "recipe": f"smollm2/{name.rsplit('-', 1)[0]}",
+                "recipe": RECIPES[name.rsplit("-", 1)[0]],
                 "vocab_coverage": draft_vocab_coverage(drafter, study / "data" / "val"),
                 "weights": file_sha256(drafter / "model.safetensors"),
             }

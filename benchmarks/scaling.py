@@ -61,6 +61,7 @@ from draftsmith.eval.rows import read_block, read_rows
 from draftsmith.targets import load_target, resolve, resolve_target
 from draftsmith.train.data import generated_prefix
 from draftsmith.train.fit import FitRun, load_recipe
+from draftsmith.train.learning_curve import least_squares, tokens_of
 from draftsmith.train.recorded import fit_epochs, recorded_fit
 
 DTYPE = "bfloat16" if native_bf16()[0] else "float32"
@@ -225,11 +226,6 @@ def label(size: int) -> str:
     return f"{size // 1000}k" if size < 1_000_000 else f"{size / 1e6:g}M"
 
 
-def tokens_of(text: str) -> int:
-    """The size a ``label`` names (``250k`` -> 250,000; ``1M`` -> 1,000,000)."""
-    return int(float(text[:-1]) * (1_000 if text.endswith("k") else 1_000_000))
-
-
 def fit_one(
     out: Path,
     family: str,
@@ -325,10 +321,7 @@ def fit_curve(points: list[tuple[float, float]]) -> dict | None:
     """Least squares τ = a + b·ln(tokens) (the Scylla paper's log-linear data scaling), with each doubling's gain."""
     if len(points) < 2:
         return None
-    xs, ys = [math.log(x) for x, _ in points], [y for _, y in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(1e-12, sum((x - mx) ** 2 for x in xs))
-    a = my - b * mx
+    a, b = least_squares(points)
     per_doubling = [
         round((y2 - y1) / math.log2(x2 / x1), 4)
         for (x1, y1), (x2, y2) in zip(points, points[1:], strict=False)

@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from draftsmith.train.learning_curve import Curve, LearningCurves, Line, curves_file
+from draftsmith.train.learning_curve import curves_file, measured_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -417,82 +417,22 @@ def render(text: str) -> str:
 
 CURVES = {"smollm2": ("scaling_families", ("recipe_smollm2_250k", "recipe_smollm2"))}
 """Recipe set -> the results whose learning curves ``draftsmith pipeline`` predicts τ from
-(``draftsmith/configs/SET/learning_curve.json``): the data-scaling study's, and the recipe study's reports (their
-rows of a pipeline family at two or more data budgets, e.g. EAGLE-3.1 at 250k and 1M, per number of passes)."""
-
-
-def recipe_points(names: tuple[str, ...], dtype: str) -> tuple[dict[tuple[str, float], dict[str, list]], list[str]]:
-    """(pipeline family, passes) -> set -> [(tokens, τ)] from the recipe reports ``names`` measured in ``dtype``:
-    each row of a recipe the pipeline trains as a family (``scaling.RECIPES``: ``eagle3_31_e4`` is ``eagle3_31``
-    with 4 passes; a study-only change such as ``eagle3_31_lk`` is none), greedy at the study's K."""
-    scaling = importlib.import_module("scaling")
-    recipe = importlib.import_module("recipe")
-    points, measured = {}, []
-    for name in names:
-        result = load(name)
-        if result["dtype"] != dtype:
-            continue
-        measured.append(f"{result['machine']['git']} {result['machine']['date']}")
-        for key, block in result["blocks"].items():
-            parsed = recipe.BlockKey.parse(key)
-            if parsed.mode != "greedy":
-                continue
-            for row in block["drafters"]:
-                fit = result["fits"].get(row["name"])
-                family = scaling.RECIPES.get(row["name"].rsplit("-", 1)[0], "").removeprefix("smollm2/")
-                if fit is None or not family or "/" in family:
-                    continue
-                sets = points.setdefault((family, float(fit["epochs"])), {})
-                sets.setdefault(parsed.set_name, []).append(
-                    (scaling.tokens_of(row["name"].rsplit("-", 1)[1]), row["tau"])
-                )
-    return points, measured
+(``draftsmith/configs/SET/learning_curve.json``, which ``draftsmith learning-curve`` writes from them): the
+data-scaling study's, and the recipe study's reports (their rows of a pipeline family at two or more data budgets,
+e.g. EAGLE-3.1 at 250k and 1M, per number of passes)."""
 
 
 def learning_curves() -> dict[Path, str]:
-    """Per recipe set of ``CURVES``: its measured learning curves (τ = a + b·ln(generated tokens), per family,
-    passes over the data and held-out set, greedy at the studies' K), each with what measured it and the budgets it
-    spans, in the file the package reads them from (``draftsmith.train.learning_curve``: its format and its text)."""
-    scaling = importlib.import_module("scaling")
+    """Per recipe set of ``CURVES``: its learning curves as ``draftsmith learning-curve`` writes them from the
+    results (``train.learning_curve.measured_curves``), in the file the package reads them from."""
     out = {}
     for recipes, (name, reports) in CURVES.items():
-        result = load(name)
-        sizes = sorted({r["size"] for r in result["rows"]})
-        measured = f"{result['machine']['git']} {result['machine']['date']}"
-        by_family = {}
-        for key, fit in result["curves"].items():
-            set_name, family = key.split("/")
-            if fit is not None:
-                by_family.setdefault(family, {})[set_name] = Line(fit["a"], fit["b"])
-        curves = [
-            Curve(
-                family=family,
-                epochs=result["args"]["epochs"],
-                tokens=(sizes[0], sizes[-1]),
-                source=f"benchmarks/results/{name}.json",
-                measured=measured,
-                sets=sets,
-            )
-            for family, sets in by_family.items()
-        ]
-        points, dates = recipe_points(reports, result["target"].split(":")[1])
-        for (family, epochs), sets in points.items():
-            budgets = sorted({x for pts in sets.values() for x, _ in pts})
-            if len(budgets) < 2:  # one budget: no curve
-                continue
-            fits = {s: scaling.fit_curve(sorted(pts)) for s, pts in sets.items()}
-            curves.append(
-                Curve(
-                    family=family,
-                    epochs=epochs,
-                    tokens=(budgets[0], budgets[-1]),
-                    source=" and ".join(f"benchmarks/results/{r}.json" for r in reports),
-                    measured=", ".join(dates),
-                    sets={s: Line(f["a"], f["b"]) for s, f in fits.items()},
-                )
-            )
-        k = scaling.MODES["greedy"][0]  # the greedy blocks' K (the recipe study's too: 4)
-        out[curves_file(recipes)] = LearningCurves(result["target"], k, curves).text()
+
+        def report(n: str) -> tuple[str, dict]:
+            return f"benchmarks/results/{n}.json", load(n)
+
+        curves = measured_curves(recipes, report(name), [report(r) for r in reports])
+        out[curves_file(recipes)] = curves.text()
     return out
 
 

@@ -42,6 +42,7 @@ COMMANDS: dict = {
     "xvocab": "draftsmith.families.xvocab.train:xvocab",
     "tlt": "draftsmith.families.tlt.train:tlt",
     "report": "draftsmith.eval.compare:report",
+    "learning-curve": "draftsmith.train.learning_curve:write_curves",
     "export": "draftsmith.export.registry:export",
     "s2d": {"export": "draftsmith.families.s2d.module:export_subnetwork"},
     "import": "draftsmith.export.imports:import_drafter",
@@ -163,6 +164,7 @@ LIST_FLAGS = (
     "--score_set",
     "--stages",
     "--families",
+    "--studies",
 )
 """Flags taking several values: ``--drafter a b`` and ``--drafter a --drafter b`` both give [a, b]."""
 POSITIONAL = {
