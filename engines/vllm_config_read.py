@@ -3,7 +3,8 @@
 Runs in the vLLM venv (``export/vllm_venv.sh``) and imports nothing of draftsmith:
 ``python vllm_config_read.py IN.json OUT.json``. IN: {"dirs": {NAME: DIR}}. OUT: {NAME: {FIELD: VALUE}} with the
 fields of ``draftsmith.eval.doctor.engine_reads`` (the layer shape, ``draft_vocab_size``, ``target_hidden_size``, the
-norm flags and the aux layer ids, null where the config names none), or {NAME: {"error": ...}}.
+norm flags, the aux layer ids, null where the config names none, and how many aux states ``fc`` takes), or
+{NAME: {"error": ...}}.
 
 The config is parsed by vLLM's own ``get_config`` (speculators configs through ``SpeculatorsConfig``) and wrapped
 in ``EAGLEConfig`` as ``config/speculative.py`` does; the fields are then read off it as
@@ -32,6 +33,15 @@ def aux_ids(config) -> list[int] | None:
     return list(layer_ids) if layer_ids and isinstance(layer_ids, (list, tuple)) else None
 
 
+def aux_states(config) -> int:
+    """The aux states ``models/llama_eagle3.py``'s ``fc`` concatenates (vLLM 0.32's ``LlamaModel.__init__``)."""
+    count = getattr(config, "num_aux_hidden_states", None)
+    if count is None:
+        layer_ids = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+        count = len(layer_ids) if layer_ids else 3
+    return count
+
+
 def read(path: str) -> dict:
     from vllm.transformers_utils.config import get_config
     from vllm.transformers_utils.configs.eagle import EAGLEConfig
@@ -54,6 +64,7 @@ def read(path: str) -> dict:
         "target_hidden_size": getattr(config, "target_hidden_size", hidden),
         **{flag: bool(getattr(config, flag, False)) for flag in NORMS},
         "aux_ids": aux_ids(config),
+        "num_aux_hidden_states": aux_states(config),
     }
     out["norm_before_fc"] = bool(eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False)))
     return out

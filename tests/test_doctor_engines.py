@@ -111,3 +111,33 @@ def test_the_table_agrees_with_the_export_layouts():
     assert engine_reads.SGLANG.aux_ids == ((eagle_layout.SGLANG_IDS.keys, eagle_layout.SGLANG_IDS.offset),)
     assert engine_reads.VLLM_SPECULATORS.layer_config == eagle_layout.LAYOUTS["speculators"].layer_config
     assert set(engine_reads.NORMS) == set(eagle_layout.EAGLE3_NORM_FLAGS) == set(NORM_FLAGS)
+
+
+def test_the_engines_count_the_aux_states_their_fc_takes_from_the_count_or_the_nested_ids(case, tmp_path):
+    """Both engines' ``fc`` concatenates ``num_aux_hidden_states`` aux states, else as many as the ids under
+    ``eagle_config``, else 3 (the top-level ids are not counted; ``engine_reads``' docstring has the sources)."""
+    src = exported(case, "sglang", tmp_path / "count", lambda c: c.update(num_aux_hidden_states=2))
+    check = doctored(case, src, tmp_path / "a")
+    assert check.status == FAIL, check.line()
+    for engine in ("vLLM", "SGLang"):
+        [wrong] = check.data["engines"][engine]["misread"]
+        assert (wrong["field"], wrong["reads"], wrong["trained"]) == ("num_aux_hidden_states", 2, 3)
+        assert f"{engine}: write num_aux_hidden_states: 3 in config.json" in check.fix
+    # a drafter over two feature layers: counted from the two ids under eagle_config, else read as three
+    two = eagle3_case(tmp_path / "two", draft_vocab=48, layers=(1, 3))
+    config = json.loads((src / "config.json").read_text())
+    config.pop("num_aux_hidden_states")
+    config[engine_reads.AUX_KEY], config["eagle_config"][engine_reads.AUX_KEY] = [1, 3], [0, 2]
+    for name, edit in {"nested": None, "top-level only": lambda c: c["eagle_config"].pop(engine_reads.AUX_KEY)}.items():
+        written = dict(config, eagle_config=dict(config["eagle_config"]))
+        if edit:
+            edit(written)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(written))
+        check = check_engines(two["network"], {"imported_from": {"path": str(tmp_path / name), "layout": "sglang"}}, 4)
+        misread = {e: [(w["field"], w["reads"]) for w in v["misread"]] for e, v in check.data["engines"].items()}
+        if edit is None:
+            assert check.status == PASS, check.line()
+        else:  # vLLM reads the top-level ids but counts three; SGLang reads its default layers too
+            assert ("num_aux_hidden_states", 3) in misread["vLLM"] and ("num_aux_hidden_states", 3) in misread["SGLang"]
+            assert "vLLM: write num_aux_hidden_states: 2 in config.json" in check.fix

@@ -36,6 +36,16 @@ EDITS = {
     "sglang-nested-norm": ("sglang", lambda c: c["eagle_config"].update(norm_before_fc=True)),
     "vllm-no-flags": ("vllm", lambda c: [c.pop(f) for f in engine_reads.NORMS]),
     "vllm-no-target-hidden": ("vllm", lambda c: c.pop("target_hidden_size")),
+    "vllm-aux-count": ("vllm", lambda c: c.update(num_aux_hidden_states=2)),
+    "vllm-four-nested-aux-ids": (
+        "vllm",
+        lambda c: c.setdefault("eagle_config", {}).update({engine_reads.AUX_KEY: [0, 1, 2, 3]}),
+    ),
+    "speculators-aux-count": ("speculators", lambda c: c.update(num_aux_hidden_states=2)),
+    "speculators-nested-aux-count": (
+        "speculators",
+        lambda c: c["transformer_layer_config"].update(num_aux_hidden_states=2),
+    ),
 }
 """Export dirs by name: (layout, change to its config.json)."""
 

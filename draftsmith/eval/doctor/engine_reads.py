@@ -12,7 +12,8 @@ parsing on exports):
   ``eagle_config`` first; ``draft_vocab_size`` absent: ``vocab_size``; ``target_hidden_size`` absent: ``hidden_size``.
 - ``v1/worker/gpu_model_runner.py``: the aux ids from the top level, else from ``eagle_config``, in vLLM's numbering
   either way (id k = HF ``hidden_states[k]``: SGLang's ids under ``eagle_config`` are read one layer low); none: the
-  loaders' default layers.
+  loaders' default layers. ``models/llama_eagle3.py``'s ``fc`` concatenates ``num_aux_hidden_states`` aux states of
+  the drafter's config, else as many as the ids under its ``eagle_config``, else 3 (``AUX_COUNT``).
 
 SGLang 0.5.23 (``.venv-sglang``; ``tests/test_doctor_engines_sglang.py`` holds this row against its own
 ``ModelConfig``, model registry, a constructed ``LlamaForCausalLMEagle3`` and its ``load_weights``, and the target's
@@ -28,7 +29,7 @@ count); ``draft_vocab_size`` null: ``vocab_size``, absent: it fails to build (``
 AttributeError) where the LM head is not tied. ``spec_aux_hidden_state.py`` takes the aux ids from ``eagle_config``
 only and ``models/llama.py`` captures id k + 1 (HF ``hidden_states[k + 1]``, the input of layer k + 1: transcribed, no
 forward pass runs); none: the default layers. Its ``load_weights`` maps ``midlayer`` onto ``layers.0``: every layout's
-tensors load (``d2t`` as its hot token ids, ``t2d`` skipped).
+tensors load (``d2t`` as its hot token ids, ``t2d`` skipped). Its ``fc`` counts the aux states as vLLM's does.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "head_dim", 
 NORMS = ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual")
 """EAGLE-3's norm flags (``norms.NORM_FLAGS``)."""
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+AUX_COUNT = (("num_aux_hidden_states",), ("eagle_config", AUX_KEY))
+"""Where both engines' EAGLE-3 reads how many aux states its ``fc`` concatenates, in the config it builds the drafter
+from (a speculators config's ``transformer_layer_config`` in vLLM), the first set wins: the count itself, else the
+count of the ids under ``eagle_config`` (the top-level ids are not counted); neither: ``AUX_STATES``."""
+AUX_STATES = 3
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,7 @@ class Loader:
             else:
                 out[flag] = (self.norms[flag], f"absent: {self.engine}'s default for {self.kind}")
         out["feature_layers"] = self.layers(seen, num_layers)
+        out["num_aux_hidden_states"] = self.aux_states(seen)
         return out
 
     def layers(self, seen: dict, num_layers: int) -> tuple[tuple[int, ...], str]:
@@ -149,6 +156,17 @@ class Loader:
                 numbering = f"id k = hidden_states[k{offset:+d}]" if offset else "id k = hidden_states[k]"
                 return tuple(k + offset for k in node), f"{'.'.join(path)}, {numbering}"
         return loader_default_layers(num_layers), "no aux ids: the loader's default layers"
+
+    @staticmethod
+    def aux_states(seen: dict) -> tuple[int, str]:
+        """How many aux states its ``fc`` concatenates (``AUX_COUNT``), and from which key."""
+        for path in AUX_COUNT:
+            node = seen
+            for key in path:
+                node = node.get(key) if isinstance(node, dict) else None
+            if node:
+                return (len(node), f"the count of {'.'.join(path)}") if isinstance(node, list) else (node, path[-1])
+        return AUX_STATES, f"absent: {AUX_STATES}, the loaders' default"
 
     def fix(self, field: str, value) -> str:
         """Where to write ``field`` so that this loader reads ``value``."""
@@ -228,6 +246,7 @@ def trained(network, num_layers: int) -> dict[str, object]:
         "target_hidden_size": cfg.target_hidden_size,
         **{flag: bool(getattr(cfg, flag)) for flag in NORMS},
         "feature_layers": tuple(k + num_layers + 1 if k < 0 else k for k in cfg.feature_layers),
+        "num_aux_hidden_states": len(cfg.feature_layers),
     }
 
 

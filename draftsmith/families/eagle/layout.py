@@ -122,12 +122,13 @@ def aux_layer_ids(cfg, num_layers: int, engine: str) -> list[int]:
     the residual stream entering layer k (k = L: leaving the last layer, *before* the final norm), so
     id k = HF ``hidden_states[k]`` for k < L. SGLang (``models/llama.py::set_eagle3_layers_to_capture``)
     captures ``val + 1`` for an explicit id, so id k = HF ``hidden_states[k + 1]``. Neither captures
-    HF ``hidden_states[L]`` (normed); both take exactly three (fc is [H, 3*Ht] in both loaders).
+    HF ``hidden_states[L]`` (normed). Both size ``fc`` by ``num_aux_hidden_states``, else by the count of the ids
+    under ``eagle_config``, else three (``eval.doctor.engine_reads.AUX_COUNT``); the exports write three only.
     """
     layers = list(cfg.feature_layers)
     if len(layers) != 3:
         raise DraftsmithError(
-            f"{engine} EAGLE-3 fuses exactly 3 target layers (fc [H, 3*Ht]); this drafter uses {layers}"
+            f"the {engine} export writes EAGLE-3 over 3 target layers (fc [H, 3*Ht]); this drafter uses {layers}"
         )
     if len(set(layers)) != 3:
         raise DraftsmithError(f"{engine} captures each aux layer once; this drafter repeats one in {layers}")
