@@ -425,14 +425,13 @@ e.g. EAGLE-3.1 at 250k and 1M, per number of passes)."""
 def learning_curves() -> dict[Path, str]:
     """Per recipe set of ``CURVES``: its learning curves as ``draftsmith learning-curve`` writes them from the
     results (``train.learning_curve.measured_curves``), in the file the package reads them from."""
+
+    def report(name: str) -> tuple[str, dict]:
+        return f"benchmarks/results/{name}.json", load(name)
+
     out = {}
     for recipes, (name, reports) in CURVES.items():
-
-        def report(n: str) -> tuple[str, dict]:
-            return f"benchmarks/results/{n}.json", load(n)
-
-        curves = measured_curves(recipes, report(name), [report(r) for r in reports])
-        out[curves_file(recipes)] = curves.text()
+        out[curves_file(recipes)] = measured_curves(recipes, report(name), [report(r) for r in reports]).text()
     return out
 
 

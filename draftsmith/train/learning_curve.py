@@ -108,12 +108,11 @@ def measured_curves(recipes: str, scaling: tuple[str, dict], studies: list[tuple
             by_family.setdefault(family, {})[set_name] = Line(fit["a"], fit["b"])
     measured = f"{result['machine']['git']} {result['machine']['date']}"
     for family, sets in by_family.items():
-        tokens = (sizes[0], sizes[-1])
         curves.append(
             Curve(
                 family=family,
                 epochs=result["args"]["epochs"],
-                tokens=tokens,
+                tokens=(sizes[0], sizes[-1]),
                 source=source,
                 measured=measured,
                 sets=sets,
@@ -164,10 +163,10 @@ def measured_curves(recipes: str, scaling: tuple[str, dict], studies: list[tuple
 
 
 def write_curves(recipe_set: str, scaling: Path, studies: list[Path] | None = None, out: Path | None = None) -> Path:
-    """Write the recipe set ``recipe_set``'s learning curves (``configs/SET/learning_curve.json``, which ``draftsmith pipeline``
-    predicts τ from; ``out``: elsewhere) from a data-scaling study's report (``benchmarks/scaling.py``'s results
-    JSON) and recipe studies' reports (``benchmarks/recipe.py``'s), each named in the file by the path given here.
-    A study's rows count where their recorded recipe is ``SET/FAMILY``."""
+    """Write the learning curves of the recipe set ``recipe_set`` (``configs/SET/learning_curve.json``, which
+    ``draftsmith pipeline`` predicts τ from; ``out``: elsewhere) from a data-scaling study's report
+    (``benchmarks/scaling.py``'s results JSON) and recipe studies' reports (``benchmarks/recipe.py``'s), each named
+    in the file by the path given here. A study's rows count where their recorded recipe is ``SET/FAMILY``."""
     reports = []
     for path in [scaling, *(studies or [])]:
         try:
