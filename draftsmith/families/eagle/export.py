@@ -153,8 +153,8 @@ def sglang_eagle3(src: Source, out: Path, dtype: str | None, k: int | None) -> d
     if any(norm_flags(src.network.cfg).values()):
         on = ", ".join(k for k, v in norm_flags(src.network.cfg).items() if v)
         raise DraftsmithError(
-            f"--to sglang: an EAGLE-3 with {on}; SGLang's EAGLE-3 reads no feature norms nor a normed residual, and "
-            "SpecForge's norm_output means another thing: export it --to vllm or --to speculators"
+            f"--to sglang: an EAGLE-3 with {on}; SGLang's layout is SpecForge's too, whose norm_output means another "
+            "thing, and SGLang has no normed residual: export it --to vllm or --to speculators"
         )
     if src.network.cfg.num_layers > 1:
         raise DraftsmithError(
