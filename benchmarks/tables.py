@@ -53,6 +53,7 @@ MARKDOWN = {
     "parallel_smollm2": "parallel",
     "peers_smollm2": "peers",
     "peers_smollm2_250k": "peers",
+    "peers_smollm2_250k_headrand": "peers",
     "peers_smollm2_deciding": "peers",
     "peers_smollm2_lr250k": "peers",
     "peers_smollm2_trainers": "peers",
