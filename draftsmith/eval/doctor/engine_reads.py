@@ -63,6 +63,14 @@ count of the ids under ``eagle_config`` (the top-level ids are not counted); nei
 AUX_STATES = 3
 
 
+def lookup(config: dict, path: tuple[str, ...]):
+    """The value at ``path`` of nested keys in ``config`` (None where a key or a dict on the way is missing)."""
+    node = config
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
 @dataclass(frozen=True)
 class Loader:
     """How one engine's EAGLE-3 loader reads one kind of config."""
@@ -149,10 +157,7 @@ class Loader:
     def layers(self, seen: dict, num_layers: int) -> tuple[tuple[int, ...], str]:
         """The HF ``hidden_states`` it feeds the drafter, and from which key."""
         for path, offset in self.aux_ids:
-            node = seen
-            for key in path:
-                node = node.get(key) if isinstance(node, dict) else None
-            if node:
+            if node := lookup(seen, path):
                 numbering = f"id k = hidden_states[k{offset:+d}]" if offset else "id k = hidden_states[k]"
                 return tuple(k + offset for k in node), f"{'.'.join(path)}, {numbering}"
         return loader_default_layers(num_layers), "no aux ids: the loader's default layers"
@@ -161,10 +166,7 @@ class Loader:
     def aux_states(seen: dict) -> tuple[int, str]:
         """How many aux states its ``fc`` concatenates (``AUX_COUNT``), and from which key."""
         for path in AUX_COUNT:
-            node = seen
-            for key in path:
-                node = node.get(key) if isinstance(node, dict) else None
-            if node:
+            if node := lookup(seen, path):
                 return (len(node), f"the count of {'.'.join(path)}") if isinstance(node, list) else (node, path[-1])
         return AUX_STATES, f"absent: {AUX_STATES}, the loaders' default"
 
