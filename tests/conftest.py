@@ -26,10 +26,12 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """``make engine-test`` runs on two workers (``--dist loadgroup``): every test that serves in vLLM on one, one
     engine at a time (each binds its threads to the cores), the peers' own code (speculators, SpecForge) on the
-    other, beside it. A test is vLLM's when its id says so (its file or its name)."""
+    other, beside it. A test is vLLM's when its id says so (its file or its name). First among the hooks: xdist's
+    own reads the groups in this one (tests/test_engine_suite_grouping.py)."""
     for item in items:
         if item.get_closest_marker("engine"):
             item.add_marker(pytest.mark.xdist_group("vllm" if "vllm" in item.nodeid.lower() else "peers"))
