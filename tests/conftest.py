@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -168,3 +169,25 @@ def eagle3_case(root: Path, draft_vocab: int, length: int = 20, layers: tuple[in
     with torch.no_grad():
         hidden = target(x, output_hidden_states=True).hidden_states
     return {"root": root, "x": x, "features": tuple(hidden[i] for i in layers), "network": network.eval()}
+
+
+@pytest.fixture(scope="session")
+def speculators_fit(tmp_path_factory) -> tuple[Path, dict]:
+    """vllm-project/speculators' own EAGLE-3 trainer (``engines/peers/speculators_train.py`` in its venv) run once per
+    session on the packed SmolLM2 corpus's first 400 generated tokens: (its run dir, its ``fit.json``, whose
+    ``checkpoint`` is the dir it wrote). 2 val rows, packed batches of 1024 tokens, a 32000-token draft vocabulary,
+    the rest their defaults. Engine tests only (their peers' group runs on one worker, so one fit serves them all);
+    skips, saying why, where the peer's venv cannot be built."""
+    from engines import peer_check
+
+    root = Path(__file__).resolve().parents[1]
+    python, why = peer_check.ensure_venv("speculators", root / ".venv-speculators")
+    if python is None:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("speculators") / "run"
+    cmd = [str(python), str(root / "engines" / "peers" / "speculators_train.py"), "--tokens", "400"]
+    cmd += ["--epochs", "1", "--val-rows", "2", "--total-seq-len", "1024", "--draft-vocab-size", "32000"]
+    cmd += ["--out", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return out, json.loads((out / "fit.json").read_text())

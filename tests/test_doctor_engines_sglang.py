@@ -3,10 +3,10 @@ code (sglang 0.5.23 in its own venv, ``engines/sglang_config_read.py``: its ``Mo
 ``LlamaForCausalLMEagle3`` and its ``load_weights``, and the target's ``set_eagle3_layers_to_capture``; and here its
 model registry, ``get_model_architecture``), so that it cannot drift silently: two EAGLE-3 drafters exported in every
 layout (SGLang's, vLLM's, speculators'), the same exports with the config edits ``test_doctor_engines_vllm`` makes and
-more of SGLang's own, and a checkpoint speculators' own trainer wrote where one is at hand, read by both. What SGLang
-refuses (no ``model_type``, an architecture it has no model of, a key its EAGLE-3 fails on) the table must refuse, and
-every field the drafter is built from must agree; as exported (once SGLang's architecture is named), ``load_weights``
-must set every parameter of the drafter.
+more of SGLang's own, and the checkpoint speculators' own trainer writes in the session (``conftest.speculators_fit``),
+read by both. What SGLang refuses (no ``model_type``, an architecture it has no model of, a key its EAGLE-3 fails on)
+the table must refuse, and every field the drafter is built from must agree; as exported (once SGLang's architecture
+is named), ``load_weights`` must set every parameter of the drafter.
 
 If the SGLang venv cannot be installed on this machine the test skips, printing why.
 """
@@ -24,6 +24,7 @@ from test_doctor_engines_vllm import EDITS as VLLM_EDITS
 
 from draftsmith.eval.doctor import engine_reads
 from draftsmith.export.registry import export
+from draftsmith.targets import resolve
 from engines import vllm_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -61,9 +62,6 @@ OTHERS = {
     "vllm-arch": ("vllm", lambda c: c.update(ARCH)),
 }
 """Export dirs in the other layouts by name: (layout, change to their config.json)."""
-PEER = ROOT / "runs" / "peers" / "speculators-dsrecipe-50k-idle3" / "checkpoints" / "0"
-"""An EAGLE-3 checkpoint speculators' own trainer wrote (train.py's output), for SmolLM2-135M."""
-PEER_TARGET = Path.home() / ".cache" / "draftsmith" / "targets" / "smollm2-135m-instruct-float32"
 PEER_EDITS = {
     "as-written": None,
     "flat": lambda c: c.update(c.pop("transformer_layer_config"), **ARCH),  # target_hidden_size null: it fails
@@ -170,17 +168,16 @@ def test_the_table_reads_every_export_as_sglang_builds_it(tmp_path):
     assert not disagree, "\n".join(disagree)
 
 
-def test_the_table_reads_a_speculators_checkpoint_as_sglang_builds_it(tmp_path):
-    """speculators' own checkpoint (its trainer's config: ``target_hidden_size`` null, ``norm_before_residual`` on),
-    as written and flattened; skipped where none is at hand."""
-    if not (PEER / "config.json").is_file() or not PEER_TARGET.is_dir():
-        pytest.skip(f"no speculators checkpoint at {PEER} or no target at {PEER_TARGET}")
+def test_the_table_reads_a_speculators_checkpoint_as_sglang_builds_it(speculators_fit, tmp_path):
+    """The EAGLE-3 checkpoint speculators' own trainer writes for SmolLM2-135M (``conftest.speculators_fit``: its
+    config has ``target_hidden_size`` null and ``norm_before_residual`` on), as written and flattened."""
     python, why = vllm_check.ensure_venv(ROOT / ".venv-sglang", SETUP)
     if python is None:
         pytest.skip(why)
-    configs = {name: written(PEER, tmp_path / name, edit) for name, edit in PEER_EDITS.items()}
-    parsed = sglang_reads(python, tmp_path, str(PEER_TARGET), {name: str(tmp_path / name) for name in configs})
+    peer, target = Path(speculators_fit[1]["checkpoint"]), resolve("smollm2")
+    configs = {name: written(peer, tmp_path / name, edit) for name, edit in PEER_EDITS.items()}
+    parsed = sglang_reads(python, tmp_path, str(target), {name: str(tmp_path / name) for name in configs})
     assert parsed["flat-no-target-hidden"]["unloaded"] == [], parsed["flat-no-target-hidden"]["unloaded"]
-    layers = json.loads((PEER_TARGET / "config.json").read_text())["num_hidden_layers"]
+    layers = json.loads((target / "config.json").read_text())["num_hidden_layers"]
     disagree = [d for name, config in configs.items() for d in disagreements(name, config, parsed[name], layers)]
     assert not disagree, "\n".join(disagree)

@@ -9,14 +9,13 @@ Tiny: 400 generated tokens, 2 val rows, packed batches of 1024 tokens, a 32000-t
 from the rows' token counts; SpecForge's default size: any 1024-token vocabulary holds about 82% of SmolLM2's greedy
 tokens, which doctor rightly fails); the rest is their default (``norm_before_residual=True`` included: the normed
 feature as the first layer's residual, which ``draftsmith import`` refused before
-``Eagle3Config.norm_before_residual``). One fit for the module. Skips, saying why, where the peer's venv cannot be
+``Eagle3Config.norm_before_residual``). One fit for the session (``conftest.speculators_fit``, shared with the SGLang reading test). Skips, saying why, where the peer's venv cannot be
 built.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -39,18 +38,9 @@ DOCTOR = {"num_prompts": 2, "max_new_tokens": 12, "k": 3}
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory) -> tuple[Path, dict]:
-    """speculators' trainer run once on the corpus: (its run dir, its ``fit.json``)."""
-    python, why = peer_check.ensure_venv("speculators", ROOT / ".venv-speculators")
-    if python is None:
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("speculators") / "run"
-    cmd = [str(python), str(ROOT / "engines" / "peers" / "speculators_train.py"), "--tokens", "400"]
-    cmd += ["--epochs", "1", "--val-rows", "2", "--total-seq-len", "1024", "--draft-vocab-size", "32000"]
-    cmd += ["--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return out, json.loads((out / "fit.json").read_text())
+def fitted(speculators_fit) -> tuple[Path, dict]:
+    """speculators' trainer run once on the corpus (``conftest.speculators_fit``): (its run dir, its ``fit.json``)."""
+    return speculators_fit
 
 
 def test_speculators_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes_exactly(fitted, tmp_path):
