@@ -57,6 +57,7 @@ MARKDOWN = {
     "peers_smollm2_deciding": "peers",
     "peers_smollm2_lr250k": "peers",
     "peers_smollm2_trainers": "peers",
+    "peers_smollm2_trainers_epyc": "peers",
     "quickstart": "quickstart",
     "rasd_smollm2": "rasd",
     "recipe_smollm2": "recipe",
