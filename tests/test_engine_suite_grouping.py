@@ -1,10 +1,11 @@
 """``make engine-test`` runs its tests on two pytest-xdist workers with ``--dist loadgroup``: every vLLM test on one
 (one engine at a time binds the cores), the peers' on the other, and a module fixture (a peer's 4-minute fit, a
-served vLLM) set up once per module. That rests on ``tests/conftest.py``'s groups, given before xdist's own hook reads
-them, and on xdist honouring them, which pytest 9.2 silently broke (pytest-dev/pytest-xdist#1386). Either fault
+served vLLM) set up once per module. That rests on ``tests/conftest.py``'s groups, given before xdist's own hook
+reads them, and on xdist honouring them, which pytest 9.2 silently broke (pytest-dev/pytest-xdist#1386). Either fault
 spreads the tests over both workers and re-runs module fixtures per test: CI's engine tests took 19 minutes on the
-AMD EPYC (2026-12-06), two peer fits each run twice, and vLLM tests beside each other. This runs the real hook, pytest and xdist of
-this venv on two small files per group and fails where a group is split or a module fixture is set up twice."""
+AMD EPYC (2026-12-06), two peer fits each run twice, and vLLM tests beside each other. This runs the real hook,
+pytest and xdist of this venv on two small files per group and fails where a group is split or a module fixture is
+set up twice."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ Tiny: 400 generated tokens, 2 val rows, packed batches of 1024 tokens, a 32000-t
 from the rows' token counts; SpecForge's default size: any 1024-token vocabulary holds about 82% of SmolLM2's greedy
 tokens, which doctor rightly fails); the rest is their default (``norm_before_residual=True`` included: the normed
 feature as the first layer's residual, which ``draftsmith import`` refused before
-``Eagle3Config.norm_before_residual``). One fit for the session (``conftest.speculators_fit``, shared with the SGLang reading test). Skips, saying why, where the peer's venv cannot be
-built.
+``Eagle3Config.norm_before_residual``). One fit for the session (``conftest.speculators_fit``, shared with the SGLang
+reading test). Skips, saying why, where the peer's venv cannot be built.
 """
 
 from __future__ import annotations
@@ -31,20 +31,13 @@ from draftsmith.targets import load_target, resolve_target
 from engines import peer_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
-ROOT = Path(__file__).resolve().parents[1]
 DOCTOR = {"num_prompts": 2, "max_new_tokens": 12, "k": 3}
 """A quick doctor: a 400-token fit accepts next to nothing, so the measured checks say so (INFO); the static ones
 (identity, draft vocabulary, engine reading) judge."""
 
 
-@pytest.fixture(scope="module")
-def fitted(speculators_fit) -> tuple[Path, dict]:
-    """speculators' trainer run once on the corpus (``conftest.speculators_fit``): (its run dir, its ``fit.json``)."""
-    return speculators_fit
-
-
-def test_speculators_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes_exactly(fitted, tmp_path):
-    out, fit = fitted
+def test_speculators_trains_on_our_corpus_and_its_checkpoint_imports_and_decodes_exactly(speculators_fit, tmp_path):
+    out, fit = speculators_fit
     assert fit["tokens"] >= 400 and fit["steps"] >= 1 and fit["passes"] == 1.0, fit
     assert fit["tokens_per_s"] > 0 and fit["peak_rss_gb"] > 0
     assert set(fit["replacements"]) >= {"R1 hidden states", "R2 device", "R3 autocast", "R5 kernels"}
@@ -68,8 +61,8 @@ def doctored(src: Path, out: Path) -> tuple[dict, dict[str, dict]]:
     return report, {c["name"]: c for c in report["checks"]}
 
 
-def test_doctor_passes_the_checkpoint_as_speculators_wrote_it(fitted, tmp_path):
-    report, found = doctored(Path(fitted[1]["checkpoint"]), tmp_path)
+def test_doctor_passes_the_checkpoint_as_speculators_wrote_it(speculators_fit, tmp_path):
+    report, found = doctored(Path(speculators_fit[1]["checkpoint"]), tmp_path)
     assert report["source"] == "imported from the speculators layout"
     assert report["failed"] == [], [c["finding"] for c in report["checks"] if c["status"] != PASS]
     for name in ("identity", "draft vocabulary", "engine reading"):
@@ -104,9 +97,9 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_doctor_names_the_fault_injected_into_the_speculators_checkpoint(fitted, tmp_path, fault):
+def test_doctor_names_the_fault_injected_into_the_speculators_checkpoint(speculators_fit, tmp_path, fault):
     edit, check, said = FAULTS[fault]
-    src = peer_check.faulted_copy(Path(fitted[1]["checkpoint"]), tmp_path / "faulted", **edit)
+    src = peer_check.faulted_copy(Path(speculators_fit[1]["checkpoint"]), tmp_path / "faulted", **edit)
     report, found = doctored(src, tmp_path / "doctor")
     assert report["failed"] == [check], report["checks"]
     line = " ".join(found[check][k] for k in ("finding", "cause", "fix"))
