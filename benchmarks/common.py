@@ -136,22 +136,27 @@ def saved_block(path: Path, names: list[str], run) -> dict:
     return saved(path, stamped, lambda block: [row.name for row in read_rows(block["drafters"])] == names)
 
 
-def smollm2_targets(float32: bool = False) -> tuple[str, Target, dict[str, Target]]:
+def smollm2_targets(
+    float32: bool = False, path: str | Path | None = None, device: str = "cpu"
+) -> tuple[str, Target, dict[str, Target]]:
     """(dtype, verified target, fastest-plain references) of the SmolLM2 decoding blocks: the target draftsmith
-    verifies with (bf16 batch-invariant where this CPU has native bf16, else float32) and the same weights with the
-    fastest kernels (bf16 SDPA; float32 too with ``float32``), decoded plainly in the same run."""
+    verifies with (bf16 batch-invariant where this CPU has native bf16, else float32; bf16 on a GPU) and the same
+    weights with the fastest kernels (bf16 SDPA; float32 too with ``float32``, on a CPU), decoded plainly in the same
+    run. ``path``: SmolLM2's dir (default: the built-in's); ``device``: where they run."""
     from draftsmith.core.machine import native_bf16
     from draftsmith.core.target import Target
     from draftsmith.targets import resolve
 
-    dtype = "bfloat16" if native_bf16()[0] else "float32"
-    path = resolve("smollm2")
+    dtype = "bfloat16" if device != "cpu" or native_bf16()[0] else "float32"
+    path = path or resolve("smollm2")
     references = {}
     if dtype == "bfloat16":
-        references["bf16 fast kernels"] = Target.from_pretrained(path, dtype="bfloat16", batch_invariant=False)
-    if float32 and dtype != "float32":
+        references["bf16 fast kernels"] = Target.from_pretrained(
+            path, dtype="bfloat16", device=device, batch_invariant=False
+        )
+    if float32 and dtype != "float32" and device == "cpu":
         references["float32"] = Target.from_pretrained(path, dtype="float32")
-    return dtype, Target.from_pretrained(path, dtype=dtype), references
+    return dtype, Target.from_pretrained(path, dtype=dtype, device=device), references
 
 
 def plain_lines(blocks: dict) -> list[str]:

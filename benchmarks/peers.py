@@ -29,6 +29,7 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
 from common import (
     RESULTS,
     decoding_modes,
@@ -123,7 +124,9 @@ def markdown(result: dict) -> str:
     lines = [
         "# The peers' trainers beside draftsmith's (SmolLM2-135M-Instruct)",
         "",
-        f"Measured on {measured_on(result['machine'])}{decoded}",
+        f"Measured on {measured_on(result['machine'])}"
+        + (f"; decoded on one {gpu}" if (gpu := result["machine"].get("gpu")) else "")
+        + decoded,
         "",
         "## The fits",
         "",
@@ -184,7 +187,13 @@ def main() -> None:
     parser.add_argument(
         "--fits-only", action="store_true", help="the fits' table alone (no decoding: DIR needs no drafter)"
     )
+    parser.add_argument("--target", default=None, help="SmolLM2's dir (default: the built-in's)")
+    parser.add_argument("--device", default="auto", help="where the blocks decode (auto: cuda where torch sees one)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help="where the report goes (a GPU run: $OUT)")
+    parser.add_argument("--sha", default=None, help="the git SHA measured (a device's copy has no .git)")
     args = parser.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     drafters = dict(args.drafter)
     if args.base not in drafters:
         parser.error(f"--base {args.base}: not one of the --drafter names ({' '.join(drafters)})")
@@ -192,14 +201,14 @@ def main() -> None:
         if missing := [f"{n}={p}" for n, p in drafters.items() if fit_record(p) is None]:
             parser.error(f"--drafter {' '.join(missing)}: no fit record beside it (fit.json, or STUDY/fit/NAME.json)")
         fits = {name: {"dir": str(path), "fit": fit_record(path)} for name, path in drafters.items()}
-        result = {"machine": machine(), "target": "smollm2", "dtype": None, "base": args.base, "prompts": 0,
+        result = {"machine": stamp(args), "target": "smollm2", "dtype": None, "base": args.base, "prompts": 0,
                   "max_new_tokens": 0, "drafters": fits, "blocks": {}}  # fmt: skip
-        write(args.results, result, markdown(result), RESULTS)
+        write(args.results, result, markdown(result), args.results_dir)
         return
     if missing := [f"{n}={p}" for n, p in drafters.items() if not (p / "config.json").is_file()]:
         parser.error(f"--drafter {' '.join(missing)}: no drafter there (no config.json); train and import it first")
 
-    dtype, verified, references = smollm2_targets(float32=True)
+    dtype, verified, references = smollm2_targets(float32=True, path=args.target, device=args.device)
     sets = {k: v for k, v in heldout_sets(verified.tokenizer, args.num_prompts).items() if k in args.sets}
     names = list(drafters)
     specs = {name: Trained(str(path)) for name, path in drafters.items()}
@@ -214,7 +223,7 @@ def main() -> None:
                                     args.max_new_tokens, mode),  # noqa: B023
             )  # fmt: skip
     result = {
-        "machine": machine(),
+        "machine": stamp(args),
         "target": "smollm2",
         "dtype": dtype,
         "base": args.base,
@@ -226,7 +235,13 @@ def main() -> None:
         },
         "blocks": blocks,
     }
-    write(args.results, result, markdown(result), RESULTS)
+    write(args.results, result, markdown(result), args.results_dir)
+
+
+def stamp(args: argparse.Namespace) -> dict:
+    """``machine()`` with ``--sha`` for its git SHA where given, and the GPU that decoded (``gpu``)."""
+    m = machine() | ({"git": args.sha} if args.sha else {})
+    return m | ({"gpu": torch.cuda.get_device_name(args.device)} if args.device.startswith("cuda") else {})
 
 
 if __name__ == "__main__":

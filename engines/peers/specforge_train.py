@@ -29,7 +29,9 @@ one draft layer, max_length 2048, torch_dtype bfloat16, seed 42, capture layers 
 Their example configs train more epochs (e.g. qwen2.5-7b offline: 10 epochs, lr 5e-5); this harness keeps the
 schema's defaults and takes ``--epochs``.
 
-Replacements for this CPU (device selection, process-group setup, kernel choice; none of their math):
+Replacements for a CPU (device selection, process-group setup, kernel choice; none of their math); on a CUDA GPU
+(``--device``, by default the machine's) only the first and the last apply (the capture then runs on the GPU), and
+SpecForge's trainer runs as it is: its device, FSDP, flex attention and Triton loss:
 
 - target capture: SGLang's patched model runner (CUDA, ``sglang`` not installed) -> a transformers forward of the
   same target (``attn_implementation="sdpa"``, the target's config dtype as ``prepare_hidden_states.py`` loads it),
@@ -86,6 +88,18 @@ REPLACEMENTS = [
     "target files: OUT/target links + model.safetensors.index.json (TargetHead needs an index); "
     "model.lm_head_key=model.embed_tokens.weight (tied embeddings)",
 ]
+ON_GPU = (REPLACEMENTS[0], REPLACEMENTS[-1])
+"""On a CUDA GPU SpecForge's trainer runs as it is (its device, FSDP, flex attention and Triton loss); the target's
+capture by transformers (on the GPU) and the target files' index stay."""
+
+
+def device_of(asked: str) -> str:
+    """``--device``: ``auto`` is cuda where torch sees a GPU, else cpu."""
+    if asked != "auto":
+        return asked
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def install_torch_loss() -> None:
@@ -111,8 +125,10 @@ def install_torch_loss() -> None:
 
 
 def specforge_cli(argv: list[str]) -> int:
-    """SpecForge's CLI (``specforge ARGS``) with the torch loss installed."""
-    install_torch_loss()
+    """SpecForge's CLI (``specforge ARGS``), with the torch loss installed where it runs on the CPU (``main`` sets
+    ``SPECFORGE_DEVICE=cpu`` there; on a GPU its Triton kernel runs)."""
+    if os.environ.get("SPECFORGE_DEVICE") == "cpu":
+        install_torch_loss()
     from specforge.cli import main as specforge_main
 
     return specforge_main(argv)
@@ -165,8 +181,7 @@ def base_config(a, out: Path) -> dict:
     """The run's SpecForge config (as ``specforge train --config`` reads it); CLI overrides only where given."""
     training = {
         "strategy": "eagle3",
-        "attention_backend": "sdpa",
-        "fsdp_sharding": "NO_SHARD",
+        **({"attention_backend": "sdpa", "fsdp_sharding": "NO_SHARD"} if a.device == "cpu" else {}),
         "num_epochs": a.epochs,
         "log_interval": a.log_interval,
     }
@@ -246,8 +261,11 @@ def feature_path(features: Path, idx: int) -> Path:
     return features / f"rows_{group}-{group + FILE_GROUP_SIZE}" / f"data_{idx}.ckpt"
 
 
-def write_features(rows: list[dict], target: Path, features: Path, layers: list[int], store: str) -> dict:
-    """SpecForge's offline feature files for ``rows`` (existing ones kept); returns what the conversion did."""
+def write_features(
+    rows: list[dict], target: Path, features: Path, layers: list[int], store: str, device: str = "cpu"
+) -> dict:
+    """SpecForge's offline feature files for ``rows`` (existing ones kept), the target's forward on ``device``;
+    returns what the conversion did."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -259,16 +277,16 @@ def write_features(rows: list[dict], target: Path, features: Path, layers: list[
     config = AutoConfig.from_pretrained(target)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, attn_implementation="sdpa").eval().to(device)
     body = model.model  # the LM head is not run: SpecForge's capture returns states, not logits
     start = time.perf_counter()
     with torch.inference_mode():
         for n, i in enumerate(todo):
             ids = torch.tensor(rows[i]["input_ids"], dtype=torch.long)
-            outputs = body(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+            outputs = body(input_ids=ids[None].to(device), output_hidden_states=True, use_cache=False)
             states = outputs.hidden_states
-            aux = torch.cat([states[layer + 1][0] for layer in layers], dim=-1).to(getattr(torch, store))
-            last = outputs.last_hidden_state[0].to(getattr(torch, store))
+            aux = torch.cat([states[layer + 1][0] for layer in layers], dim=-1).to(getattr(torch, store)).cpu()
+            last = outputs.last_hidden_state[0].to(getattr(torch, store)).cpu()
             item = layout.materialize(
                 {
                     "input_ids": ids.clone(),
@@ -287,7 +305,8 @@ def write_features(rows: list[dict], target: Path, features: Path, layers: list[
             tmp.replace(path)
             if n % 100 == 0:
                 log(f"features {n + 1}/{len(todo)} ({time.perf_counter() - start:.0f} s)")
-    return record | {"seconds": round(time.perf_counter() - start, 2), "forward_dtype": str(dtype), "stored": store}
+    seconds = round(time.perf_counter() - start, 2)
+    return record | {"seconds": seconds, "forward_dtype": str(dtype), "stored": store, "device": device}
 
 
 def trained_tokens(rows: list[dict], max_length: int) -> dict:
@@ -394,11 +413,18 @@ def parse() -> argparse.Namespace:
     p.add_argument("--lm-head-key", default="model.embed_tokens.weight")
     p.add_argument("--profile-steps", type=int, default=None, help="profile N steps after the first, then stop")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the trainer (default: torch's)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="where the capture and SpecForge's trainer run (auto: cuda where torch sees a GPU, else cpu)",
+    )
     return p.parse_args()
 
 
 def main() -> None:
     a = parse()
+    a.device = device_of(a.device)
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     logfile = out / "train.log"
@@ -412,14 +438,15 @@ def main() -> None:
     log(
         f"capture ids {layers} (HF hidden_states {[i + 1 for i in layers]}); draft vocab {draft.get('draft_vocab_size')}"
     )
-    conversion = write_features(rows, out / "target", out / "features", layers, resolved_config(raw).model.torch_dtype)
+    store = resolved_config(raw).model.torch_dtype
+    conversion = write_features(rows, out / "target", out / "features", layers, store, a.device)
     log(f"features: {conversion}")
 
     import yaml
 
     (out / "run.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = resolved_config(raw)
-    env = dict(os.environ, SPECFORGE_DEVICE="cpu", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1") | ({"SPECFORGE_DEVICE": "cpu"} if a.device == "cpu" else {})
     if a.threads:
         env["OMP_NUM_THREADS"] = str(a.threads)
     specforge = [sys.executable, str(Path(__file__).resolve()), "--specforge"]
@@ -480,7 +507,8 @@ def main() -> None:
             "seed": t.seed,
             "capture_layer_ids": layers,
         },
-        "replacements": REPLACEMENTS,
+        "device": a.device,
+        "replacements": REPLACEMENTS if a.device == "cpu" else list(ON_GPU),
         "checkpoint": str(checkpoint),
         "draft": str(draft_dir),
         "last_metrics": metrics[-1] if metrics else None,

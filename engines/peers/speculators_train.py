@@ -52,6 +52,10 @@ math), and why:
   (one process, no NCCL); ``torch.compile`` of the forward is their own choice off without CUDA
   (``conditional_torch_compile``).
 
+On a CUDA GPU (``--device``, by default the machine's) only R1 applies, on the GPU: their launcher runs as it is
+there (R2-R4 switch themselves off with an accelerator; their default kernels, ``simple_flex_attention`` and the
+fused losses, and their 12 loader workers); ``fit.json`` records the device and the replacements that applied.
+
 Settings of this machine (not math, each recorded in ``fit.json``): ``--num-workers 0`` (their 12 spawned
 dataloader workers each import torch: 2 cores, 23 GiB here; the loader only reads files); ``--train-data-ratio`` set
 so that the train split is exactly the ``--tokens`` subset and the val split the held-out val corpus (their default
@@ -106,6 +110,19 @@ MACHINE_SETTINGS = {
     "num_workers": "0 (their default 12 spawned workers, each importing torch, on 2 cores)",
     "train_data_ratio": "the --tokens subset exactly as train split, the held-out val corpus as val split",
 }
+ON_GPU = ("R1 hidden states",)
+"""On a CUDA GPU their launcher runs as it is (R2-R4 switch themselves off there, R5's kernels are their defaults:
+``simple_flex_attention`` and the fused Triton losses, their 12 loader workers); only R1 stays (the target's HF
+model computes the hidden states, on the GPU, instead of a vLLM server)."""
+
+
+def device_of(asked: str) -> str:
+    """``--device``: ``auto`` is cuda where torch sees a GPU, else cpu."""
+    if asked != "auto":
+        return asked
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -128,6 +145,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--draft-vocab-size", type=int, default=None)
     p.add_argument("--optimizer", choices=["adamw", "muon"], default=None)
     p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="where the target and their trainer run (auto: cuda where torch sees a GPU, else cpu)",
+    )
     p.add_argument("--stage", default="all", help=argparse.SUPPRESS)
     return p.parse_known_args(argv)
 
@@ -254,6 +277,8 @@ def stage_hidden_states(a: argparse.Namespace, rows: dict, layer_ids: list[int])
     hs_dir = data / "hidden_states"
     done = data / "harness_hidden_states.json"
     request = {"target": rows["target"], "target_dtype": a.target_dtype, "aux_layer_ids": layer_ids}
+    if a.device != "cpu":  # a CPU run's request stays as it was (its files are reused)
+        request["device"] = a.device
     if (hs_dir / "request.json").is_file() and json.loads((hs_dir / "request.json").read_text()) != request:
         import shutil
 
@@ -267,13 +292,13 @@ def stage_hidden_states(a: argparse.Namespace, rows: dict, layer_ids: list[int])
     ds = load_from_disk(str(data)).with_format(None)
     todo = [i for i in range(len(ds)) if not (hs_dir / f"hs_{i}.safetensors").is_file()]
     dtype = getattr(torch, a.target_dtype)
-    model = AutoModelForCausalLM.from_pretrained(rows["target"], dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(rows["target"], dtype=dtype).eval().to(a.device)
     num_layers = model.config.num_hidden_layers
     captured = {}
     model.model.norm.register_forward_pre_hook(lambda mod, args: captured.__setitem__("pre_norm", args[0]))
     log(
         f"hidden states: {len(todo)} of {len(ds)} rows to compute, aux layers {layer_ids} + final ({num_layers}), "
-        f"target in {a.target_dtype}"
+        f"target in {a.target_dtype} on {a.device}"
     )
     order = sorted(todo, key=lambda i: ds[i]["seq_len"])
     start, tokens, checked = time.perf_counter(), 0, False
@@ -294,13 +319,13 @@ def stage_hidden_states(a: argparse.Namespace, rows: dict, layer_ids: list[int])
             mask = torch.zeros(len(seqs), width, dtype=torch.long)
             for r, s in enumerate(seqs):
                 ids[r, : len(s)], mask[r, : len(s)] = torch.tensor(s), 1
-            out = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            out = model.model(input_ids=ids.to(a.device), attention_mask=mask.to(a.device), output_hidden_states=True)
             final = captured.pop("pre_norm")
             if not checked:  # HF's last hidden_states entry is the normed one: ours is its input
                 normed = model.model.norm(final)
                 assert torch.allclose(normed, out.hidden_states[-1], atol=1e-4), "final norm input mismatch"
                 checked = True
-            stack = torch.stack([*(out.hidden_states[k] for k in layer_ids), final], dim=2)  # [B, T, 4, H]
+            stack = torch.stack([*(out.hidden_states[k] for k in layer_ids), final], dim=2).cpu()  # [B, T, 4, H]
             for r, i in enumerate(idx):
                 n = len(seqs[r])
                 path = hs_dir / f"hs_{i}.safetensors"
@@ -337,9 +362,8 @@ def their_argv(a: argparse.Namespace, rows: dict, data: dict, passthrough: list[
         "--data-path", str(a.out / "data"),
         "--save-path", str(a.out / "checkpoints"),
         "--log-dir", str(a.out / "logs"),
-        "--draft-attn-impl", "sdpa",  # R5
-        "--loss-implementation", "eager",  # R5
-        "--num-workers", "0",
+        *(["--draft-attn-impl", "sdpa", "--loss-implementation", "eager"] if a.device == "cpu" else []),  # R5
+        *(["--num-workers", "0"] if a.device == "cpu" else []),  # MACHINE_SETTINGS; a GPU: their 12
         "--train-data-ratio", repr((n_train + 0.5) / (n_train + n_val)),
     ]  # fmt: skip
     options = {
@@ -442,6 +466,7 @@ def last_checkpoint(out: Path) -> Path | None:
 def run(a: argparse.Namespace, passthrough: list[str]) -> dict:
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
+    a.device = device_of(a.device)
     t0 = time.perf_counter()
     rows = stage_prepare(a)
     data = stage_dataset(a, rows, PREPARE_SEQ_LENGTH)
@@ -501,8 +526,9 @@ def run(a: argparse.Namespace, passthrough: list[str]) -> dict:
         "epochs": epochs_run,
         "val_metrics": train.get("val"),
         "hidden_states": hs,
-        "replacements": REPLACEMENTS,
-        "machine_settings": MACHINE_SETTINGS,
+        "device": a.device,
+        "replacements": REPLACEMENTS if a.device == "cpu" else {k: REPLACEMENTS[k] for k in ON_GPU},
+        "machine_settings": {k: v for k, v in MACHINE_SETTINGS.items() if a.device == "cpu" or k != "num_workers"},
         "their_argv": argv,
         "hyperparameters": hp,
     }
