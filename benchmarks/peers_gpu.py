@@ -31,7 +31,10 @@ Stages, in ``--work`` (kept on a warm machine, so a second call reuses what the 
 4. ``score``: ``benchmarks/peers.py --device cuda`` on ``--sets``, ``--prompts`` x ``--new-tokens``, greedy K = 4:
    τ, first-token acceptance, Δτ with its interval, speedup over plain decoding (bf16 batch-invariant) and over the
    fast kernels, exactness; its report ``OUT/peers_smollm2_gpu.{json,md}`` holds each trainer's wall-clock and
-   tokens/s beside them.
+   tokens/s beside them. The fits are compared at equal data (the same rows and passes), each with its wall-clock:
+   where draftsmith's is the shortest, the peers had more time than it, so a lead in τ holds at equal wall-clock
+   too; where it is not, draftsmith's fit again with ``--fit-minutes`` at the fastest peer's seconds (``--trainers
+   draftsmith``, another ``--work``) is the equal-time row.
 
 Sized for 8 minutes on an H100 at the defaults (250k tokens, 2 passes; 8 chat-heldout prompts x 128 tokens): each
 fit 1-2 minutes (draftsmith's online fit ran at 6.7k tokens/s on an H200, 2026-11-29, before its cuDNN fix; the peers
