@@ -6,6 +6,7 @@ a missing GPU, target or peer in one line, before any work. The whole driver on 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,28 @@ def test_a_missing_gpu_target_or_peer_is_one_line(args, message, tmp_path):
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert message in run.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "own, cap",
+    [(300.0, 120.0), (100.0, None), (None, None)],
+    ids=["draftsmith-slower", "draftsmith-fastest", "no-draftsmith"],
+)
+def test_draftsmith_is_fitted_again_for_the_fastest_peers_seconds_only_where_its_fit_took_longer(own, cap, tmp_path):
+    """τ at equal wall-clock: the equal-time fit's cap is the fastest peer's recorded seconds (speculators' whole
+    training process, SpecForge's ``fit_seconds``), and there is none where draftsmith's own fit was the fastest."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers_gpu
+
+    records = {
+        "speculators.ds-recipe": {"trainer": "speculators", "train_process_seconds": 150.0, "fit_seconds": 90.0},
+        "specforge.ds-recipe": {"trainer": "specforge", "fit_seconds": 120.0},
+    }
+    if own is not None:
+        records["draftsmith"] = {"trainer": "draftsmith", "fit_seconds": own, "seconds": own + 50}
+    drafters = {}
+    for name, record in records.items():
+        (tmp_path / name / "drafter").mkdir(parents=True)
+        (tmp_path / name / "fit.json").write_text(json.dumps(record | {"tokens": 1000, "passes": 2.0}))
+        drafters[name] = tmp_path / name / "drafter"
+    assert peers_gpu.equal_time(drafters) == cap
