@@ -172,7 +172,12 @@ def fit_peer(a: argparse.Namespace, name: str, rows: dict) -> Path:
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     a.work, a.out, a.target = a.work.resolve(), a.out.resolve(), a.target.resolve()
+    settings = {"target": str(a.target), "device": a.device, "tokens": a.tokens, "epochs": a.epochs}
+    held = a.work / "settings.json"  # the fits in --work are reused: only by a run of the same settings
+    if held.is_file() and json.loads(held.read_text()) != settings:
+        raise SystemExit(f"peers_gpu: --work {a.work} holds the fits of {held.read_text()}: give another --work")
     a.work.mkdir(parents=True, exist_ok=True)
+    held.write_text(json.dumps(settings))
     a.out.mkdir(parents=True, exist_ok=True)
     dtype = "bfloat16" if a.device == "cuda" else "float32"
     record = {"args": {k: str(v) for k, v in vars(a).items()}, "seconds": {}}
@@ -185,8 +190,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"peers_gpu: {stage} in {record['seconds'][stage]} s", flush=True)
 
     t0 = time.perf_counter()
-    cmd = [sys.executable, "engines/peers/prepare.py", "--target", str(a.target)]
-    rows = json.loads(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+    proc = subprocess.run([sys.executable, "engines/peers/prepare.py", "--target", str(a.target)], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode:
+        raise SystemExit(f"peers_gpu: prepare.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = json.loads(proc.stdout.splitlines()[-1])
     done("rows", t0)
     drafters = {}
     for name in a.trainers:

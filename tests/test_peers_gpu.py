@@ -119,3 +119,20 @@ def test_draftsmith_is_fitted_again_for_the_fastest_peers_seconds_only_where_its
         (tmp_path / name / "fit.json").write_text(json.dumps(record | {"tokens": 1000, "passes": 2.0}))
         drafters[name] = tmp_path / name / "drafter"
     assert peers_gpu.equal_time(drafters) == cap
+
+
+def test_fits_of_other_settings_in_work_are_refused_not_reused(tmp_path):
+    """A warm machine keeps ``--work``, whose finished fits a rerun reuses: a run of other settings (here another
+    ``--tokens``) refuses it in one line before any stage, rather than scoring the earlier run's drafters."""
+    target, work = tmp_path / "target", tmp_path / "work"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    work.mkdir()
+    (work / "settings.json").write_text(
+        json.dumps({"target": str(target.resolve()), "device": "cpu", "tokens": 250000, "epochs": 2})
+    )
+    args = ["--device", "cpu", "--trainers", "draftsmith", "--target", str(target), "--work", str(work)]
+    run = peers_gpu(*args, "--tokens", "2000", "--out", str(tmp_path / "out"))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(f"peers_gpu: --work {work.resolve()} holds the fits of")
+    assert sorted(p.name for p in work.iterdir()) == ["settings.json"]
