@@ -194,6 +194,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA GPU here")
     drafters = dict(args.drafter)
     if args.base not in drafters:
         parser.error(f"--base {args.base}: not one of the --drafter names ({' '.join(drafters)})")

@@ -136,3 +136,13 @@ def test_fits_of_other_settings_in_work_are_refused_not_reused(tmp_path):
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith(f"peers_gpu: --work {work.resolve()} holds the fits of")
     assert sorted(p.name for p in work.iterdir()) == ["settings.json"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
+def test_peers_scoring_on_a_gpu_where_there_is_none_is_one_line(tmp_path):
+    args = ["--drafter", f"theirs={tmp_path}", "--base", "theirs", "--device", "cuda", "--out", str(tmp_path / "out")]
+    run = subprocess.run(
+        [sys.executable, "benchmarks/peers.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == "peers.py: error: --device cuda: no CUDA GPU here"
