@@ -99,15 +99,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def run(cmd: list[str], log: Path) -> None:
-    """``cmd`` from the repository's root, its output in ``log``; its last lines in one error where it fails."""
+def run(cmd: list[str], log: Path, what: str) -> None:
+    """``cmd`` (``what``) from the repository's root, its output in ``log``; its last lines in one error where it
+    fails."""
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc:
         tail = "\n".join(log.read_text().splitlines()[-30:])
-        raise SystemExit(f"peers_gpu: {Path(cmd[1]).name} failed ({rc}); {log}:\n{tail}")
+        raise SystemExit(f"peers_gpu: {what} failed ({rc}); {log}:\n{tail}")
 
 
 def fit_draftsmith(a: argparse.Namespace, dtype: str, name: str = "draftsmith", minutes: float | None = None) -> Path:
@@ -143,7 +144,7 @@ def equal_time(drafters: dict[str, Path]) -> float | None:
     return min(peers) if own and peers and own > min(peers) else None
 
 
-def fit_peer(a: argparse.Namespace, name: str, rows: dict) -> Path:
+def fit_peer(a: argparse.Namespace, name: str, rows: dict, dtype: str) -> Path:
     """A peer's fit by its own trainer (``engines/peers/NAME_train.py``); its checkpoint brought in by ``draftsmith
     import`` to ``WORK/NAME/imported``."""
     out = a.work / name
@@ -160,12 +161,12 @@ def fit_peer(a: argparse.Namespace, name: str, rows: dict) -> Path:
         cmd = [a.specforge_python, "engines/peers/specforge_train.py", *common, "--target", str(a.target)]
         cmd += ["--data", rows["train"], *RECIPE[name]]
     out.mkdir(parents=True, exist_ok=True)
-    run(cmd, a.work / f"{name}.log")
+    run(cmd, a.work / f"{name}.log", f"{name}'s trainer")
     fit = json.loads((out / "fit.json").read_text())
     src = fit["checkpoint"] if name == "speculators" else fit["draft"]
-    dtype = "bfloat16" if a.device == "cuda" else "float32"
     cmd = [sys.executable, "-m", "draftsmith.cli", "import", "--src", src, "--target", f"{a.target}:{dtype}"]
-    run([*cmd, "--out", str(imported), "--overwrite"], a.work / f"{name}.log")
+    cmd += ["--out", str(imported), "--overwrite"]
+    run(cmd, a.work / f"{name}.log", f"draftsmith import of {name}'s checkpoint")
     return imported
 
 
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         if name == "draftsmith":
             drafters[name] = fit_draftsmith(a, dtype)
         else:
-            drafters[f"{name}.ds-recipe"] = fit_peer(a, name, rows)
+            drafters[f"{name}.ds-recipe"] = fit_peer(a, name, rows, dtype)
         done(name, t0)
     if (cap := equal_time(drafters)) is not None:  # τ at equal wall-clock: draftsmith for the fastest peer's time
         t0 = time.perf_counter()
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd += ["--base", next(iter(drafters)), "--num-prompts", str(a.prompts), "--max-new-tokens", str(a.new_tokens)]
     cmd += ["--modes", "greedy", "--sets", *a.sets, "--out", str(a.work / "blocks"), "--results", "peers_smollm2_gpu"]
     cmd += ["--results-dir", str(a.out)] + (["--sha", a.sha] if a.sha else [])
-    run(cmd, a.work / "score.log")
+    run(cmd, a.work / "score.log", "peers.py")
     done("score", t0)
     print((a.out / "peers_smollm2_gpu.md").read_text())
 
