@@ -26,11 +26,11 @@ from draftsmith import targets
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
-from draftsmith.decode.metrics import drafter_metrics, plain_metrics
+from draftsmith.decode.metrics import drafter_metrics, plain_metrics, prompt_windows
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.families.acceptance_head.network import load_adaptive
 from draftsmith.families.acceptance_head.train import train_head
-from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
+from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter
 from draftsmith.families.specs import load_drafter
 from draftsmith.targets import resolve_target
 
@@ -101,7 +101,7 @@ def osd_part(args, target: Target, target_dir: Path, prompts: list[list[int]]) -
     for name in decoders:
         m = drafter_metrics(name, args.osd_k, spec[name], plain, True).to_dict()
         m["online"] = online[name].online_report(spec[name]) if name in online else None
-        m["windows"] = windows(spec[name], args.windows)
+        m["windows"] = prompt_windows(spec[name], args.windows)
         rows.append(m)
     frozen = rows[0]["windows"]
     for r in rows:

@@ -32,8 +32,8 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, compiled_forward
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.export.registry import write_export
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.layers.causal_lm import DraftLM
 from draftsmith.targets import resolve
 
 MAX_DRAFT = 20

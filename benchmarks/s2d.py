@@ -37,9 +37,9 @@ from draftsmith.core.target import Target
 from draftsmith.data.prompts import encode, load_prompts
 from draftsmith.eval.rows import block_dicts, read_block
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.draft_lm.module import StudentShape
 from draftsmith.families.draft_lm.train import DraftLMBudget, pretrain
 from draftsmith.families.registry import load_network, load_trained
+from draftsmith.families.student import StudentShape
 from draftsmith.targets import resolve, resolve_target
 from draftsmith.train.fit import FitRun, fit, fit_export
 from draftsmith.train.suite import Budget, make_data

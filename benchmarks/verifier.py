@@ -15,8 +15,8 @@ from draftsmith.core.target import Target
 from draftsmith.eval.report import markdown_table
 from draftsmith.eval.rows import PlainRow, block_dicts, read_rows
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.layers.causal_lm import DraftLM
 from draftsmith.targets import default as default_target
 
 

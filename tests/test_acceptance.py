@@ -27,10 +27,10 @@ from draftsmith.families.acceptance_head.module import (
 )
 from draftsmith.families.acceptance_head.network import AdaptiveDrafter
 from draftsmith.families.acceptance_head.train import train_head
-from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.registry import load_network
 from draftsmith.families.specs import load_drafter
+from draftsmith.layers.causal_lm import DraftLMConfig, DraftLMNetwork
 from draftsmith.layers.module import OptimConfig
 from draftsmith.targets import resolve_target
 from draftsmith.train.data import GeneratedDataModule

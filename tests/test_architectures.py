@@ -19,10 +19,11 @@ from draftsmith.core.target import Target
 from draftsmith.core.trees import TreeKind
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLM
-from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.eagle.config import EagleConfig
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.families.hydra.network import HydraConfig, HydraModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
+from draftsmith.layers.causal_lm import DraftLM
 from draftsmith.layers.tree_draft import TreeDrafter, TreePolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")

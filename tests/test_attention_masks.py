@@ -23,7 +23,7 @@ from draftsmith.core.native import save_native
 from draftsmith.families.acceptance_head.module import AcceptanceHeadModule
 from draftsmith.families.clover.module import CloverModule
 from draftsmith.families.dflash.module import DFlashModule
-from draftsmith.families.draft_lm.module import DraftLMModule, StudentShape
+from draftsmith.families.draft_lm.module import DraftLMModule
 from draftsmith.families.dspark.module import DSparkModule
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.eagle.network import ttt_mask
@@ -35,6 +35,7 @@ from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.families.pard.module import PardModule
 from draftsmith.families.peagle.module import PEagleModule
 from draftsmith.families.s2d.module import S2DModule
+from draftsmith.families.student import StudentShape
 from draftsmith.families.xvocab.module import XVocabModule
 from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.lora import Lora

@@ -16,10 +16,10 @@ from draftsmith.core.trees import TreeKind
 from draftsmith.data.prompts import load_prompts
 from draftsmith.decode.verifier import SpeculativeDecoder, check_compatible
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.ngram.drafter import NGramDrafter
 from draftsmith.families.specs import load_drafter
+from draftsmith.layers.causal_lm import DraftLM
 from draftsmith.targets import resolve_target
 
 
@@ -200,8 +200,8 @@ def test_confidence_stopping_on_a_drafter_that_is_no_draft_lm_is_one_line(model_
 
 
 def test_confidence_spec_builds_a_draft_lm_that_stops_below_its_threshold(model_dirs, target):
-    from draftsmith.families.draft_lm.network import DraftLM
     from draftsmith.families.specs import Confident, load_drafter, parse_spec
+    from draftsmith.layers.causal_lm import DraftLM
 
     assert parse_spec(f"c=confidence:0.25:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]), 0.25)
     assert parse_spec(f"confidence:{model_dirs['drafter']}").spec == Confident(str(model_dirs["drafter"]))

@@ -27,8 +27,8 @@ from draftsmith.decode import verifier as verifier_module
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import divergences, score_drafters
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.layers.causal_lm import DraftLM
 from draftsmith.layers.tree_draft import TreeKind, TreePolicy
 
 WIDE_V = 512

@@ -26,8 +26,9 @@ from draftsmith.core.target import Target, TargetOutput
 from draftsmith.data.generate import generate
 from draftsmith.data.shards import load_generated
 from draftsmith.eval.doctor import FAIL, INFO, NORM_FLAGS, NOT_RUN, PASS, probe, teacher_forced_tau
+from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.eagle.module import eagle_losses
-from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.layers.module import shift
 from draftsmith.pipeline.doctor import diagnose
 from draftsmith.targets import resolve_target

@@ -19,8 +19,9 @@ from draftsmith.core.target import Target
 from draftsmith.data.generate import generate
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.draft_lm.module import DraftLMModule, StudentShape
+from draftsmith.families.draft_lm.module import DraftLMModule
 from draftsmith.families.registry import load_network
+from draftsmith.families.student import StudentShape
 from draftsmith.layers import losses
 from draftsmith.layers.lora import Lora
 from draftsmith.layers.module import OptimConfig
@@ -389,7 +390,7 @@ def test_corpus_pretraining_resumed_mid_epoch_trains_on_the_batches_of_an_uninte
 
 
 def test_draft_lm_with_tied_embeddings_saves_and_loads_natively(target, tmp_path):
-    from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
+    from draftsmith.layers.causal_lm import DraftLMConfig, DraftLMNetwork
 
     lm = make_llama(seed=3, layers=1)
     lm.config.tie_word_embeddings = True

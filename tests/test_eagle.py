@@ -19,8 +19,9 @@ from draftsmith.data.generate import generate
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
+from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.eagle.module import EagleModule
-from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleModel, ttt_mask
+from draftsmith.families.eagle.network import EagleDrafter, EagleModel, ttt_mask
 from draftsmith.families.registry import load_network
 from draftsmith.layers.losses import TOKEN_LOSSES, lk_hybrid, masked_mean, neg_log_acceptance, soft_cross_entropy
 from draftsmith.layers.module import shift

@@ -20,8 +20,9 @@ from draftsmith.core.trees import TreeKind
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.registry import export
+from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.eagle.module import EagleModule
-from draftsmith.families.eagle.network import EagleConfig, EagleDrafter, EagleModel
+from draftsmith.families.eagle.network import EagleDrafter, EagleModel
 from draftsmith.families.registry import load_network
 from draftsmith.layers.tree_draft import TreePolicy
 

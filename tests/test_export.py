@@ -26,7 +26,8 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.export import eagle_layout, speculators, vllm
 from draftsmith.export.common import load_source
 from draftsmith.export.registry import export, methods
-from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.eagle.config import EagleConfig
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.families.hydra.network import HydraConfig, HydraModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.registry import export_formats, load_network, load_trained
@@ -437,7 +438,7 @@ def test_hf_export_gives_the_same_logits(env, tmp_path):
 
 
 def test_hf_export_of_a_trained_lora_draft_lm_gives_its_logits(env, tmp_path):
-    from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
+    from draftsmith.layers.causal_lm import DraftLMConfig, DraftLMNetwork
 
     base = make_llama(seed=5, layers=1)
     network = DraftLMNetwork(DraftLMConfig(base.config.to_dict(), {"r": 4, "target_modules": ["q_proj"]}), base)

@@ -16,8 +16,8 @@ from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.layers.causal_lm import DraftLM
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -279,16 +279,11 @@ def test_the_package_never_imports_the_engine_harnesses():
 # the families genuinely built on another (the first's network or drafter is the second's): every other shared piece
 # (target shape, attention, residual blocks, default feature layers) lives in ``layers/``
 BUILT_ON = {
-    "acceptance_head": {"draft_lm", "eagle"},  # SpecDec++'s head stops the drafter it wraps
     "clover": {"hydra"},  # Hydra++'s prefix layer and drafter
-    "xvocab": {"draft_lm"},
     "dspark": {"dflash"},
     "falcon": {"eagle"},  # EAGLE-1's network
-    "online": {"draft_lm"},
-    "pard": {"draft_lm"},
     "peagle": {"eagle"},
-    "s2d": {"draft_lm"},
-    "tlt": {"eagle", "online"},  # its drafter is EAGLE's, trained on OSD's windows of the rollouts
+    "tlt": {"eagle"},  # its drafter is EAGLE's
 }
 
 

@@ -334,7 +334,7 @@ def test_draft_lm_multi_draft_sampling_is_distributed_as_the_target(small_pair, 
 
 def test_draft_lm_dynamic_trees_keep_greedy_exact(target, tokenizer, prompts):
     from draftsmith.decode.verifier import plain_decode
-    from draftsmith.families.draft_lm.network import DraftLM
+    from draftsmith.layers.causal_lm import DraftLM
 
     drafter = DraftLM(target.model, tokenizer)  # the target drafting for itself: its argmax is always a root child
     drafter.set_tree(TreePolicy(TreeKind.DYNAMIC, size=32, top_k=2), 4)

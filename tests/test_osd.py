@@ -10,10 +10,11 @@ from conftest import VOCAB, make_llama
 
 from draftsmith.cli import main
 from draftsmith.core.sampling import Sampling
+from draftsmith.decode.metrics import prompt_windows
 from draftsmith.decode.verifier import DecodeResult
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.draft_lm.network import DraftLM
-from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter, windows
+from draftsmith.families.online.drafter import OnlineConfig, OnlineDrafter
+from draftsmith.layers.causal_lm import DraftLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,7 +44,7 @@ def test_online_adaptation_updates_weights_and_raises_acceptance_on_recurring_te
 
 def test_windows_split_prompts_in_order_and_pool_rounds():
     results = [DecodeResult([0], accepted=[a], drafted=[4]) for a in (0, 1, 2, 4, 4)]
-    w = windows(results, 2)
+    w = prompt_windows(results, 2)
     assert [x["prompts"] for x in w] == [[0, 2], [2, 5]]
     assert w[0]["alpha"] == pytest.approx(1 / 8) and w[1]["alpha"] == pytest.approx(10 / 12)
     assert w[1]["tau"] == pytest.approx((10 + 3) / 3)

@@ -24,7 +24,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.dflash.module import DFlashModule
 from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
-from draftsmith.families.eagle.network import EagleConfig
+from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.pard.module import PardModule
 from draftsmith.families.pard.network import PardConfig, PardNetwork
 from draftsmith.families.peagle.module import PEagleModule

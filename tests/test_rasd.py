@@ -20,13 +20,13 @@ from draftsmith.data.generate import generate
 from draftsmith.data.shards import load_generated
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.rasd import drafter as rasd
 from draftsmith.families.rasd.budget import choose_nodes
 from draftsmith.families.rasd.drafter import RasdDrafter, fuse
 from draftsmith.families.rasd.retrieval import SEPARATOR, ContextIndex, SuffixIndex, select
 from draftsmith.families.specs import Named, Rasd, load_drafter, parse_spec
+from draftsmith.layers.causal_lm import DraftLM
 from draftsmith.layers.tree_draft import TreePolicy
 from draftsmith.targets import resolve_target
 

@@ -18,11 +18,11 @@ from draftsmith.data.shards import load_generated
 from draftsmith.decode.verifier import plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval import calibration, score
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.rasd import budget as eval_rasd
 from draftsmith.families.rasd.drafter import RasdDrafter
 from draftsmith.families.rasd.retrieval import SuffixIndex
 from draftsmith.families.specs import load_drafter
+from draftsmith.layers.causal_lm import DraftLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

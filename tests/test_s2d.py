@@ -419,8 +419,8 @@ def test_the_benchmark_runs_end_to_end_on_its_quick_setting(tmp_path):
 
 
 def test_the_draft_starts_from_a_draft_lm_pretrained_for_another_member_of_the_family(saved, tmp_path):
-    from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
     from draftsmith.families.s2d.module import S2DModule
+    from draftsmith.layers.causal_lm import DraftLMConfig, DraftLMNetwork
 
     student = make_llama(seed=4, layers=3, hidden=32)
     start = save_native(DraftLMNetwork(DraftLMConfig(student.config.to_dict()), student), saved["targets"][0],

@@ -14,7 +14,7 @@ from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.rows import PlainRow
 from draftsmith.eval.score import score_drafters
-from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.layers.causal_lm import DraftLM
 
 
 def test_score_cli_writes_report_with_greedy_exactness(model_dirs, prompt_file, tmp_path, capsys):

@@ -22,7 +22,8 @@ from draftsmith.decode.auto_k import Shape
 from draftsmith.eval.compare import report
 from draftsmith.eval.rows import PlainRow, ScoreRow, block_dicts
 from draftsmith.export.registry import write_export
-from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.eagle.config import EagleConfig
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.specs import Named, NGram, Rasd, Trained
 from draftsmith.pipeline.fused import fused_spec, is_tree_drafter

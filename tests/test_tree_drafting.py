@@ -10,7 +10,8 @@ from test_verifier import SMALL_V, chi_square_pvalue, exact_pair_distribution
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.trees import TreeKind
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.eagle.config import EagleConfig
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.layers.tree_draft import TreePolicy
 

@@ -12,8 +12,8 @@ from draftsmith.core.target import Target, rollback
 from draftsmith.core.trees import VerifyRule
 from draftsmith.decode import verifier as verifier_module
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
-from draftsmith.families.draft_lm.network import DraftLM
 from draftsmith.families.ngram.drafter import NGramDrafter
+from draftsmith.layers.causal_lm import DraftLM
 
 
 def hf_greedy(target: Target, prompt: list[int], n: int) -> list[int]:

@@ -211,3 +211,24 @@ def tau_gain(
         worse=sum(d < 0 for d in diffs),
         prompts=n,
     )
+
+
+def prompt_windows(results: list[DecodeResult], count: int) -> list[dict]:
+    """Split per-prompt results into ``count`` runs of consecutive prompts; α and τ of each."""
+    bounds = [round(i * len(results) / count) for i in range(count + 1)]
+    out = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if start == end:
+            continue
+        accepted = sum(sum(r.accepted) for r in results[start:end])
+        drafted = sum(sum(r.drafted) for r in results[start:end])
+        rounds = sum(len(r.accepted) for r in results[start:end])
+        out.append(
+            {
+                "prompts": [start, end],
+                "alpha": accepted / max(1, drafted),
+                "tau": (accepted + rounds) / max(1, rounds),
+                "rounds": rounds,
+            }
+        )
+    return out

@@ -255,9 +255,9 @@ def _thresholded(text: str, form: str) -> tuple[float | None, str]:
 def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
     """The verifier's drafter for ``spec``, checked against ``target``."""
     from draftsmith.families.acceptance_head.network import load_adaptive
-    from draftsmith.families.draft_lm.network import DraftLM
     from draftsmith.families.ngram.drafter import NGramDrafter
     from draftsmith.families.registry import load_trained
+    from draftsmith.layers.causal_lm import DraftLM
     from draftsmith.layers.self_draft import LayerSkipDrafter
 
     match spec:

@@ -137,11 +137,14 @@ class TreeDrafter(Drafter):
         max_depth: deepest draft the drafter can make (Medusa/Hydra: its head count), or None.
         topk_accuracy: per depth, the accuracy of each rank, measured on held-out data when it
             was trained (what static trees are built from), or None.
+        hidden_in_scratch: whether the scratch of ``root``/``grow`` keeps each drafted node's output hidden state
+            (``scratch.hidden[node]``, (1, 1, H); EAGLE's drafters), which SpecDec++'s acceptance head reads.
     """
 
     tree: TreePolicy = TreePolicy()
     max_depth: int | None = None
     topk_accuracy: list[list[float]] | None = None
+    hidden_in_scratch: bool = False
 
     @abstractmethod
     def root(self, state: Any) -> tuple[Any, torch.Tensor]:

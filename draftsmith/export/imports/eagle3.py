@@ -50,7 +50,8 @@ from draftsmith.export.imports.core import (
     ungroup_kv,
     write_imported,
 )
-from draftsmith.families.eagle.network import Eagle3Config, EagleModel
+from draftsmith.families.eagle.config import Eagle3Config
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 
 

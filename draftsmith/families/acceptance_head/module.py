@@ -28,8 +28,8 @@ from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.acceptance_head.network import HEADED, AcceptanceHead, AcceptanceHeadConfig, weights_hash
-from draftsmith.families.draft_lm.network import DraftLMNetwork
 from draftsmith.families.registry import load_network
+from draftsmith.layers.causal_lm import DraftLMNetwork
 from draftsmith.layers.estimate import acceptance_prob, choice, choice_ahead
 from draftsmith.layers.module import DrafterModule, OptimConfig, shift
 

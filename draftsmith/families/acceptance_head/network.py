@@ -29,6 +29,8 @@ from draftsmith.core.sampling import Sampling, probs, sample
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import build_network, load_network, register
+from draftsmith.layers.causal_lm import DraftLM
+from draftsmith.layers.tree_draft import TreeDrafter
 
 HEADED = ("eagle1", "eagle3", "draft_lm")
 """Drafter methods a head can be trained on: those whose drafting exposes the hidden state per token."""
@@ -151,7 +153,7 @@ class _Stepper:
 
 
 class _EagleStepper(_Stepper):
-    """EAGLE drafters (``root``/``grow``): node n's output hidden state is its child's input."""
+    """EAGLE drafters (``root``/``grow``, ``hidden_in_scratch``): node n's output hidden state is its child's input."""
 
     def first(self):
         self.scratch, logits = self.drafter.root(self.state)
@@ -181,13 +183,10 @@ class _DraftLMStepper(_Stepper):
 
 
 def _stepper(drafter: Drafter) -> type[_Stepper]:
-    from draftsmith.families.draft_lm.network import DraftLM
-    from draftsmith.families.eagle.network import EagleDrafter
-
-    if isinstance(drafter, EagleDrafter):
-        return _EagleStepper
     if isinstance(drafter, DraftLM):
         return _DraftLMStepper
+    if isinstance(drafter, TreeDrafter) and drafter.hidden_in_scratch:
+        return _EagleStepper
     raise DraftsmithError(
         f"adaptive drafting needs an EAGLE or draft-LM drafter (one exposing its hidden states), "
         f"got {type(drafter).__name__}"

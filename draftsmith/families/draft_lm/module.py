@@ -14,18 +14,16 @@ exports merge it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
-from draftsmith.core.fingerprint import tokenizer_hash
 from draftsmith.core.sampling import Sampling
-from draftsmith.core.target import Target, TargetOutput
+from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLMConfig, DraftLMNetwork
+from draftsmith.families.student import StudentShape, fresh_config, load_student
+from draftsmith.layers.causal_lm import DraftLMConfig, DraftLMNetwork
 from draftsmith.layers.estimate import acceptance_prob, choice
 from draftsmith.layers.lora import Lora
 from draftsmith.layers.losses import DIVERGENCES, distillation_loss, masked_mean, topk_teacher_logprobs
@@ -33,22 +31,6 @@ from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig,
 
 LOSSES = ("ce", *DIVERGENCES)
 """``ce``: next-token cross-entropy on the data's tokens (pre-training); the rest distil from the target."""
-
-
-@dataclass(frozen=True)
-class StudentShape:
-    """A freshly initialised Llama student (used when ``init`` is None)."""
-
-    layers: int = 2
-    """Decoder layers."""
-    hidden: int = 128
-    """Hidden size."""
-    heads: int = 2
-    """Attention heads."""
-    intermediate: int = 384
-    """MLP width."""
-    tie_embeddings: bool = False
-    """Share the input embedding and the LM head."""
 
 
 class DraftLMModule(DrafterModule):
@@ -221,47 +203,3 @@ class DraftLMModule(DrafterModule):
         steps = range(self.estimate.k)
         valid = torch.stack([shift(batch["loss_mask"], j + 2).bool() for j in steps])
         return torch.stack([shift(accept, j + 1) for j in steps]), valid
-
-
-def fresh_config(target: Target, shape: StudentShape) -> dict:
-    """The HF config (as a dict) of a fresh Llama student of ``shape`` for ``target``'s tokens."""
-    s, t = shape, target.config
-    cfg = LlamaConfig(
-        vocab_size=target.vocab_size,
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.heads,
-        max_position_embeddings=t.max_position_embeddings,
-        bos_token_id=t.bos_token_id,
-        eos_token_id=t.eos_token_id,
-        pad_token_id=t.pad_token_id,
-        tie_word_embeddings=s.tie_embeddings,
-    )
-    return json.loads(cfg.to_json_string(use_diff=False))
-
-
-def load_student(path: Path, target: Target) -> PreTrainedModel:
-    """The causal LM ``model.init`` names (an HF dir, or a draft LM checkpoint / native export), in train mode,
-    checked against ``target`` (vocabulary and tokenizer)."""
-    from draftsmith.core.native import is_native
-    from draftsmith.families.registry import load_network
-
-    if not path.exists():
-        raise DraftsmithError(f"model.init: {path} does not exist")
-    if path.suffix == ".ckpt" or is_native(path):
-        network, info = load_network(path, target)
-        if info["method"] != "draft_lm":
-            raise DraftsmithError(f"model.init: {path} holds a {info['method']} drafter, not a draft_lm")
-        return network.merged().model.train()
-    if not (path / "config.json").is_file():
-        raise DraftsmithError(f"model.init: {path} is not a model directory, checkpoint or native export")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    if vocab != target.vocab_size:
-        raise DraftsmithError(f"model.init: {path} has {vocab} output tokens, the target {target.vocab_size}")
-    has_tokenizer = (path / "tokenizer_config.json").is_file() and target.tokenizer is not None
-    if has_tokenizer and tokenizer_hash(AutoTokenizer.from_pretrained(path)) != tokenizer_hash(target.tokenizer):
-        raise DraftsmithError(f"model.init: {path} has another tokenizer than the target")
-    return model.train()

@@ -14,7 +14,7 @@ from pathlib import Path
 from draftsmith.core.files import made_whole
 from draftsmith.core.machine import Device
 from draftsmith.core.manifest import is_current, write_manifest
-from draftsmith.families.draft_lm.module import StudentShape
+from draftsmith.families.student import StudentShape
 from draftsmith.targets import ResolvedTarget
 from draftsmith.train.fit import FitRun, configure, fit, fit_export
 

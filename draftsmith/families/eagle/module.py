@@ -9,7 +9,8 @@ from draftsmith.core.fingerprint import check_fingerprint
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.eagle.network import EagleConfig, EagleModel, config_class
+from draftsmith.families.eagle.config import EagleConfig, config_class
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.layers.estimate import acceptance_prob, choice, choice_ahead
 from draftsmith.layers.features import default_feature_layers
 from draftsmith.layers.losses import TOKEN_LOSSES, TokenLoss, feature_regression, masked_mean, token_loss

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.eagle.network import Eagle1Config, EagleConfig, EagleDrafter, EagleModel
+from draftsmith.families.eagle.config import Eagle1Config, EagleConfig
+from draftsmith.families.eagle.network import EagleDrafter, EagleModel
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.tree_draft import FeatureState

@@ -21,8 +21,9 @@ import torch
 from draftsmith.core.draft import DecodeResult, Draft, Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, TargetOutput, new_cache
+from draftsmith.decode.metrics import prompt_windows
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLM
+from draftsmith.layers.causal_lm import DraftLM
 from draftsmith.layers.losses import soft_cross_entropy
 
 
@@ -140,29 +141,8 @@ class OnlineDrafter(Drafter):
             "rejections": self.rejections,
             "kl_first_update": self.losses[0] if self.losses else None,
             "kl_last_update": self.losses[-1] if self.losses else None,
-            "windows": windows(results, self.cfg.windows),
+            "windows": prompt_windows(results, self.cfg.windows),
         }
-
-
-def windows(results: list[DecodeResult], count: int) -> list[dict]:
-    """Split per-prompt results into ``count`` runs of consecutive prompts; α and τ of each."""
-    bounds = [round(i * len(results) / count) for i in range(count + 1)]
-    out = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if start == end:
-            continue
-        accepted = sum(sum(r.accepted) for r in results[start:end])
-        drafted = sum(sum(r.drafted) for r in results[start:end])
-        rounds = sum(len(r.accepted) for r in results[start:end])
-        out.append(
-            {
-                "prompts": [start, end],
-                "alpha": accepted / max(1, drafted),
-                "tau": (accepted + rounds) / max(1, rounds),
-                "rounds": rounds,
-            }
-        )
-    return out
 
 
 def adapt_online(drafters: dict[str, Drafter], target: Target, cfg: OnlineConfig | None = None) -> dict[str, Drafter]:

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.target import TargetOutput
-from draftsmith.families.draft_lm.module import StudentShape, fresh_config, load_student
 from draftsmith.families.pard.network import PardConfig, PardNetwork
+from draftsmith.families.student import StudentShape, fresh_config, load_student
 from draftsmith.layers.module import EstimateConfig, OptimConfig
 from draftsmith.layers.parallel import DepthLogits, parallel_layout, split_depths
 from draftsmith.layers.parallel_module import ParallelModule

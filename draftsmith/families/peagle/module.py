@@ -9,8 +9,8 @@ import torch
 
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
+from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.eagle.module import EagleModule
-from draftsmith.families.eagle.network import EagleConfig
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init
 from draftsmith.layers.parallel import DepthLogits, parallel_layout, split_depths

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.families.eagle.network import Eagle3Config, EagleDrafter, EagleModel
+from draftsmith.families.eagle.config import Eagle3Config
+from draftsmith.families.eagle.network import EagleDrafter, EagleModel
 from draftsmith.families.registry import register
 from draftsmith.layers.parallel import ParallelDrafter, ParallelLayout
 from draftsmith.layers.tree_draft import FeatureState

@@ -30,8 +30,8 @@ from draftsmith import targets as builtin
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.module import StudentShape, fresh_config, load_student
 from draftsmith.families.s2d.network import S2DConfig, S2DNetwork, check_exits
+from draftsmith.families.student import StudentShape, fresh_config, load_student
 from draftsmith.layers.estimate import acceptance_prob, choice, replay_rounds, tau_from_rounds
 from draftsmith.layers.losses import DIVERGENCES, distillation_loss, masked_mean
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, config_target, shift

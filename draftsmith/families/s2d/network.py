@@ -23,8 +23,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from draftsmith.core.draft import DecodeResult, DrafterNetwork
 from draftsmith.core.target import compiled_forward
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLM, DraftLMConfig, DraftLMNetwork
 from draftsmith.families.registry import register
+from draftsmith.layers.causal_lm import DraftLM, DraftLMConfig, DraftLMNetwork
 
 
 def check_exits(exits: Iterable[int], layers: int, where: str) -> tuple[int, ...]:

@@ -35,8 +35,9 @@ from draftsmith.core.draft import Draft, Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target, TargetOutput
 from draftsmith.errors import DraftsmithError
+from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.eagle.module import eagle_losses
-from draftsmith.families.eagle.network import EagleConfig, EagleModel
+from draftsmith.families.eagle.network import EagleModel
 from draftsmith.layers.features import default_feature_layers
 
 

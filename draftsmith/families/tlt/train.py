@@ -33,10 +33,9 @@ from draftsmith.core.manifest import provenance, write_manifest
 from draftsmith.core.native import save_native
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
-from draftsmith.decode.metrics import drafter_metrics
+from draftsmith.decode.metrics import drafter_metrics, prompt_windows
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.online.drafter import windows
 from draftsmith.families.tlt.drafter import AdaptiveDrafter, DrafterConfig, Rollout
 from draftsmith.families.tlt.policy import Policy, PolicyConfig
 from draftsmith.families.tlt.task import ArithmeticTask, Problem, reward
@@ -133,7 +132,7 @@ def roll_out(
 def acceptance(name: str, results: list[DecodeResult], plain: list[DecodeResult] | None, cfg: RolloutConfig) -> dict:
     """τ, α and wall time of one drafter's decodes (with plain decoding of the same prompts: speedup, exactness)."""
     if plain is None:
-        pooled = windows(results, 1)[0]
+        pooled = prompt_windows(results, 1)[0]
         return {"tau": pooled["tau"], "alpha": pooled["alpha"], "seconds": sum(r.seconds for r in results),
                 "tokens": sum(len(r.tokens) for r in results)}  # fmt: skip
     m = drafter_metrics(name, cfg.k, results, plain, cfg.temperature == 0)
@@ -182,7 +181,9 @@ def warm_up(target: Target, drafter: AdaptiveDrafter, cfg: TLTConfig, progress: 
         prompts = [ids for _, ids in rows_of(target, cfg.task.problems(cfg.rollout.problems, -1 - w), 1)]
         results, rollouts = roll_out(target, drafter, prompts, cfg.rollout, cfg.seed * 1_000_003 + w)
         drafter.add(rollouts)
-        records.append({"warmup": w, "tau": windows(results, 1)[0]["tau"], "drafter_update": drafter.update(target)})
+        records.append(
+            {"warmup": w, "tau": prompt_windows(results, 1)[0]["tau"], "drafter_update": drafter.update(target)}
+        )
     return records
 
 

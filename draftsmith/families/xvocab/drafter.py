@@ -26,7 +26,7 @@ from draftsmith.core.draft import Draft, Drafter
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput, load_causal_lm, model_dir, new_cache
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.draft_lm.network import DraftLM, DraftLMState
+from draftsmith.layers.causal_lm import DraftLM, DraftLMState
 
 BOUNDARY = 3
 """Committed target tokens re-encoded with the draft's text, so the first drafted token forms as the target would."""
