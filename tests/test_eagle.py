@@ -274,19 +274,21 @@ def test_greedy_step_acceptance_is_the_one_hot_definitions_without_building_them
     assert 0 < accept.sum() < accept.numel(), accept.sum()  # both answers occur: the comparison is not vacuous
 
 
-def test_head_init_random_keeps_the_heads_own_initialisation_and_target_copies_the_targets_rows():
+def test_head_init_random_keeps_the_heads_own_initialisation_and_target_copies_the_targets_rows(tmp_path):
     """``model.head_init``: ``target`` starts the draft LM head at the target's rows of the draft vocabulary (again
     once the data chose that vocabulary), ``random`` at PyTorch's default (SpecForge's); the embedding is the target's
-    either way; a wrong value, or ``random`` for EAGLE-1 (whose head is the target's, frozen), is one line."""
-    from draftsmith.errors import DraftsmithError
-    from draftsmith.families.eagle.module import EagleModule
+    either way; a wrong value, or ``random`` for EAGLE-1 (whose head is the target's, frozen), is one line. On a tiny
+    saved target (the built-in default took 8 of CI's minutes to build for this test alone)."""
+    root = tmp_path / "target"
+    make_llama(seed=0, layers=4).save_pretrained(root)
+    make_tokenizer().save_pretrained(root)
 
     class Counts:  # the training data's token counts: the last 64 ids most frequent
         def token_counts(self, vocab: int) -> torch.Tensor:
             return torch.arange(vocab, dtype=torch.float)
 
     for head_init in ("target", "random"):
-        module = EagleModule("default", version=3, draft_vocab_size=64, head_init=head_init)
+        module = EagleModule(str(root), version=3, draft_vocab_size=64, head_init=head_init)
         net, target = module.drafter, module.target
         start = net.lm_head.weight.detach().clone()
         module.prepare_from_data(Counts())
@@ -304,4 +306,4 @@ def test_head_init_random_keeps_the_heads_own_initialisation_and_target_copies_t
         ({"version": 1, "head_init": "random"}, "model.head_init 'random' needs a head of its own"),
     ):
         with pytest.raises(DraftsmithError, match=message):
-            EagleModule("default", **kwargs)
+            EagleModule(str(root), **kwargs)
