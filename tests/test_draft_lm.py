@@ -402,3 +402,16 @@ def test_draft_lm_with_tied_embeddings_saves_and_loads_natively(target, tmp_path
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), lm(input_ids=ids).logits)
+
+
+def test_a_checkpoint_pickled_before_the_student_moved_still_finds_its_shape():
+    """``StudentShape`` moved to ``families/student.py``; a draft LM or S2D checkpoint written before pickled its
+    hyperparameters' shape under ``families/draft_lm/module.py``, and resuming or loading it unpickles that name."""
+    import pickle
+
+    from draftsmith.families.student import StudentShape
+
+    old = pickle.dumps(StudentShape(layers=3), protocol=0).replace(  # protocol 0 names the class as text
+        b"draftsmith.families.student", b"draftsmith.families.draft_lm.module"
+    )
+    assert b"draft_lm.module" in old and pickle.loads(old) == StudentShape(layers=3)
