@@ -301,9 +301,16 @@ def test_drafter_layers_read_each_familys_names_for_the_targets_shape(name):
     hydra = HydraConfig.from_target(config, VOCAB, num_heads=2, prefix_attention=True)
     expected = BORROWED[name][1]
     for cfg in (eagle, hydra):
-        assert (cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps) == (64, *expected), BORROWED[name][0]
-    assert (eagle.num_heads, eagle.head_dim, hydra.num_attention_heads, hydra.head_dim) == (4, 16, 4, 16)
-    assert eagle.max_position_embeddings == config.max_position_embeddings  # GPT-2: n_positions
+        assert (cfg.shape.hidden_size, cfg.shape.intermediate_size, cfg.shape.rms_norm_eps) == (64, *expected), (
+            BORROWED[name][0]
+        )
+    assert (
+        eagle.shape.num_attention_heads,
+        eagle.shape.head_dim,
+        hydra.shape.num_attention_heads,
+        hydra.shape.head_dim,
+    ) == (4, 16, 4, 16)
+    assert eagle.shape.max_position_embeddings == config.max_position_embeddings  # GPT-2: n_positions
 
 
 def test_a_target_config_without_a_borrowed_field_is_refused_in_one_line():

@@ -93,7 +93,7 @@ def test_the_exports_hold_what_the_loaders_read(dspark):
     tensors = load_file(spec / "model.safetensors")
     assert tensors["markov_head.markov_w1.weight"].shape == (VOCAB, 8)
     assert tensors["markov_head.markov_w2.weight"].shape == (VOCAB, 8)
-    assert tensors["confidence_head.proj.weight"].shape == (1, dspark["network"].cfg.hidden_size + 8)
+    assert tensors["confidence_head.proj.weight"].shape == (1, dspark["network"].cfg.shape.hidden_size + 8)
     assert "confidence_head.proj.bias" in tensors and "embed_tokens.weight" not in tensors
 
     out = exported(dspark, "vllm")

@@ -45,7 +45,12 @@ def test_a_second_layer_is_built_used_and_cached_beside_the_first(tokenizer):
         before = two.logits(out)
         two.more_layers[0].mlp.down_proj.weight.mul_(1.5)
         after = two.logits(two.step(seq, two.fuse(features), torch.arange(12)[None], None, None, None)[0])
-    assert keys.shape == (1, 2 * two.cfg.num_heads, 12, two.cfg.head_dim)  # both layers' heads, side by side
+    assert keys.shape == (
+        1,
+        2 * two.cfg.shape.num_attention_heads,
+        12,
+        two.cfg.shape.head_dim,
+    )  # both layers' heads, side by side
     assert (after - before).abs().max() > 1e-3  # the second layer's weights change the draft
 
 
@@ -164,8 +169,8 @@ def test_a_two_layer_drafter_exports_its_layers_as_vllm_numbers_them(trained_sta
     for name, value in ours.items():
         if name.startswith("more_layers.0."):
             assert torch.equal(tensors["layers.1." + name.removeprefix("more_layers.0.")], value)
-    assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * network.cfg.hidden_size
-    assert tensors["layers.1.self_attn.q_proj.weight"].shape[1] == network.cfg.hidden_size
+    assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * network.cfg.shape.hidden_size
+    assert tensors["layers.1.self_attn.q_proj.weight"].shape[1] == network.cfg.shape.hidden_size
     for to, engine in (("sglang", "SGLang's LlamaForCausalLMEagle3 holds one"), ("speculators", "speculators' layout")):
         with pytest.raises(DraftsmithError, match=f"--to {to}: a 2-layer EAGLE-3; .*{engine}"):
             export(root / "native", to, tmp_path / to)

@@ -32,6 +32,7 @@ from draftsmith.families.hydra.network import HydraConfig, HydraModel
 from draftsmith.families.medusa.network import MedusaConfig, MedusaModel
 from draftsmith.families.registry import export_formats, load_network, load_trained
 from draftsmith.layers.features import default_feature_layers
+from draftsmith.layers.shape import LayerShape
 
 LAYERS, H, HEADS, VD, MEDUSA_HEADS = 4, 64, 4, 40, 3
 HD = H // HEADS
@@ -175,7 +176,7 @@ def env(tmp_path_factory) -> dict:
     with torch.no_grad():
         for p in medusa.parameters():
             p.normal_(0, 0.1)
-    hydra = HydraModel(HydraConfig(num_heads=2, hidden_size=H, vocab_size=VOCAB))
+    hydra = HydraModel(HydraConfig(num_heads=2, shape=LayerShape(hidden_size=H), vocab_size=VOCAB))
     dirs = {"target": root / "target", "t3": t3, "t1": t1, "root": root}
     for name, net, t in [("eagle3", e3, t3), ("eagle1", e1, t1), ("medusa1", medusa, t1), ("hydra", hydra, t1)]:
         dirs[name] = save_native(net, t, root / name)
@@ -416,6 +417,7 @@ def test_native_card_has_scores_and_training_command(env, tmp_path):
     out = export(src, "native", tmp_path / "out", scores=[tmp_path / "report.json"])
     card = (out / "README.md").read_text()
     assert "| 0.625 | 3.50 |" in card and "draftsmith fit --config x.yaml" in card
+    assert f"| `shape.hidden_size` | `{H}` |" in card and "`shape`" not in card  # the layer's shape, one per row
     config = json.loads((out / "config.json").read_text())
     assert config["training_command"] == "draftsmith fit --config x.yaml"
     assert config["target"] == info["target"] and config["method"] == "eagle3"

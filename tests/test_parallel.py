@@ -268,7 +268,7 @@ def test_peagle_exports_eagle3_with_mask_hidden_and_mask_token(setup, tmp_path):
     # SpecForge's PEagleDraftModel reads the same dir (tests/test_peers.py): its token, depth and capture layers
     assert (config["mask_token_id"], config["num_depths"]) == (90, 3)
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
-    assert tensors["fc.weight"].shape == (module.drafter.cfg.hidden_size, 3 * module.target.hidden_size)
+    assert tensors["fc.weight"].shape == (module.drafter.cfg.shape.hidden_size, 3 * module.target.hidden_size)
     assert '"method": "eagle3"' in command and '"parallel_drafting": true' in command
 
 

@@ -61,7 +61,9 @@ def score_rows(src: Source, reports: list[Path], name: str | None) -> list[dict]
 
 def model_card(src: Source, info: dict, rows: list[dict], command: str | None) -> str:
     target = info["target"]
-    cfg = "\n".join(f"| `{k}` | `{v}` |" for k, v in info["config"].items() if k != "lora")
+    config = {k: v for k, v in info["config"].items() if k not in ("lora", "shape")}
+    config |= {f"shape.{k}": v for k, v in (info["config"].get("shape") or {}).items()}  # the layer's, one per row
+    cfg = "\n".join(f"| `{k}` | `{v}` |" for k, v in config.items())
     lines = [
         f"# {info['method']} drafter for `{target['name']}`",
         "",

@@ -20,6 +20,7 @@ from draftsmith.core.draft import Drafter
 from draftsmith.core.fingerprint import check_fingerprint, identity_diff
 from draftsmith.core.target import Target
 from draftsmith.errors import DraftsmithError
+from draftsmith.layers.shape import read_record
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,10 @@ def methods() -> list[str]:
 
 
 def build_network(method: str, config: dict, where: str = "drafter") -> torch.nn.Module:
-    """An untrained network of ``method`` from a JSON config record (lists become tuples)."""
+    """An untrained network of ``method`` from a JSON config record (lists become tuples; a layer's shape, nested
+    or in the flat form of drafters saved before, a ``LayerShape``)."""
     fam = family(method, where)
+    config = read_record(config, fam.config)
     unknown = sorted(set(config) - {f.name for f in fields(fam.config)})
     if unknown:
         raise DraftsmithError(f"{where}: config has fields {unknown} that {fam.config.__name__} does not know")

@@ -1,12 +1,13 @@
 """``LayerShape``: the shape a drafter's own Llama-style layer borrows from its target, whatever the target's family.
 
-EAGLE, Hydra++, Clover, Kangaroo and DFlash build a layer of their target's size; each config holds these fields
-(flat, as its checkpoints record them) and is built from ``borrowed_shape``'s record.
+EAGLE, Hydra++, Clover, Kangaroo and DFlash build a layer of their target's size; each config embeds one as its
+``shape`` field (recorded nested, ``"shape": {...}``), filled by ``borrowed_shape``. ``read_record`` also reads the
+flat form drafters saved before hold (its seven fields at the top of the record).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from transformers import LlamaConfig
 
@@ -29,26 +30,16 @@ BORROWED_FIELDS = {
 
 @dataclass(frozen=True)
 class LayerShape:
-    """The target-shape fields of a drafter's layer (a config's vocabulary, the ninth, is the target's own)."""
+    """The target-shape fields of a drafter's layer (a config's vocabulary, the ninth, is the target's own). The
+    defaults, all sizes 0, are a config's before ``from_target`` fills it."""
 
-    hidden_size: int
-    num_attention_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-
-    @classmethod
-    def of(cls, cfg) -> LayerShape:
-        """The shape a config holds (its heads as ``num_attention_heads``, or ``num_heads`` as EAGLE's and DFlash's)."""
-        heads = getattr(cfg, "num_attention_heads", None) or cfg.num_heads
-        fields = ("intermediate_size", "rms_norm_eps", "rope_theta", "max_position_embeddings")
-        return cls(cfg.hidden_size, heads, cfg.head_dim, **{name: getattr(cfg, name) for name in fields})
-
-    def as_dict(self) -> dict:
-        """The fields by name, to build a config from (``Config(..., **shape.as_dict())``)."""
-        return asdict(self)
+    hidden_size: int = 0
+    num_attention_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = ROPE_THETA
+    max_position_embeddings: int = 2048
 
     def llama_config(self, vocab_size: int) -> LlamaConfig:
         """The one-layer Llama config a layer of this shape builds its MLP and rotary embedding from."""
@@ -64,6 +55,26 @@ class LayerShape:
             vocab_size=vocab_size,
             num_hidden_layers=1,
         )
+
+
+def read_record(record: dict, config: type) -> dict:
+    """The JSON record of a ``config`` dataclass, its ``shape`` a ``LayerShape`` if ``config`` embeds one.
+
+    Drafters saved before the configs embedded a ``LayerShape`` hold its seven fields at the top of the record, the
+    heads as ``num_attention_heads`` (Hydra, Clover, Kangaroo: their ``num_heads`` counts draft heads) or
+    ``num_heads`` (EAGLE, DFlash). A record with neither form is returned as it is.
+    """
+    if not any(f.name == "shape" and f.type in (LayerShape, "LayerShape") for f in fields(config)):
+        return record
+    if isinstance(record.get("shape"), dict):
+        return {**record, "shape": LayerShape(**record["shape"])}
+    if "shape" in record or "hidden_size" not in record:
+        return record
+    rest = dict(record)
+    heads = rest.pop("num_attention_heads") if "num_attention_heads" in rest else rest.pop("num_heads")
+    names = [f.name for f in fields(LayerShape) if f.name != "num_attention_heads"]
+    flat = {name: rest.pop(name) for name in names if name in rest}
+    return {**rest, "shape": LayerShape(num_attention_heads=heads, **flat)}
 
 
 def borrowed_shape(target_config, drafter: str) -> LayerShape:

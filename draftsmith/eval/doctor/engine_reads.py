@@ -238,10 +238,10 @@ def trained(network, num_layers: int) -> dict[str, object]:
     ``num_layers``)."""
     cfg = network.cfg
     return {
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_heads,
-        "head_dim": cfg.head_dim,
+        "hidden_size": cfg.shape.hidden_size,
+        "intermediate_size": cfg.shape.intermediate_size,
+        "num_attention_heads": cfg.shape.num_attention_heads,
+        "head_dim": cfg.shape.head_dim,
         "num_hidden_layers": cfg.num_layers,
         "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,

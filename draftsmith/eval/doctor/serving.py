@@ -40,7 +40,8 @@ def check_identity(info: dict, target: Target, network) -> tuple[Check, bool]:
     made, actual = info.get("target") or {}, target.fingerprint
     shape = []
     cfg = network.cfg
-    hidden = getattr(cfg, "target_hidden_size", None) or getattr(cfg, "hidden_size", None)
+    layer = getattr(cfg, "shape", cfg)  # a LayerShape (EAGLE, DFlash, Hydra, Clover, Kangaroo), or flat (Medusa)
+    hidden = getattr(cfg, "target_hidden_size", None) or getattr(layer, "hidden_size", None)
     if hidden and hidden != target.hidden_size and reads_features(network):
         shape.append(f"hidden size {hidden} vs the target's {target.hidden_size}")
     vocab = getattr(cfg, "vocab_size", None)

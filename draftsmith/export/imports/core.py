@@ -24,6 +24,7 @@ from draftsmith.core.files import made_whole
 from draftsmith.core.native import save_native
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.common import target_fingerprint
+from draftsmith.layers.shape import LayerShape
 
 
 def read_weights(src: Path) -> dict[str, torch.Tensor]:
@@ -146,13 +147,17 @@ def check_layer(layer: dict, where: str, family: str) -> None:
 
 def layer_shape(cfg, layer: dict):
     """``cfg`` (an EAGLE or DFlash config) with its decoder layers shaped as the checkpoint's ``layer`` config."""
-    heads = layer["num_attention_heads"]
-    cfg.hidden_size, cfg.num_heads, cfg.intermediate_size = layer["hidden_size"], heads, layer["intermediate_size"]
-    cfg.head_dim = layer.get("head_dim") or layer["hidden_size"] // heads
-    cfg.rms_norm_eps = layer.get("rms_norm_eps", cfg.rms_norm_eps)
+    heads, base = layer["num_attention_heads"], cfg.shape
     rope = layer.get("rope_parameters") or {}
-    cfg.rope_theta = rope.get("rope_theta", layer.get("rope_theta", cfg.rope_theta))
-    cfg.max_position_embeddings = layer.get("max_position_embeddings", cfg.max_position_embeddings)
+    cfg.shape = LayerShape(
+        hidden_size=layer["hidden_size"],
+        num_attention_heads=heads,
+        head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
+        intermediate_size=layer["intermediate_size"],
+        rms_norm_eps=layer.get("rms_norm_eps", base.rms_norm_eps),
+        rope_theta=rope.get("rope_theta", layer.get("rope_theta", base.rope_theta)),
+        max_position_embeddings=layer.get("max_position_embeddings", base.max_position_embeddings),
+    )
     return cfg
 
 

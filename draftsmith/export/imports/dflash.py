@@ -125,7 +125,10 @@ def import_dspark(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
     from draftsmith.families.dspark.network import DSparkConfig, DSparkModel
 
     backbone, weights, where = dflash_parts(ckpt, layout, target, "DSpark")
-    cfg = DSparkConfig(**dataclasses.asdict(backbone) | dspark.read_heads(ckpt.config, where))
+    cfg = DSparkConfig(
+        **{f.name: getattr(backbone, f.name) for f in dataclasses.fields(backbone)},
+        **dspark.read_heads(ckpt.config, where),
+    )
     state = ckpt.state
     heads = {k: v for k, v in state.items() if k.startswith(dspark.HEADS)}
     network = DSparkModel(cfg)

@@ -32,7 +32,7 @@ from draftsmith.families.hydra.network import HydraConfig, HydraDrafter, PrefixL
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.decoder import ResidualBlock
-from draftsmith.layers.shape import ROPE_THETA, borrowed_shape
+from draftsmith.layers.shape import LayerShape, borrowed_shape
 from draftsmith.layers.tree_draft import FeatureState
 
 
@@ -44,14 +44,9 @@ class CloverConfig:
     """Draft depths (one head each)."""
     num_layers: int = 1
     """Residual blocks per head."""
-    hidden_size: int = 0
+    shape: LayerShape = LayerShape()
+    """The heads' width and the augmenting block's shape, the target's (``borrowed_shape``)."""
     vocab_size: int = 0
-    num_attention_heads: int = 0
-    head_dim: int = 0
-    intermediate_size: int = 0
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = ROPE_THETA
-    max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.num_layers < 0:
@@ -63,13 +58,11 @@ class CloverConfig:
     @classmethod
     def from_target(cls, target_config, vocab_size: int, num_heads: int, num_layers: int = 1) -> CloverConfig:
         """The Clover drafter of a target with this HF config (any family: ``borrowed_shape``)."""
-        return cls(num_heads, num_layers, vocab_size=vocab_size, **borrowed_shape(target_config, "Clover").as_dict())
+        return cls(num_heads, num_layers, borrowed_shape(target_config, "Clover"), vocab_size)
 
     def block_shape(self) -> HydraConfig:
         """The augmenting block's shape: Hydra++'s prefix layer of the same size."""
-        shape = {k: getattr(self, k) for k in ("hidden_size", "vocab_size", "num_attention_heads", "head_dim")}
-        rest = ("intermediate_size", "rms_norm_eps", "rope_theta", "max_position_embeddings")
-        return HydraConfig(self.num_heads, self.num_layers, True, **shape, **{k: getattr(self, k) for k in rest})
+        return HydraConfig(self.num_heads, self.num_layers, True, self.shape, self.vocab_size)
 
 
 class AttentionDecoder(nn.Module):
@@ -77,12 +70,12 @@ class AttentionDecoder(nn.Module):
 
     def __init__(self, cfg: CloverConfig) -> None:
         super().__init__()
-        h, inner = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
-        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
-        self.token_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)  # embeddings are far smaller than hidden states
+        h, inner = cfg.shape.hidden_size, cfg.shape.num_attention_heads * cfg.shape.head_dim
+        self.num_heads, self.head_dim = cfg.shape.num_attention_heads, cfg.shape.head_dim
+        self.token_norm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)  # embeddings are far smaller than hidden states
         self.fc = nn.Linear(2 * h, h)
-        self.query_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-        self.memory_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        self.query_norm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
+        self.memory_norm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
         self.q_proj = nn.Linear(h, inner, bias=False)
         self.k_proj = nn.Linear(h, inner, bias=False)
         self.v_proj = nn.Linear(h, inner, bias=False)
@@ -129,7 +122,7 @@ class CloverModel(DrafterNetwork):
     def __init__(self, cfg: CloverConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        h, v = cfg.hidden_size, cfg.vocab_size
+        h, v = cfg.shape.hidden_size, cfg.vocab_size
         self.embed_tokens = nn.Embedding(v, h).requires_grad_(False)
         self.block = PrefixLayer(cfg.block_shape())
         self.decoder = AttentionDecoder(cfg)

@@ -28,7 +28,7 @@ from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.registry import register
 from draftsmith.layers.parallel import ParallelDrafter
-from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
+from draftsmith.layers.shape import LayerShape, borrowed_shape
 
 
 @dataclass
@@ -46,35 +46,29 @@ class DFlashConfig:
     mask_from_token: bool = False
     """The masks' embedding is the target's embedding of ``mask_token_id``, not learned: what speculators' DFlash
     computes (it reloads the embedding from the target and has no mask tensor), so only such a drafter exports there."""
-    hidden_size: int = 0
-    num_heads: int = 0
-    head_dim: int = 0
-    intermediate_size: int = 0
+    shape: LayerShape = LayerShape()
+    """The drafter layers' shape, the target's (``borrowed_shape``)."""
     vocab_size: int = 0
     target_hidden_size: int = 0
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = ROPE_THETA
-    max_position_embeddings: int = 2048
     extra: dict = field(default_factory=dict)
 
     @staticmethod
     def from_target(target_config, feature_layers: tuple[int, ...], depth: int, num_layers: int) -> DFlashConfig:
         if depth < 1 or num_layers < 1:
             raise DraftsmithError(f"dflash: depth and num_layers must be at least 1, got {depth} and {num_layers}")
-        shape = borrowed_shape(target_config, "DFlash").as_dict()
+        shape = borrowed_shape(target_config, "DFlash")
         return DFlashConfig(
             feature_layers=tuple(feature_layers),
             depth=depth,
             num_layers=num_layers,
-            num_heads=shape.pop("num_attention_heads"),
+            shape=shape,
             vocab_size=target_config.vocab_size,
-            target_hidden_size=shape["hidden_size"],
-            **shape,
+            target_hidden_size=shape.hidden_size,
         )
 
     def llama_config(self) -> LlamaConfig:
         """The Llama-shaped config its MLP and rotary embedding are built from (the same fields as EAGLE's layer)."""
-        return LayerShape.of(self).llama_config(self.vocab_size)
+        return self.shape.llama_config(self.vocab_size)
 
 
 class DFlashAttention(nn.Module):
@@ -82,14 +76,14 @@ class DFlashAttention(nn.Module):
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
-        inner = cfg.num_heads * cfg.head_dim
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, inner, bias=False)
-        self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
-        self.q_norm = LlamaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = LlamaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        inner = cfg.shape.num_attention_heads * cfg.shape.head_dim
+        self.num_heads, self.head_dim = cfg.shape.num_attention_heads, cfg.shape.head_dim
+        self.q_proj = nn.Linear(cfg.shape.hidden_size, inner, bias=False)
+        self.k_proj = nn.Linear(cfg.shape.hidden_size, inner, bias=False)
+        self.v_proj = nn.Linear(cfg.shape.hidden_size, inner, bias=False)
+        self.o_proj = nn.Linear(inner, cfg.shape.hidden_size, bias=False)
+        self.q_norm = LlamaRMSNorm(cfg.shape.head_dim, cfg.shape.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(cfg.shape.head_dim, cfg.shape.rms_norm_eps)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(-3, -2)  # (B, nh, T, hd)
@@ -113,9 +107,9 @@ class DFlashAttention(nn.Module):
 class DFlashLayer(nn.Module):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
-        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
         self.self_attn = DFlashAttention(cfg)
-        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
     def forward(self, h, cos, sin, context_k, context_v, mask):
@@ -132,14 +126,14 @@ class DFlashModel(DrafterNetwork):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        h = cfg.hidden_size
+        h = cfg.shape.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h).requires_grad_(False)
         self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False).requires_grad_(False)
         self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden_size, h, bias=False)
-        self.hidden_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(h), requires_grad=not cfg.mask_from_token)
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        self.norm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
         self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
 
     @property
@@ -148,7 +142,7 @@ class DFlashModel(DrafterNetwork):
 
     @property
     def output_size(self) -> int:
-        return self.cfg.hidden_size
+        return self.cfg.shape.hidden_size
 
     def as_drafter(self, topk_accuracy: list[list[float]] | None = None) -> DFlashDrafter:
         return DFlashDrafter(self, topk_accuracy)

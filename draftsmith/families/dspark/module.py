@@ -15,7 +15,7 @@ proposes it; on greedy data this is the verifier's τ exactly.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,8 @@ class DSparkModule(DFlashModule):
         start, _ = load_network(self.init, self.target)  # checked against the target
         model = start
         if start.method == "dflash":  # its backbone under fresh heads
-            model = DSparkModel(DSparkConfig(**asdict(start.cfg) | self.heads))
+            backbone = {f.name: getattr(start.cfg, f.name) for f in fields(start.cfg)}
+            model = DSparkModel(DSparkConfig(**backbone, **self.heads))
             model.load_state_dict(start.state_dict(), strict=False)
         model.cfg.depth, model.cfg.mask_token_id, model.cfg.threshold = (
             self.depth,

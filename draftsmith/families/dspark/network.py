@@ -21,7 +21,7 @@ as every peer's DSpark embeds them) unless trained otherwise.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -49,7 +49,7 @@ class DSparkConfig(DFlashConfig):
     @staticmethod
     def from_target(target_config, feature_layers, depth: int, num_layers: int, **heads) -> DSparkConfig:
         backbone = DFlashConfig.from_target(target_config, feature_layers, depth, num_layers)
-        return DSparkConfig(**asdict(backbone) | heads)
+        return DSparkConfig(**{f.name: getattr(backbone, f.name) for f in fields(backbone)}, **heads)
 
 
 def check_heads(cfg: DSparkConfig) -> None:
@@ -99,7 +99,7 @@ class DSparkModel(DFlashModel):
         super().__init__(cfg)
         self.markov_head = MarkovHead(cfg.vocab_size, cfg.markov_rank)
         extra = cfg.markov_rank if cfg.confidence_with_markov else 0
-        self.confidence_head = ConfidenceHead(cfg.hidden_size + extra)
+        self.confidence_head = ConfidenceHead(cfg.shape.hidden_size + extra)
 
     def as_drafter(self, topk_accuracy: list[list[float]] | None = None) -> DSparkDrafter:
         return DSparkDrafter(self, topk_accuracy)

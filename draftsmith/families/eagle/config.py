@@ -10,7 +10,7 @@ from typing import ClassVar
 from transformers import LlamaConfig
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
+from draftsmith.layers.shape import LayerShape, borrowed_shape
 
 
 @dataclass
@@ -22,18 +22,13 @@ class EagleConfig:
     """1 for EAGLE-1, 3 for EAGLE-3 (recorded with the weights; ``config_class`` maps it to its class)."""
     feature_layers: tuple[int, ...] = (-1,)
     """Target hidden_states indices fed to the drafter (EAGLE-1: final; EAGLE-3: low, mid, high)."""
-    hidden_size: int = 0
-    num_heads: int = 0
-    head_dim: int = 0
-    intermediate_size: int = 0
+    shape: LayerShape = LayerShape()
+    """The decoder layer's shape, the target's (``borrowed_shape``)."""
     vocab_size: int = 0
     """The target's vocabulary."""
     draft_vocab_size: int = 0
     """EAGLE-3's reduced vocabulary (= vocab_size for no reduction); EAGLE-1 uses the full one."""
     target_hidden_size: int = 0
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = ROPE_THETA
-    max_position_embeddings: int = 2048
     extra: dict = field(default_factory=dict)
 
     @staticmethod
@@ -68,20 +63,19 @@ class EagleConfig:
             if not cls.own_head:
                 raise DraftsmithError(f"EAGLE-{version} has one decoder layer; num_layers={num_layers} needs version 3")
             norms["num_layers"] = num_layers
-        shape = borrowed_shape(target_config, f"EAGLE-{version}").as_dict()
+        shape = borrowed_shape(target_config, f"EAGLE-{version}")
         vocab = target_config.vocab_size
         return cls(
             feature_layers=tuple(feature_layers),
-            num_heads=shape.pop("num_attention_heads"),
+            shape=shape,
             vocab_size=vocab,
             draft_vocab_size=(draft_vocab_size or vocab) if cls.own_head else vocab,
-            target_hidden_size=shape["hidden_size"],
-            **shape,
+            target_hidden_size=shape.hidden_size,
             **norms,
         )
 
     def llama_config(self) -> LlamaConfig:
-        return LayerShape.of(self).llama_config(self.vocab_size)
+        return self.shape.llama_config(self.vocab_size)
 
 
 @dataclass

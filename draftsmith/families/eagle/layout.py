@@ -164,7 +164,7 @@ def fold_fc_bias(network: torch.nn.Module, rtol: float = 1e-4) -> torch.Tensor:
     """
     w = network.fc.weight.detach().double()  # (H, 2H): [W_e | W_f], input order concat(embeds, hidden)
     b = network.fc.bias.detach().double()  # (H,)
-    h = network.cfg.hidden_size
+    h = network.cfg.shape.hidden_size
     c = torch.linalg.lstsq(w[:, :h], b[:, None]).solution[:, 0]  # (H,)
     err = float((w[:, :h] @ c - b).norm() / b.norm().clamp_min(1e-30))
     if err > rtol:

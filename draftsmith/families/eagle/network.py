@@ -52,12 +52,14 @@ class EagleLayer(nn.Module):
     def __init__(self, cfg: Eagle1Config | Eagle3Config) -> None:
         super().__init__()
         self.separate_inputs, self.norm_before_residual = cfg.separate_inputs, cfg.norm_before_residual
-        h = cfg.hidden_size
+        h = cfg.shape.hidden_size
         if cfg.separate_inputs:
-            self.input_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-            self.hidden_norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = Attention(2 * h if cfg.separate_inputs else h, h, cfg.num_heads, cfg.head_dim)
-        self.post_attention_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+            self.input_layernorm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
+            self.hidden_norm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
+        self.self_attn = Attention(
+            2 * h if cfg.separate_inputs else h, h, cfg.shape.num_attention_heads, cfg.shape.head_dim
+        )
+        self.post_attention_layernorm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
     def forward(self, embeds, hidden, cos, sin, past_k, past_v, mask):
@@ -79,9 +81,11 @@ class EagleStackLayer(nn.Module):
 
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
-        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg.hidden_size, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
-        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
+        self.self_attn = Attention(
+            cfg.shape.hidden_size, cfg.shape.hidden_size, cfg.shape.num_attention_heads, cfg.shape.head_dim
+        )
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
     def forward(self, x, cos, sin, past_k, past_v, mask):
@@ -121,21 +125,21 @@ class EagleModel(DrafterNetwork):
     def __init__(self, cfg: Eagle1Config | Eagle3Config) -> None:
         super().__init__()
         self.cfg = cfg
-        h = cfg.hidden_size
+        h = cfg.shape.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h).requires_grad_(False)
         if cfg.separate_inputs:
             width = len(cfg.feature_layers) * cfg.target_hidden_size
             if cfg.fc_norm:  # EAGLE-3.1: one norm per feature layer
                 self.fc_norm = nn.ModuleList(
-                    LlamaRMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in cfg.feature_layers
+                    LlamaRMSNorm(cfg.target_hidden_size, cfg.shape.rms_norm_eps) for _ in cfg.feature_layers
                 )
             if cfg.norm_before_fc:
-                self.input_norm = LlamaRMSNorm(width, cfg.rms_norm_eps)
+                self.input_norm = LlamaRMSNorm(width, cfg.shape.rms_norm_eps)
             self.fc = nn.Linear(width, h, bias=False)
         else:
             self.fc = nn.Linear(2 * h, h, bias=True)
         if cfg.own_head:
-            self.norm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+            self.norm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
             self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
@@ -159,7 +163,7 @@ class EagleModel(DrafterNetwork):
 
     @property
     def output_size(self) -> int:
-        return self.cfg.hidden_size
+        return self.cfg.shape.hidden_size
 
     def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor | None) -> None:
         """Copy the target's embedding and, given its LM head, that head's rows of the draft vocabulary (None: the

@@ -26,7 +26,7 @@ from draftsmith.core.target import TargetOutput
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.decoder import Attention, ResidualBlock
-from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
+from draftsmith.layers.shape import LayerShape, borrowed_shape
 from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
 
@@ -39,14 +39,9 @@ class HydraConfig:
     """Residual blocks per head (Hydra++: 4)."""
     prefix_attention: bool = False
     """Hydra++'s decoder layer over the target's hidden states."""
-    hidden_size: int = 0
+    shape: LayerShape = LayerShape()
+    """The heads' width and the prefix layer's shape, the target's (``borrowed_shape``)."""
     vocab_size: int = 0
-    num_attention_heads: int = 0
-    head_dim: int = 0
-    intermediate_size: int = 0
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = ROPE_THETA
-    max_position_embeddings: int = 2048
 
     @classmethod
     def from_target(
@@ -54,11 +49,11 @@ class HydraConfig:
     ) -> HydraConfig:
         """The Hydra drafter of a target with this HF config (any family: ``borrowed_shape``)."""
         shape = borrowed_shape(target_config, "Hydra++" if prefix_attention else "Hydra")
-        return cls(num_heads, num_layers, prefix_attention, vocab_size=vocab_size, **shape.as_dict())
+        return cls(num_heads, num_layers, prefix_attention, shape, vocab_size)
 
     def llama_config(self) -> LlamaConfig:
         """The one-layer Llama shape of the prefix layer (the same as an EAGLE layer's)."""
-        return LayerShape.of(self).llama_config(self.vocab_size)
+        return self.shape.llama_config(self.vocab_size)
 
 
 class PrefixLayer(nn.Module):
@@ -66,10 +61,10 @@ class PrefixLayer(nn.Module):
 
     def __init__(self, cfg: HydraConfig) -> None:
         super().__init__()
-        h = cfg.hidden_size
-        self.input_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = Attention(h, h, cfg.num_attention_heads, cfg.head_dim)
-        self.post_attention_layernorm = LlamaRMSNorm(h, cfg.rms_norm_eps)
+        h = cfg.shape.hidden_size
+        self.input_layernorm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
+        self.self_attn = Attention(h, h, cfg.shape.num_attention_heads, cfg.shape.head_dim)
+        self.post_attention_layernorm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
         self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
         nn.init.zeros_(self.self_attn.o_proj.weight)  # start as the identity: f' = f
@@ -90,7 +85,7 @@ class HydraModel(DrafterNetwork):
     def __init__(self, cfg: HydraConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        h, v = cfg.hidden_size, cfg.vocab_size
+        h, v = cfg.shape.hidden_size, cfg.vocab_size
         self.embed_tokens = nn.Embedding(v, h).requires_grad_(False)
         self.prefix = PrefixLayer(cfg) if cfg.prefix_attention else None
         self.proj = nn.ModuleList(nn.Linear(h * (i + 2), h) for i in range(cfg.num_heads))

@@ -22,7 +22,7 @@ from draftsmith.core.draft import DrafterNetwork
 from draftsmith.families.registry import register
 from draftsmith.layers.decoder import Attention
 from draftsmith.layers.self_draft import SelfDrafter
-from draftsmith.layers.shape import ROPE_THETA, LayerShape, borrowed_shape
+from draftsmith.layers.shape import LayerShape, borrowed_shape
 
 
 @dataclass
@@ -33,22 +33,13 @@ class KangarooConfig:
     """The shallow sub-network: the target's layers 0..exit_layer-1."""
     threshold: float = 0.6
     """Stop a draft before its first token of top-1 probability below this (0: draft all K)."""
-    hidden_size: int = 0
-    num_attention_heads: int = 0
-    head_dim: int = 0
-    intermediate_size: int = 0
+    shape: LayerShape = LayerShape()
+    """The adapter attention's shape (an EAGLE layer's: the target's heads and RoPE, ``borrowed_shape``)."""
     vocab_size: int = 0
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = ROPE_THETA
-    max_position_embeddings: int = 2048
 
     @classmethod
     def from_target(cls, target_config, vocab_size: int, exit_layer: int, threshold: float) -> KangarooConfig:
-        return cls(exit_layer, threshold, vocab_size=vocab_size, **borrowed_shape(target_config, "Kangaroo").as_dict())
-
-    def attention_shape(self) -> LayerShape:
-        """The adapter attention's shape (an EAGLE layer's: same heads and RoPE as the target)."""
-        return LayerShape.of(self)
+        return cls(exit_layer, threshold, borrowed_shape(target_config, "Kangaroo"), vocab_size)
 
 
 @register("kangaroo", config=KangarooConfig)
@@ -60,10 +51,10 @@ class KangarooModel(DrafterNetwork):
     def __init__(self, cfg: KangarooConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        shape = cfg.attention_shape()
-        self.input_norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg.hidden_size, cfg.hidden_size, shape.num_attention_heads, shape.head_dim)
-        self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        shape = cfg.shape
+        self.input_norm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
+        self.attn = Attention(cfg.shape.hidden_size, cfg.shape.hidden_size, shape.num_attention_heads, shape.head_dim)
+        self.norm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
         self.rotary = LlamaRotaryEmbedding(shape.llama_config(cfg.vocab_size))
         nn.init.zeros_(self.attn.o_proj.weight)  # start as early exit: norm(h)
 
@@ -73,7 +64,7 @@ class KangarooModel(DrafterNetwork):
 
     @property
     def output_size(self) -> int:
-        return self.cfg.hidden_size
+        return self.cfg.shape.hidden_size
 
     def init_from_target(self, final_norm: torch.Tensor) -> None:
         with torch.no_grad():
