@@ -277,9 +277,8 @@ def test_the_package_never_imports_the_engine_harnesses():
 
 
 # the families genuinely built on another (the first's network or drafter is the second's): every other shared piece
-# (target shape, attention, residual blocks, default feature layers) lives in ``layers/``
+# (target shape, attention, the prefix layer, residual blocks, default feature layers) lives in ``layers/``
 BUILT_ON = {
-    "clover": {"hydra"},  # Hydra++'s prefix layer and drafter
     "dspark": {"dflash"},
     "falcon": {"eagle"},  # EAGLE-1's network
     "peagle": {"eagle"},

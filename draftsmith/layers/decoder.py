@@ -1,13 +1,20 @@
 """Building blocks of the drafters' own layers: RoPE attention over passed-in keys/values with a boolean mask
-(EAGLE's decoder layers, Hydra++'s prefix layer, Kangaroo's adapter) and the zero-initialised residual SiLU block
-of the multi-head drafters (Medusa, Hydra, Clover)."""
+(EAGLE's decoder layers, Kangaroo's adapter), the causal decoder layer over the target's hidden states that starts as
+the identity (Hydra++'s prefix layer, Clover's augmenting block), and the zero-initialised residual SiLU block of the
+multi-head drafters (Medusa, Hydra, Clover)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 
 class Attention(nn.Module):
@@ -40,6 +47,33 @@ class Attention(nn.Module):
         values = v if past_v is None else torch.cat([past_v, v], dim=2)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
+
+
+class PrefixLayer(nn.Module):
+    """A causal pre-norm decoder layer over the target's hidden states, with a residual, that starts as the identity
+    (its attention's output and MLP's down projections zero): Hydra++'s prefix layer, Clover's augmenting block.
+
+    Args:
+        config: the one-layer Llama config of its shape (``LayerShape.llama_config``).
+    """
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.input_layernorm = LlamaRMSNorm(h, config.rms_norm_eps)
+        self.self_attn = Attention(h, h, config.num_attention_heads, config.head_dim)
+        self.post_attention_layernorm = LlamaRMSNorm(h, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+        self.rotary = LlamaRotaryEmbedding(config)
+        nn.init.zeros_(self.self_attn.o_proj.weight)  # start as the identity: f' = f
+        nn.init.zeros_(self.mlp.down_proj.weight)
+
+    def forward(self, x, positions, past_k, past_v, mask):
+        """x (B, T, H) at positions (B, T) after cached keys/values -> (B, T, H), new k, new v."""
+        cos, sin = self.rotary(x, positions)
+        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past_k, past_v, mask)
+        h = x + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
 
 class ResidualBlock(nn.Module):

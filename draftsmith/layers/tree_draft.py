@@ -114,7 +114,7 @@ def static_tree(accuracy: list[list[float]], size: int, max_depth: int) -> tuple
 
 @dataclass
 class FeatureState:
-    """A feature drafter's state over one sequence (EAGLE, Hydra): the committed tokens, the target's features
+    """A feature drafter's state over one sequence (EAGLE, Hydra, Clover): the committed tokens, the target's features
     for them, and the keys/values of the rows its own attention layer has processed."""
 
     tokens: list[int]
@@ -127,6 +127,11 @@ class FeatureState:
     @property
     def cached(self) -> int:
         return 0 if self.past_k is None else self.past_k.shape[2]
+
+    def commit(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
+        """Append committed ``tokens`` and the target's features for them (the drafter's ``advance``)."""
+        self.tokens.extend(tokens.tolist())
+        self.features = torch.cat([self.features, features])
 
 
 class TreeDrafter(Drafter):

@@ -3,7 +3,7 @@
 Like Medusa and Hydra, depth i (0-based) from anchor t predicts x_{t+2+i}. Clover adds:
 
 - an **augmenting block**: one causal decoder layer over the target's final hidden states f_0..f_t
-  (Hydra++'s ``PrefixLayer``), giving augmented states h'_0..h'_t;
+  (``layers.decoder.PrefixLayer``, Hydra++'s prefix layer), giving augmented states h'_0..h'_t;
 - an **attention decoder**, shared by every depth: a query from the draft state and the previous
   token's embedding, x_i = fc(concat(s_i, norm(E(token_i)))), attends (cross-attention, RoPE) over
   h'_0..h'_t, and s_{i+1} = x_i + o_proj(attention) is the new draft state;
@@ -28,12 +28,11 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.hydra.network import HydraConfig, HydraDrafter, PrefixLayer
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
-from draftsmith.layers.decoder import ResidualBlock
+from draftsmith.layers.decoder import PrefixLayer, ResidualBlock
 from draftsmith.layers.shape import LayerShape, borrowed_shape
-from draftsmith.layers.tree_draft import FeatureState
+from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
 
 @dataclass
@@ -60,10 +59,6 @@ class CloverConfig:
         """The Clover drafter of a target with this HF config (any family: ``borrowed_shape``)."""
         return cls(num_heads, num_layers, borrowed_shape(target_config, "Clover"), vocab_size)
 
-    def block_shape(self) -> HydraConfig:
-        """The augmenting block's shape: Hydra++'s prefix layer of the same size."""
-        return HydraConfig(self.num_heads, self.num_layers, True, self.shape, self.vocab_size)
-
 
 class AttentionDecoder(nn.Module):
     """Clover's attention decoder: draft state + previous token -> query; cross-attention over h' -> next state."""
@@ -80,7 +75,7 @@ class AttentionDecoder(nn.Module):
         self.k_proj = nn.Linear(h, inner, bias=False)
         self.v_proj = nn.Linear(h, inner, bias=False)
         self.o_proj = nn.Linear(inner, h, bias=False)
-        self.rotary = LlamaRotaryEmbedding(cfg.block_shape().llama_config())
+        self.rotary = LlamaRotaryEmbedding(cfg.shape.llama_config(cfg.vocab_size))
         with torch.no_grad():  # start as the identity: s_{i+1} = s_i
             self.fc.weight.zero_()
             self.fc.weight[:, :h] = torch.eye(h)
@@ -124,7 +119,7 @@ class CloverModel(DrafterNetwork):
         self.cfg = cfg
         h, v = cfg.shape.hidden_size, cfg.vocab_size
         self.embed_tokens = nn.Embedding(v, h).requires_grad_(False)
-        self.block = PrefixLayer(cfg.block_shape())
+        self.block = PrefixLayer(cfg.shape.llama_config(cfg.vocab_size))
         self.decoder = AttentionDecoder(cfg)
         self.blocks = nn.ModuleList(ResidualBlock(h, cfg.num_layers) for _ in range(cfg.num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(h, v, bias=False) for _ in range(cfg.num_heads))
@@ -194,12 +189,23 @@ class CloverRound:
     """node -> (H,) the state its child is drafted from (filled by ``grow``)."""
 
 
-class CloverDrafter(HydraDrafter):
-    """Drafting with Clover: each depth's state comes from its parent's state and token (batched per depth).
-    Hydra's drafter but for the state it keeps (``CloverState``) and how a depth's logits are made."""
+class CloverDrafter(TreeDrafter):
+    """Drafting with Clover: each depth's state comes from its parent's state and token (batched per depth)."""
+
+    needs_features = True
+    feature_layers = (-1,)
+
+    def __init__(self, model: CloverModel, topk_accuracy: list[list[float]] | None = None) -> None:
+        self.model = model.eval()
+        self.vocab_size = model.cfg.vocab_size
+        self.max_depth = model.cfg.num_heads
+        self.topk_accuracy = topk_accuracy
 
     def begin(self, tokens: torch.Tensor, target_out: TargetOutput) -> CloverState:
         return CloverState(tokens.tolist(), target_out.features[0])
+
+    def advance(self, state: CloverState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
+        state.commit(tokens, target_out.features[0])
 
     def _catch_up(self, state: CloverState) -> torch.Tensor:
         """Run the rows not yet seen through the augmenting block and cache both layers' keys/values; (H,) h'_t."""

@@ -303,8 +303,7 @@ class EagleDrafter(TreeDrafter):
 
     @torch.no_grad()
     def advance(self, state: FeatureState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
-        state.tokens.extend(tokens.tolist())
-        state.features = torch.cat([state.features, self.model.fuse(target_out.features)])
+        state.commit(tokens, self.model.fuse(target_out.features))
 
     def _full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, H) -> (n, V) logits over the target vocabulary (-inf outside the draft vocabulary)."""

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from draftsmith.core.draft import DrafterNetwork
 from draftsmith.core.target import TargetOutput
 from draftsmith.families.registry import register
 from draftsmith.layers.attention import sees_itself
-from draftsmith.layers.decoder import Attention, ResidualBlock
+from draftsmith.layers.decoder import PrefixLayer, ResidualBlock
 from draftsmith.layers.shape import LayerShape, borrowed_shape
 from draftsmith.layers.tree_draft import FeatureState, TreeDrafter
 
@@ -51,32 +49,6 @@ class HydraConfig:
         shape = borrowed_shape(target_config, "Hydra++" if prefix_attention else "Hydra")
         return cls(num_heads, num_layers, prefix_attention, shape, vocab_size)
 
-    def llama_config(self) -> LlamaConfig:
-        """The one-layer Llama shape of the prefix layer (the same as an EAGLE layer's)."""
-        return self.shape.llama_config(self.vocab_size)
-
-
-class PrefixLayer(nn.Module):
-    """Hydra++'s causal pre-norm decoder layer over the target's hidden states, with a residual."""
-
-    def __init__(self, cfg: HydraConfig) -> None:
-        super().__init__()
-        h = cfg.shape.hidden_size
-        self.input_layernorm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
-        self.self_attn = Attention(h, h, cfg.shape.num_attention_heads, cfg.shape.head_dim)
-        self.post_attention_layernorm = LlamaRMSNorm(h, cfg.shape.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg.llama_config())
-        self.rotary = LlamaRotaryEmbedding(cfg.llama_config())
-        nn.init.zeros_(self.self_attn.o_proj.weight)  # start as the identity: f' = f
-        nn.init.zeros_(self.mlp.down_proj.weight)
-
-    def forward(self, x, positions, past_k, past_v, mask):
-        """x (B, T, H) at positions (B, T) after cached keys/values -> (B, T, H), new k, new v."""
-        cos, sin = self.rotary(x, positions)
-        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past_k, past_v, mask)
-        h = x + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), k, v
-
 
 @register("hydra", "hydrapp", config=HydraConfig)
 class HydraModel(DrafterNetwork):
@@ -87,7 +59,7 @@ class HydraModel(DrafterNetwork):
         self.cfg = cfg
         h, v = cfg.shape.hidden_size, cfg.vocab_size
         self.embed_tokens = nn.Embedding(v, h).requires_grad_(False)
-        self.prefix = PrefixLayer(cfg) if cfg.prefix_attention else None
+        self.prefix = PrefixLayer(cfg.shape.llama_config(cfg.vocab_size)) if cfg.prefix_attention else None
         self.proj = nn.ModuleList(nn.Linear(h * (i + 2), h) for i in range(cfg.num_heads))
         self.blocks = nn.ModuleList(ResidualBlock(h, cfg.num_layers) for _ in range(cfg.num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(h, v, bias=False) for _ in range(cfg.num_heads))
@@ -144,8 +116,7 @@ class HydraDrafter(TreeDrafter):
         return FeatureState(tokens.tolist(), target_out.features[0])
 
     def advance(self, state: FeatureState, tokens: torch.Tensor, target_out: TargetOutput) -> None:
-        state.tokens.extend(tokens.tolist())
-        state.features = torch.cat([state.features, target_out.features[0]])
+        state.commit(tokens, target_out.features[0])
 
     def _base(self, state: FeatureState) -> torch.Tensor:
         """(H,) the heads' base state at the last row; Hydra++ runs the pending rows through its prefix layer."""
