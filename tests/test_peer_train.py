@@ -5,9 +5,10 @@ output = plain greedy output). ``draftsmith doctor`` (issue 87) passes that chec
 names the fault injected into a copy of it: a permuted d2t in its safetensors, a top-level ``model_type`` in its
 config (vLLM then reads the speculators config flat).
 
-Tiny: 400 generated tokens, 2 val rows, packed batches of 1024 tokens, a 32000-token draft vocabulary (their d2t/t2d
-from the rows' token counts; SpecForge's default size: any 1024-token vocabulary holds about 82% of SmolLM2's greedy
-tokens, which doctor rightly fails); the rest is their default (``norm_before_residual=True`` included: the normed
+Tiny: 400 generated tokens, 2 val rows, packed batches of 1024 tokens, a 16384-token draft vocabulary (their d2t/t2d
+from the rows' token counts: it holds 96% of SmolLM2's greedy tokens on doctor's prompts, 8192 92%, any 1024 about
+82%, which doctor rightly fails), the target's hidden states in float32 (``conftest.speculators_fit``: the fixture's
+speed on a CPU without native bf16); the rest is their default (``norm_before_residual=True`` included: the normed
 feature as the first layer's residual, which ``draftsmith import`` refused before
 ``Eagle3Config.norm_before_residual``). One fit for the session (``conftest.speculators_fit``, shared with the SGLang
 reading test). Skips, saying why, where the peer's venv cannot be built.
