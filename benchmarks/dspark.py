@@ -25,7 +25,6 @@ import json
 from pathlib import Path
 
 from common import RESULTS, heldout_sets, machine, measured_at, measured_on, saved_block, write
-from scaling import fit_epochs
 
 from draftsmith.core.machine import native_bf16
 from draftsmith.core.sampling import Sampling
@@ -34,6 +33,7 @@ from draftsmith.eval import blocks
 from draftsmith.eval.rows import read_block
 from draftsmith.families.specs import Confident, Named, NGram, Trained
 from draftsmith.targets import resolve
+from draftsmith.train.recorded import fit_epochs
 
 K = 4
 FAMILIES = ("eagle3", "dflash", "dspark")
