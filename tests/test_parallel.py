@@ -3,7 +3,6 @@ exactly what drafting computes, and the verifier stays exact (greedy) and lossle
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import datasets
@@ -29,7 +28,7 @@ from draftsmith.families.pard.module import PardModule
 from draftsmith.families.pard.network import PardConfig, PardNetwork
 from draftsmith.families.peagle.module import PEagleModule
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
-from draftsmith.families.registry import load_trained
+from draftsmith.families.registry import extended, load_trained
 from draftsmith.layers.module import OptimConfig
 from draftsmith.layers.parallel import keep_anchors, parallel_layout, split_depths
 from draftsmith.layers.tree_draft import TreePolicy
@@ -55,7 +54,7 @@ def build(family: str, target_model, depth: int = 4, seed: int = 0, sharpen: flo
         model.lm_head.weight.data.mul_(sharpen)
         return model.eval()
     eagle3 = EagleConfig.from_target(target_model.config, 3, layers, max(4, vocab // 2))
-    cfg = PEagleConfig(**{f.name: getattr(eagle3, f.name) for f in dataclasses.fields(eagle3)}, depth=depth)
+    cfg = extended(eagle3, PEagleConfig, depth=depth)
     cfg.mask_token_id = vocab - 1
     model = PEagleModel(cfg)
     model.set_draft_vocab(torch.arange(vocab).flip(0).float())

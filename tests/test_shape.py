@@ -5,7 +5,7 @@ code for the configs built below) still rebuilds the same network."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from draftsmith.families.falcon.network import FalconConfig
 from draftsmith.families.hydra.network import HydraConfig
 from draftsmith.families.kangaroo.network import KangarooConfig
 from draftsmith.families.peagle.network import PEagleConfig
-from draftsmith.families.registry import build_network
+from draftsmith.families.registry import build_network, extended
 from draftsmith.layers.shape import LayerShape
 
 FLAT = json.loads((Path(__file__).parent / "data" / "flat_shape_records.json").read_text())
@@ -37,7 +37,7 @@ def configs() -> dict:
     return {
         "eagle1": EagleConfig.from_target(TARGET, 1, (-1,)),
         "eagle3": e3,
-        "peagle": PEagleConfig(**{f.name: getattr(e3, f.name) for f in fields(e3)}, depth=3, mask_token_id=5),
+        "peagle": extended(e3, PEagleConfig, depth=3, mask_token_id=5),
         "falcon": FalconConfig.for_target(TARGET, 2),
         "dflash": DFlashConfig.from_target(TARGET, (1, 2), 3, 1),
         "dspark": DSparkConfig.from_target(TARGET, (1, 2), 3, 1, markov_rank=8),

@@ -105,6 +105,13 @@ def methods() -> list[str]:
     return sorted(_FAMILIES)
 
 
+def extended(base, config: type, **more):
+    """A ``config`` built on ``base``, a config of the class it extends (DSpark's on DFlash's, P-EAGLE's and Falcon's
+    on EAGLE's): ``base``'s fields as they are (its ``LayerShape`` too, which ``asdict`` would make a dict) and
+    ``more``."""
+    return config(**{f.name: getattr(base, f.name) for f in fields(base)}, **more)
+
+
 def build_network(method: str, config: dict, where: str = "drafter") -> torch.nn.Module:
     """An untrained network of ``method`` from a JSON config record (lists become tuples; a layer's shape, nested
     or in the flat form of drafters saved before, a ``LayerShape``)."""

@@ -13,7 +13,6 @@ DFlash's import of the backbone, then its heads as ``export/dspark.py`` reads th
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -123,12 +122,10 @@ def import_dspark(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path
     """A DSpark checkpoint in the speculators layout or z-lab's (SpecForge's, vLLM's) -> a native dspark drafter:
     DFlash's import of the backbone, then the heads."""
     from draftsmith.families.dspark.network import DSparkConfig, DSparkModel
+    from draftsmith.families.registry import extended
 
     backbone, weights, where = dflash_parts(ckpt, layout, target, "DSpark")
-    cfg = DSparkConfig(
-        **{f.name: getattr(backbone, f.name) for f in dataclasses.fields(backbone)},
-        **dspark.read_heads(ckpt.config, where),
-    )
+    cfg = extended(backbone, DSparkConfig, **dspark.read_heads(ckpt.config, where))
     state = ckpt.state
     heads = {k: v for k, v in state.items() if k.startswith(dspark.HEADS)}
     network = DSparkModel(cfg)

@@ -25,7 +25,6 @@ compute (another norm placement, RoPE scaling, biases) is refused with one line 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -53,6 +52,7 @@ from draftsmith.export.imports.core import (
 from draftsmith.families.eagle.config import Eagle3Config
 from draftsmith.families.eagle.network import EagleModel
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
+from draftsmith.families.registry import extended
 
 
 def eagle_layout_of(config: dict, state: dict) -> str:
@@ -191,6 +191,5 @@ def peagle_config(cfg: Eagle3Config, config: dict, state: dict, where: str) -> t
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     depth = methods[0].get("speculative_tokens") or config.get("num_depths")
     said = f"{depth}" if depth else f"{PEAGLE_DEPTH} (none recorded: SpecForge's default num_depths)"
-    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    peagle = PEagleConfig(**fields, depth=int(depth or PEAGLE_DEPTH), mask_token_id=int(mask))
+    peagle = extended(cfg, PEagleConfig, depth=int(depth or PEAGLE_DEPTH), mask_token_id=int(mask))
     return peagle, {"mask_hidden": state["mask_hidden"].reshape(-1)}, said

@@ -15,7 +15,7 @@ proposes it; on greedy data this is the verifier's τ exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -108,13 +108,12 @@ class DSparkModule(DFlashModule):
             model = DSparkModel(cfg)
             model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
             return model
-        from draftsmith.families.registry import load_network
+        from draftsmith.families.registry import extended, load_network
 
         start, _ = load_network(self.init, self.target)  # checked against the target
         model = start
         if start.method == "dflash":  # its backbone under fresh heads
-            backbone = {f.name: getattr(start.cfg, f.name) for f in fields(start.cfg)}
-            model = DSparkModel(DSparkConfig(**backbone, **self.heads))
+            model = DSparkModel(extended(start.cfg, DSparkConfig, **self.heads))
             model.load_state_dict(start.state_dict(), strict=False)
         model.cfg.depth, model.cfg.mask_token_id, model.cfg.threshold = (
             self.depth,

@@ -21,7 +21,7 @@ as every peer's DSpark embeds them) unless trained otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import probs, sample
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.dflash.network import DFlashConfig, DFlashDrafter, DFlashModel, DFlashState
-from draftsmith.families.registry import register
+from draftsmith.families.registry import extended, register
 
 
 @dataclass
@@ -49,7 +49,7 @@ class DSparkConfig(DFlashConfig):
     @staticmethod
     def from_target(target_config, feature_layers, depth: int, num_layers: int, **heads) -> DSparkConfig:
         backbone = DFlashConfig.from_target(target_config, feature_layers, depth, num_layers)
-        return DSparkConfig(**{f.name: getattr(backbone, f.name) for f in fields(backbone)}, **heads)
+        return extended(backbone, DSparkConfig, **heads)
 
 
 def check_heads(cfg: DSparkConfig) -> None:

@@ -24,7 +24,7 @@ of cutting the rows; ``steps`` runs all k, so every anchor is a block end once, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.config import Eagle1Config, EagleConfig
 from draftsmith.families.eagle.network import EagleDrafter, EagleModel
-from draftsmith.families.registry import register
+from draftsmith.families.registry import extended, register
 from draftsmith.layers.attention import sees_itself
 from draftsmith.layers.tree_draft import FeatureState
 
@@ -52,7 +52,7 @@ class FalconConfig(Eagle1Config):
     def for_target(cls, target_config, block: int) -> FalconConfig:
         """The Falcon drafter of a target with this HF config (EAGLE-1's layer shape)."""
         base = EagleConfig.from_target(target_config, 1, (-1,))
-        return cls(**{f.name: getattr(base, f.name) for f in fields(base)}, block=block)
+        return extended(base, cls, block=block)
 
 
 def ahead(x: torch.Tensor, n: int, length: int) -> torch.Tensor:

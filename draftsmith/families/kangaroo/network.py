@@ -52,9 +52,9 @@ class KangarooModel(DrafterNetwork):
         super().__init__()
         self.cfg = cfg
         shape = cfg.shape
-        self.input_norm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
-        self.attn = Attention(cfg.shape.hidden_size, cfg.shape.hidden_size, shape.num_attention_heads, shape.head_dim)
-        self.norm = LlamaRMSNorm(cfg.shape.hidden_size, cfg.shape.rms_norm_eps)
+        self.input_norm = LlamaRMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.attn = Attention(shape.hidden_size, shape.hidden_size, shape.num_attention_heads, shape.head_dim)
+        self.norm = LlamaRMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.rotary = LlamaRotaryEmbedding(shape.llama_config(cfg.vocab_size))
         nn.init.zeros_(self.attn.o_proj.weight)  # start as early exit: norm(h)
 

@@ -3,8 +3,6 @@ trained to draft ``depth`` positions in one forward with the parallel objective 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from draftsmith.core.target import TargetOutput
@@ -12,6 +10,7 @@ from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.eagle.module import EagleModule
 from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
+from draftsmith.families.registry import extended
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init
 from draftsmith.layers.parallel import DepthLogits, parallel_layout, split_depths
 from draftsmith.layers.parallel_module import ParallelModule
@@ -72,8 +71,7 @@ class PEagleModule(ParallelModule, EagleModule):
 
     def build_drafter(self) -> PEagleModel:
         eagle3 = EagleConfig.from_target(self.target.config, 3, self.target.feature_layers, self.draft_vocab_size)
-        fields = {f.name: getattr(eagle3, f.name) for f in dataclasses.fields(eagle3)}
-        model = PEagleModel(PEagleConfig(**fields, depth=self.depth, mask_token_id=self.mask_token_id or 0))
+        model = PEagleModel(extended(eagle3, PEagleConfig, depth=self.depth, mask_token_id=self.mask_token_id or 0))
         model.init_from_target(self.target.embed_tokens.weight, self.target.lm_head.weight)
         if self._start is not None:
             from draftsmith.core.fingerprint import check_fingerprint
