@@ -23,10 +23,10 @@ from pathlib import Path
 from common import RESULTS, fmt, machine, measured_on, write
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.tlt.drafter import DrafterConfig
-from draftsmith.families.tlt.policy import ALL_LINEAR, PolicyConfig
-from draftsmith.families.tlt.task import ArithmeticTask
-from draftsmith.families.tlt.train import RolloutConfig, TLTConfig, run_tlt
+from draftsmith.families.eagle.tlt.drafter import DrafterConfig
+from draftsmith.families.eagle.tlt.policy import ALL_LINEAR, PolicyConfig
+from draftsmith.families.eagle.tlt.task import ArithmeticTask
+from draftsmith.families.eagle.tlt.train import RolloutConfig, TLTConfig, run_tlt
 from draftsmith.layers.lora import Lora
 from draftsmith.targets import load_target, resolve_target
 

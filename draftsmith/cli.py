@@ -40,7 +40,7 @@ COMMANDS: dict = {
     "score": "draftsmith.eval.score:score",
     "judge": "draftsmith.families.judge.train:judge",
     "xvocab": "draftsmith.families.xvocab.train:xvocab",
-    "tlt": "draftsmith.families.tlt.train:tlt",
+    "tlt": "draftsmith.families.eagle.tlt.train:tlt",
     "report": "draftsmith.eval.compare:report",
     "learning-curve": "draftsmith.train.learning_curve:write_curves",
     "export": "draftsmith.export.registry:export",
@@ -59,7 +59,7 @@ COMMANDS: dict = {
 (torch, transformers, Lightning) took 5-6 s of a 2-core machine before ``--help`` or a refusal could answer."""
 
 
-TARGET_DEFAULTS = {"draftsmith.families.tlt.train:tlt": ("default", "float32")}
+TARGET_DEFAULTS = {"draftsmith.families.eagle.tlt.train:tlt": ("default", "float32")}
 """Commands whose ``--target`` and ``--dtype`` have defaults (``tlt``: the default target, in float32: the adapter
 trains in full precision); a ``TargetSpec`` default in the function's signature serves too (``quickstart``)."""
 TARGET_DTYPE = (

@@ -551,7 +551,7 @@ def test_a_tlt_lora_adapter_on_a_bf16_target_keeps_its_rows_batch_invariant():
     """TLT's LoRA adapter (peft Linears added to every projection) on a batch-invariant bf16 target, trained away from
     zero: a verification block's logits still equal the one-token steps' bit for bit, so bf16 TLT rollouts stay
     exactly greedy (the adapter's own Linears ran the fast kernels, outside the target's batch invariance)."""
-    from draftsmith.families.tlt.policy import Policy, PolicyConfig
+    from draftsmith.families.eagle.tlt.policy import Policy, PolicyConfig
 
     target = Target(wide_bf16_llama(seed=1), name="wide-bf16-lora")
     policy = Policy(target, PolicyConfig())

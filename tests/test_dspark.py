@@ -24,9 +24,9 @@ from draftsmith.core.trees import TreeKind
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.calibration import choose_shapes
+from draftsmith.families.dflash.dspark.module import DSparkModule
+from draftsmith.families.dflash.dspark.network import DSparkConfig, DSparkModel
 from draftsmith.families.dflash.module import DFlashModule
-from draftsmith.families.dspark.module import DSparkModule
-from draftsmith.families.dspark.network import DSparkConfig, DSparkModel
 from draftsmith.families.registry import load_trained
 from draftsmith.families.specs import load_drafter
 from draftsmith.layers.module import OptimConfig

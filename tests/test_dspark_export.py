@@ -1,6 +1,6 @@
 """DSpark exported as vLLM 0.32, speculators 0.9.0 and SpecForge 0.2.0 read it, and imported back.
 
-Without the peers: the exports hold the names and config keys their loaders read (``families/dspark/export.py``),
+Without the peers: the exports hold the names and config keys their loaders read (``families/dflash/dspark/export.py``),
 SGLang and learned masks are refused in one line, and ``draftsmith import`` of each export gives back a drafter with
 the same logits and confidences. With the peers (marked ``engine``, each in its own venv): speculators'
 ``DSparkDraftModel`` on the speculators export and SpecForge's on the vLLM export give draftsmith's logits and
@@ -29,7 +29,7 @@ from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.imports import import_drafter
 from draftsmith.export.registry import write_export
-from draftsmith.families.dspark.module import DSparkModule
+from draftsmith.families.dflash.dspark.module import DSparkModule
 from draftsmith.families.registry import load_network, load_trained
 from engines import peer_check
 

@@ -30,9 +30,9 @@ from draftsmith.export.registry import export, write_export
 from draftsmith.families.dflash.module import DFlashModule
 from draftsmith.families.draft_lm.module import DraftLMModule
 from draftsmith.families.eagle.module import EagleModule
+from draftsmith.families.eagle.peagle.module import PEagleModule
 from draftsmith.families.medusa.module import MedusaModule
 from draftsmith.families.pard.module import PardModule
-from draftsmith.families.peagle.module import PEagleModule
 from draftsmith.families.registry import load_trained
 from draftsmith.families.student import StudentShape
 from draftsmith.layers.module import OptimConfig

@@ -23,9 +23,9 @@ from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
 from draftsmith.eval.score import score_drafters
 from draftsmith.families.eagle.config import EagleConfig
+from draftsmith.families.eagle.falcon.module import FalconModule
+from draftsmith.families.eagle.falcon.network import FalconConfig, FalconModel, block_mask
 from draftsmith.families.eagle.network import EagleModel, ttt_mask
-from draftsmith.families.falcon.module import FalconModule
-from draftsmith.families.falcon.network import FalconConfig, FalconModel, block_mask
 from draftsmith.families.registry import build_network, load_trained
 from draftsmith.layers.module import OptimConfig
 from draftsmith.layers.tree_draft import TreePolicy

@@ -273,7 +273,7 @@ def test_bad_dflash_checkpoints_are_one_line_each(env, tmp_path):
 def peagle(env) -> Path:
     """A native P-EAGLE for the same target (scattered draft vocabulary, perturbed weights and placeholder feature)."""
     from draftsmith.core.native import save_native
-    from draftsmith.families.peagle.module import PEagleModule
+    from draftsmith.families.eagle.peagle.module import PEagleModule
 
     module = PEagleModule(str(env["root"] / "target"), LAYERS, draft_vocab_size=40, depth=3, mask_token_id=VOCAB - 3)
     torch.manual_seed(4)

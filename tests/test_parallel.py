@@ -24,10 +24,10 @@ from draftsmith.eval.score import score_drafters
 from draftsmith.families.dflash.module import DFlashModule
 from draftsmith.families.dflash.network import DFlashConfig, DFlashModel
 from draftsmith.families.eagle.config import EagleConfig
+from draftsmith.families.eagle.peagle.module import PEagleModule
+from draftsmith.families.eagle.peagle.network import PEagleConfig, PEagleModel
 from draftsmith.families.pard.module import PardModule
 from draftsmith.families.pard.network import PardConfig, PardNetwork
-from draftsmith.families.peagle.module import PEagleModule
-from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
 from draftsmith.families.registry import extended, load_trained
 from draftsmith.layers.module import OptimConfig
 from draftsmith.layers.parallel import keep_anchors, parallel_layout, split_depths

@@ -256,7 +256,7 @@ def peagle(drafter) -> dict:
     from conftest import VOCAB
 
     from draftsmith.core.native import save_native
-    from draftsmith.families.peagle.module import PEagleModule
+    from draftsmith.families.eagle.peagle.module import PEagleModule
 
     root = drafter["root"]
     module = PEagleModule(str(root / "target"), LAYERS, draft_vocab_size=48, depth=DEPTH, mask_token_id=VOCAB - 3)

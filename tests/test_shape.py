@@ -13,13 +13,13 @@ from transformers import LlamaConfig
 
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.clover.network import CloverConfig
+from draftsmith.families.dflash.dspark.network import DSparkConfig
 from draftsmith.families.dflash.network import DFlashConfig
-from draftsmith.families.dspark.network import DSparkConfig
 from draftsmith.families.eagle.config import EagleConfig
-from draftsmith.families.falcon.network import FalconConfig
+from draftsmith.families.eagle.falcon.network import FalconConfig
+from draftsmith.families.eagle.peagle.network import PEagleConfig
 from draftsmith.families.hydra.network import HydraConfig
 from draftsmith.families.kangaroo.network import KangarooConfig
-from draftsmith.families.peagle.network import PEagleConfig
 from draftsmith.families.registry import build_network, extended
 from draftsmith.layers.shape import LayerShape
 

@@ -19,12 +19,12 @@ from draftsmith.core.draft import Draft
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import Target
 from draftsmith.decode.verifier import plain_decode
+from draftsmith.families.eagle.tlt import drafter as tlt_drafter
+from draftsmith.families.eagle.tlt.drafter import AdaptiveDrafter, DrafterConfig, Recorder
+from draftsmith.families.eagle.tlt.policy import Policy, PolicyConfig
+from draftsmith.families.eagle.tlt.task import ArithmeticTask, problem, reward
+from draftsmith.families.eagle.tlt.train import RolloutConfig, TLTConfig, roll_out, run_tlt
 from draftsmith.families.registry import load_trained
-from draftsmith.families.tlt import drafter as tlt_drafter
-from draftsmith.families.tlt.drafter import AdaptiveDrafter, DrafterConfig, Recorder
-from draftsmith.families.tlt.policy import Policy, PolicyConfig
-from draftsmith.families.tlt.task import ArithmeticTask, problem, reward
-from draftsmith.families.tlt.train import RolloutConfig, TLTConfig, roll_out, run_tlt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

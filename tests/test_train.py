@@ -292,6 +292,24 @@ def test_a_missing_config_file_is_one_line_naming_it(tmp_path, capsys, form):
     assert exc.value.code == 2 and err == f"draftsmith: error: fit --config {missing}: no such file\n"
 
 
+@pytest.mark.parametrize(("recipe", "now"), [("peagle", "eagle.peagle"), ("dspark", "dflash.dspark")])
+def test_a_config_naming_a_moved_module_is_one_line_giving_its_path_now(tmp_path, capsys, recipe, now):
+    """P-EAGLE, Falcon and TLT moved into EAGLE's folder and DSpark into DFlash's: a recipe copied before, or a run's
+    saved ``config.yaml``, names the former path; jsonargparse answered with its usage and "No module named"."""
+    text = (RECIPES / f"{recipe}.yaml").read_text()
+    assert f"draftsmith.families.{now}.module." in text
+    old = tmp_path / "old.yaml"
+    old.write_text(text.replace(f"families.{now}.", f"families.{recipe}."))
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", str(old)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"fit --config {old}: model.class_path: draftsmith.families.{recipe}.module." in err
+    assert f"has moved; write draftsmith.families.{now}.module." in err
+    with pytest.raises(DraftsmithError, match=f"recipe {old}: model.class_path: .* has moved; write "):
+        load_recipe(old)  # the pipeline's and the Python API's door
+
+
 def test_a_config_with_a_key_given_twice_is_one_line_naming_it(tmp_path, capsys):
     """A recipe pasted over another (two ``model:`` sections): PyYAML and jsonargparse kept the second silently, so
     the file trained another recipe than its name and first section said (configs/smollm2/peers/ did, 87f173a)."""

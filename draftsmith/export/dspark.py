@@ -1,10 +1,10 @@
 """DSpark checkpoints read back (``draftsmith import``): the heads' settings in the peers' configs. The facts read in
-the peers' sources and the writing are DSpark's export hooks, ``families/dspark/export.py``."""
+the peers' sources and the writing are DSpark's export hooks, ``families/dflash/dspark/export.py``."""
 
 from __future__ import annotations
 
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.dspark.export import HEADS
+from draftsmith.families.dflash.dspark.export import HEADS
 
 __all__ = ["HEADS", "read_heads"]
 

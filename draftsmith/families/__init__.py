@@ -4,7 +4,9 @@
 
 Adding a family: a new subpackage here (``__init__.py`` importing its network, ``network.py`` with a
 ``@register("name", config=...)`` ``DrafterNetwork``, ``module.py`` with a ``DrafterModule``), its line below,
-and a recipe in ``configs/``. A family an engine serves also has ``export.py``: its block for each export format, each
+and a recipe in ``configs/``. A family built on another (its network or drafter is the other's, changed) is a
+subpackage of that family's folder: P-EAGLE, Falcon and TLT in ``eagle/``, DSpark in ``dflash/``; no family imports
+another. A family an engine serves also has ``export.py``: its block for each export format, each
 registered with ``@registry.exports("vllm", "name")`` (the format's contract is in ``export/<format>.py``).
 """
 
@@ -14,18 +16,17 @@ from draftsmith.families import (  # noqa: F401
     clover,
     dflash,
     draft_lm,
-    dspark,
     eagle,
-    falcon,
     hydra,
     kangaroo,
     medusa,
     ngram,
     online,
     pard,
-    peagle,
     s2d,
 )
+from draftsmith.families.dflash import dspark  # noqa: F401  (the families built on another live in its folder)
+from draftsmith.families.eagle import falcon, peagle  # noqa: F401
 from draftsmith.families.registry import build_network, load_network, load_trained, methods
 from draftsmith.families.specs import load_drafter
 

@@ -36,6 +36,30 @@ RENAMED = {"sorted_draft_lm": "s2d"}
 """A method's former name -> its name: a drafter saved under the former name still loads (read side only: a drafter
 is saved under its method's name)."""
 
+MOVED = {
+    f"draftsmith.families.{name}.": f"draftsmith.families.{home}.{name}."
+    for name, home in (("peagle", "eagle"), ("falcon", "eagle"), ("tlt", "eagle"), ("dspark", "dflash"))
+}
+"""A module path's former prefix -> its prefix now (the algorithms built on a family moved into its folder): a recipe
+or a run's saved ``config.yaml`` naming a former path is refused in one line that gives the path now (``check_moved``)."""
+
+
+def check_moved(config, label: str, where: str = "") -> None:
+    """A module path in ``config`` (a recipe, or a run's saved ``config.yaml``) that ``MOVED``: one line, ``label``
+    first, giving its path now (jsonargparse printed 60 lines of usage ending in "No module named")."""
+    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
+    for key, value in items:
+        field = f"{where}.{key}" if where else str(key)
+        if isinstance(value, str):
+            old = next((o for o in MOVED if value.startswith(o)), None)
+            if old is not None:
+                raise DraftsmithError(
+                    f"{label}: {field}: {value} has moved; write {MOVED[old]}{value.removeprefix(old)}"
+                )
+        else:
+            check_moved(value, label, field)
+
+
 _FAMILIES: dict[str, Family] = {}
 _EXPORT_HOOKS: dict[tuple[str, str], Callable] = {}
 _UNSERVED: dict[str, str] = {}

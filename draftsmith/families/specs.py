@@ -270,7 +270,7 @@ def build_drafter(spec: DrafterSpec, target: Target) -> Drafter:
         case Adaptive(head, threshold):
             return load_adaptive(head, target, threshold)
         case Confident(path, threshold):
-            from draftsmith.families.dspark.network import DSparkDrafter
+            from draftsmith.families.dflash.dspark.network import DSparkDrafter
 
             drafter = build_drafter(_parse(path), target)
             if isinstance(drafter, DSparkDrafter):  # its confidence head's cut, at this survival threshold

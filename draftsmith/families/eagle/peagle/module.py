@@ -9,7 +9,7 @@ from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
 from draftsmith.families.eagle.config import EagleConfig
 from draftsmith.families.eagle.module import EagleModule
-from draftsmith.families.peagle.network import PEagleConfig, PEagleModel
+from draftsmith.families.eagle.peagle.network import PEagleConfig, PEagleModel
 from draftsmith.families.registry import extended
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, read_init
 from draftsmith.layers.parallel import DepthLogits, parallel_layout, split_depths

@@ -24,7 +24,7 @@ import torch
 from draftsmith.core.sampling import Sampling
 from draftsmith.core.target import TargetOutput
 from draftsmith.errors import DraftsmithError
-from draftsmith.families.falcon.network import FalconConfig, FalconModel, ahead
+from draftsmith.families.eagle.falcon.network import FalconConfig, FalconModel, ahead
 from draftsmith.layers.estimate import acceptance_prob, choice, choice_ahead
 from draftsmith.layers.losses import feature_regression, masked_mean, soft_cross_entropy
 from draftsmith.layers.module import DrafterModule, EstimateConfig, OptimConfig, shift

@@ -1,1 +1,0 @@
-from draftsmith.families.dspark import export, network  # noqa: F401  (registers "dspark" and its export hooks)

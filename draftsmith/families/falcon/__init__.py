@@ -1,1 +1,0 @@
-from draftsmith.families.falcon import export, network  # noqa: F401  (registers the family and why no engine serves it)

@@ -1,1 +1,0 @@
-from draftsmith.families.peagle import export, network  # noqa: F401  (registers "peagle" and its export hooks)
