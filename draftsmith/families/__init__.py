@@ -25,7 +25,7 @@ from draftsmith.families import (  # noqa: F401
     pard,
     s2d,
 )
-from draftsmith.families.dflash import dspark  # noqa: F401  (the families built on another live in its folder)
+from draftsmith.families.dflash import dspark  # noqa: F401  (an algorithm built on a family lives in its folder)
 from draftsmith.families.eagle import falcon, peagle  # noqa: F401
 from draftsmith.families.registry import build_network, load_network, load_trained, methods
 from draftsmith.families.specs import load_drafter

@@ -46,7 +46,7 @@ or a run's saved ``config.yaml`` naming a former path is refused in one line tha
 
 def check_moved(config, label: str, where: str = "") -> None:
     """A module path in ``config`` (a recipe, or a run's saved ``config.yaml``) that ``MOVED``: one line, ``label``
-    first, giving its path now (jsonargparse printed 60 lines of usage ending in "No module named")."""
+    first, giving its path now (jsonargparse printed 60 lines of usage and errors, "No module named" among them)."""
     items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
     for key, value in items:
         field = f"{where}.{key}" if where else str(key)
