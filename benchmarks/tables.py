@@ -69,9 +69,9 @@ MARKDOWN = {
     "rasd_smollm2_amx": "rasd",
     "real_target": "real_target",
     "real_target_bf16": "real_target",
-    "scaling": "scaling",
-    "scaling_families": "scaling",
-    "scaling_float32": "scaling",
+    "scaling": "scaling_report",
+    "scaling_families": "scaling_report",
+    "scaling_float32": "scaling_report",
     "s2d": "s2d",
     "served": "served",
     "served_amx": "served",
@@ -157,7 +157,7 @@ def scaling_headline(name: str = "scaling") -> str:
     blocks, rows = result["blocks"], result["rows"]
     largest = max(r["tokens"] for r in rows)
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    size_label = max(blocks, key=importlib.import_module("scaling").block_size).rsplit(" ", 1)[1]
+    size_label = max(blocks, key=importlib.import_module("scaling_report").block_size).rsplit(" ", 1)[1]
     lines = []
     for s in ("mt-bench", "chat-heldout"):
         greedy, auto, sampled = (blocks.get(f"{s} {mode} {size_label}") for mode in ("greedy", "auto", "sampled"))

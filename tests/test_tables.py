@@ -70,20 +70,21 @@ def test_recipe_headline_puts_each_reports_winner_beside_the_ngram_of_its_own_bl
 
 
 def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
-    scaling = tables.importlib.import_module("scaling")
+    report = tables.importlib.import_module("scaling_report")
     data = tables.load("scaling")
-    big = [r for r in data["rows"] if r["family"] == "eagle3" and r["size"] >= scaling.ORDERED_FROM]
-    assert big and not scaling.orderings(data["rows"])  # EAGLE-3 alone: nothing to order
+    big = [r for r in data["rows"] if r["family"] == "eagle3" and r["size"] >= report.ORDERED_FROM]
+    assert big and not report.orderings(data["rows"])  # EAGLE-3 alone: nothing to order
     worse = [{**r, "family": "eagle1", "tau": r["tau"] - 0.1} for r in big]
     better = [{**r, "family": "eagle1", "tau": r["tau"] + 0.1} for r in big]
     small = [{**r, "family": "medusa1", "size": 100_000} for r in data["rows"] if r["size"] == 100_000]
-    held = scaling.orderings(data["rows"] + worse + small)
+    held = report.orderings(data["rows"] + worse + small)
     assert len(held) == len(big) and all(o["holds"] and o["above"] == "eagle3" for o in held)
-    assert not any(o["holds"] for o in scaling.orderings(data["rows"] + better))
-    text = scaling.markdown(
-        {**data, "rows": data["rows"] + better, "orderings": scaling.orderings(data["rows"] + better)}
+    assert not any(o["holds"] for o in report.orderings(data["rows"] + better))
+    text = report.markdown(
+        {**data, "rows": data["rows"] + better, "orderings": report.orderings(data["rows"] + better)}
     )
     assert "eagle3 τ" in text and "does not hold" in text and "![scaling](scaling.png)" in text
+    scaling = tables.importlib.import_module("scaling")
     assert scaling.results_name("smollm2:float32") == "scaling_float32"
     assert not scaling.trained_at("hydra", 1_000_000, [1_000_000])
     # the study's rows on the largest subset asked for: 1M by default, 250k in an ablation run of that size alone
@@ -93,39 +94,39 @@ def test_scaling_report_checks_the_papers_orderings_on_the_large_subsets():
 
 
 def test_scaling_report_carries_over_an_earlier_run_only_of_the_same_corpus():
-    scaling = tables.importlib.import_module("scaling")
+    report = tables.importlib.import_module("scaling_report")
     data = tables.load("scaling")
     recorded = {r["size"]: (r["rows"], r["tokens"]) for r in data["rows"]}
     small, big = min(recorded), max(recorded)
     prefix = {small: recorded[small], big: (recorded[small][0] + 1, recorded[small][1] + 50)}  # holds `small` whole
-    prior = scaling.earlier_run(prefix, "scaling")
+    prior = report.earlier_run(prefix, "scaling")
     first = f"{data['machine']['git']} {data['machine']['date']}"
     assert prior and [r["run"] for r in prior["rows"]] == [r.get("run", first) for r in data["rows"]]
-    assert scaling.earlier_run({small: (recorded[small][0] + 1, recorded[small][1])}, "scaling") is None  # another
+    assert report.earlier_run({small: (recorded[small][0] + 1, recorded[small][1])}, "scaling") is None  # another
     assert (
-        scaling.earlier_run({big: prefix[big]}, "scaling") is None
+        report.earlier_run({big: prefix[big]}, "scaling") is None
     )  # no subset both hold: nothing shows it is the same
-    assert scaling.earlier_run(prefix, "nosuch") is None
+    assert report.earlier_run(prefix, "nosuch") is None
     again = {"rows": 1792, "generated_tokens": 360_000, "tokens_per_s": 200.0}
-    text = scaling.markdown({**prior, "corpus": prior["corpus"] | {"regenerated": again}})
+    text = report.markdown({**prior, "corpus": prior["corpus"] | {"regenerated": again}})
     assert "generated its first 1792 answers again" in text and f"| {prior['rows'][0]['run']} |" in text
-    assert scaling.block_size("mt-bench greedy 1M") == 1_000_000 and scaling.block_size("mt-bench auto 22k") == 22_000
+    assert report.block_size("mt-bench greedy 1M") == 1_000_000 and report.block_size("mt-bench auto 22k") == 22_000
 
 
 def test_scaling_curve_fits_log_linear_growth_and_names_where_returns_diminish():
-    scaling = tables.importlib.import_module("scaling")
-    assert scaling.fit_curve([(1e5, 1.3)]) is None  # one point: no curve
+    report = tables.importlib.import_module("scaling_report")
+    assert report.fit_curve([(1e5, 1.3)]) is None  # one point: no curve
     line = [(t, 1.0 + 0.1 * math.log2(t / 1e4)) for t in (1e4, 2e4, 4e4, 8e4)]  # 0.1 τ per doubling, no bend
-    curve = scaling.fit_curve(line)
+    curve = report.fit_curve(line)
     assert curve["gain_per_doubling"] == pytest.approx(0.1, abs=1e-4) and curve["diminishing_from"] is None
-    assert curve["tokens_for_goal"] == pytest.approx(1e4 * 2 ** ((scaling.GOAL_TAU - 1.0) / 0.1), rel=1e-3)
+    assert curve["tokens_for_goal"] == pytest.approx(1e4 * 2 ** ((report.GOAL_TAU - 1.0) / 0.1), rel=1e-3)
     bent = [(1e4, 1.0), (2e4, 1.2), (4e4, 1.25), (8e4, 1.27)]  # 0.2, then 0.05 per doubling
-    assert scaling.fit_curve(bent)["diminishing_from"] == 2e4
+    assert report.fit_curve(bent)["diminishing_from"] == 2e4
     rising = [(1e4, 1.0), (2e4, 1.01), (4e4, 1.2), (8e4, 1.4)]  # a slow first doubling is not diminishing returns
-    curve = scaling.fit_curve(rising)
+    curve = report.fit_curve(rising)
     assert curve["diminishing_from"] is None
-    assert curve["tokens_for_goal_last"] == pytest.approx(8e4 * 2 ** ((scaling.GOAL_TAU - 1.4) / 0.2), rel=1e-3)
-    assert scaling.fit_curve([(1e4, 1.3), (2e4, 1.2)])["tokens_for_goal"] is None  # falling: never reaches it
+    assert curve["tokens_for_goal_last"] == pytest.approx(8e4 * 2 ** ((report.GOAL_TAU - 1.4) / 0.2), rel=1e-3)
+    assert report.fit_curve([(1e4, 1.3), (2e4, 1.2)])["tokens_for_goal"] is None  # falling: never reaches it
 
 
 def test_scaling_rescores_a_block_with_the_drafters_it_held_and_those_asked():
