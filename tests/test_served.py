@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import served  # noqa: E402
+import served_report  # noqa: E402
 
 
 def run_served(*args: str) -> subprocess.CompletedProcess:
@@ -130,7 +131,7 @@ def test_a_run_keeps_the_earlier_reports_other_drafters_with_their_cells_and_sco
     assert served.earlier_report(path, here, inputs, {"k": 3}) is None  # other K: nothing kept
     assert served.other_drafters(None, {}, sets) == ({}, [], {})
     assert served.other_drafters(earlier, {}, {"mt-bench": "my.jsonl"}) == ({}, [], {})  # other prompts
-    md = served.markdown(result({1: 1.5}, tau=2.0) | {"kept": ["dflash", "eagle3"]})
+    md = served_report.markdown(result({1: 1.5}, tau=2.0) | {"kept": ["dflash", "eagle3"]})
     assert "Kept from this report's earlier run, as measured (drafters this run did not name): dflash, eagle3." in md
 
 
@@ -147,7 +148,7 @@ def test_a_cells_figures_are_its_tokens_over_its_seconds_and_vllms_counters():
         "chunks": [chunk((2.0, [100]), (1.0, [100]), 1), chunk((2.0, [60]), (1.5, [60]), 0)],
         "counters": {"num_drafts": 40, "num_draft_tokens": 160, "num_accepted_tokens": 80},
     }
-    s = served.summary(cell)
+    s = served_report.summary(cell)
     assert s["plain"]["tokens_per_s"] == pytest.approx(160 / 4.0)
     assert s["drafter"]["tokens_per_s"] == pytest.approx(160 / 2.5)
     assert s["speedup"] == pytest.approx(4.0 / 2.5)
@@ -163,7 +164,7 @@ def result(speedups: dict[int, float], tau: float | None) -> dict:
     for b, x in speedups.items():
         cell = {"chunks": [chunk((1.0, [100]), (1.0 / x, [100]), 1)],
                 "counters": {"num_drafts": 25, "num_draft_tokens": 100, "num_accepted_tokens": 50}}  # fmt: skip
-        cells.append({"drafter": "eagle3", "set": "chat-heldout", "batch": b, "summary": served.summary(cell),
+        cells.append({"drafter": "eagle3", "set": "chat-heldout", "batch": b, "summary": served_report.summary(cell),
                       "chunks": cell["chunks"], "vllm": "0.32.0"})  # fmt: skip
     cells.append({"drafter": "eagle1", "set": "chat-heldout", "batch": 1, "error": "vLLM stopped (exit 1)"})
     scores = {"chat-heldout": {"eagle3": {"tau": tau, "k": 4, "prompts": 32, "tokens": 4096}}} if tau else {}
@@ -177,7 +178,7 @@ def result(speedups: dict[int, float], tau: float | None) -> dict:
 
 
 def test_the_table_shows_the_batch_where_speculation_stops_paying_and_the_acceptance_gap():
-    md = served.markdown(result({1: 1.5, 4: 1.1, 16: 0.8}, tau=2.06))
+    md = served_report.markdown(result({1: 1.5, 4: 1.1, 16: 0.8}, tau=2.06))
     row = next(line for line in md.splitlines() if line.startswith("| eagle3 (4) |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:10] == ["150.0", "1.50×", "10.0", "110.0", "1.10×", "10.0", "80.0", "**0.80×**", "10.0"]
@@ -191,7 +192,7 @@ def test_the_table_shows_the_batch_where_speculation_stops_paying_and_the_accept
     )
     assert "serves its own target X" in md and "bfloat16: the CPU has avx512_bf16" in md
     assert "This run measured 0 of the 3 cells; the others were reused" in md  # cells of an earlier run
-    always = served.markdown(result({1: 1.2, 4: 1.0}, tau=None))
+    always = served_report.markdown(result({1: 1.2, 4: 1.0}, tau=None))
     row = next(line for line in always.splitlines() if line.startswith("| eagle3 (4) |"))
     assert "| – | 3.00 | 2.02 | – | – |" in row  # pays at every batch; no score named: no verifier τ
 
