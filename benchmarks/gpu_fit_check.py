@@ -42,6 +42,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from gpu_fit import PackedData, TokenCounter, recipe_module, sync
 from torch.utils.data import DataLoader
 
 import draftsmith.layers.module as drafter_module
@@ -53,11 +54,6 @@ TRAINING_ATTENTION = drafter_module.training_attention
 
 def finite(t) -> bool:
     return all(bool(torch.isfinite(x).all()) for x in (t if isinstance(t, (list, tuple)) else [t]))
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def kernels_of(device: str) -> dict:
@@ -260,8 +256,6 @@ def run_check(target: str, device_name: str, record: dict, args: argparse.Namesp
 
 def check(target: str, device: str, args: argparse.Namespace, save) -> dict:
     """The four stages; ``save(result)`` after each."""
-    from gpu_check import PackedData, TokenCounter, recipe_module
-
     from draftsmith.data.packed import read_columns
     from draftsmith.train.data import generated_prefix
     from draftsmith.train.fit import configure

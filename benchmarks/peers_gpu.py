@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_check import fit_on_corpus
+from gpu_fit import fit_on_corpus
 from peers import fit_record
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -107,7 +107,7 @@ def packed_corpus(tmp_path_factory) -> Path:
 def test_packed_data_batches_the_rows_as_the_generated_data_module_does(packed_corpus):
     """The fit on the GPU reads the packed file without ``datasets``; its batches must be the recipe's fits'."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check import PackedData
+    from gpu_fit import PackedData
 
     from draftsmith.data.packed import read_columns, unpack
     from draftsmith.train.data import GeneratedDataModule
@@ -187,7 +187,7 @@ def test_a_loss_that_is_not_finite_stops_the_fit_at_the_next_check():
     from types import SimpleNamespace
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check import TokenCounter
+    from gpu_fit import TokenCounter
 
     counter = TokenCounter(every=10)
     batch = {"attention_mask": torch.ones(2, 3)}
